@@ -1,0 +1,123 @@
+//! The Rust mirror of `probes/hostmesh_abi.h`: map keys and values exactly
+//! as the probes read them. Sizes are asserted here and in the header
+//! (`_Static_assert`), so a change on one side only fails the build.
+
+use std::net::{IpAddr, Ipv6Addr};
+
+/// (VIP, port, protocol): the key of `HM_SERVICES`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SvcKey {
+    /// IPv6, or IPv4-mapped IPv6 (::ffff:a.b.c.d).
+    pub addr: [u8; 16],
+    /// Network byte order.
+    pub port_be: u16,
+    pub proto: u8,
+    pub pad: u8,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SvcValue {
+    pub id: u32,
+    pub backend_count: u32,
+    pub flags: u32,
+    pub pad: u32,
+}
+
+/// One CPU's counters in `HM_SVC_STATS`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SvcStats {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<SvcKey>() == 20);
+const _: () = assert!(std::mem::size_of::<SvcValue>() == 16);
+const _: () = assert!(std::mem::size_of::<SvcStats>() == 16);
+
+/// Default capacity of per-service maps (`HM_MAX_SERVICES`).
+pub const MAX_SERVICES: u32 = 16384;
+
+/// An address as the probes store it: IPv6, or IPv4-mapped.
+pub fn addr16(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+pub fn ip_from16(addr: [u8; 16]) -> IpAddr {
+    let v6 = Ipv6Addr::from(addr);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
+}
+
+impl SvcKey {
+    pub fn new(vip: IpAddr, port: u16, proto: u8) -> Self {
+        SvcKey { addr: addr16(vip), port_be: port.to_be(), proto, pad: 0 }
+    }
+
+    pub fn vip(&self) -> IpAddr {
+        ip_from16(self.addr)
+    }
+
+    pub fn port(&self) -> u16 {
+        u16::from_be(self.port_be)
+    }
+}
+
+/// Plain-old-data that crosses into a BPF map as bytes. Implemented only
+/// for the `#[repr(C)]` types above, which have no padding the compiler
+/// could leave uninitialised (every gap is an explicit field).
+pub trait Pod: Copy + 'static {
+    fn to_bytes(&self) -> Vec<u8> {
+        let size = std::mem::size_of::<Self>();
+        // SAFETY: Self is repr(C) with explicit padding fields, so all
+        // `size` bytes are initialised.
+        unsafe { std::slice::from_raw_parts(self as *const Self as *const u8, size) }.to_vec()
+    }
+
+    fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() != std::mem::size_of::<Self>() {
+            return None;
+        }
+        // SAFETY: the length matches and every bit pattern is a valid value
+        // of these integer-only structs; read_unaligned copes with any
+        // alignment of the source buffer.
+        Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const Self) })
+    }
+}
+
+impl Pod for SvcKey {}
+impl Pod for SvcValue {}
+impl Pod for SvcStats {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip_both_families() {
+        for (ip, port) in [("10.96.0.10", 80u16), ("fd00::10", 443)] {
+            let ip: IpAddr = ip.parse().unwrap();
+            let k = SvcKey::new(ip, port, 6);
+            let back = SvcKey::from_bytes(&k.to_bytes()).unwrap();
+            assert_eq!(back, k);
+            assert_eq!(back.vip(), ip);
+            assert_eq!(back.port(), port);
+        }
+    }
+
+    #[test]
+    fn ipv4_is_stored_mapped_and_port_big_endian() {
+        let k = SvcKey::new("10.96.0.10".parse().unwrap(), 80, 17);
+        let b = k.to_bytes();
+        assert_eq!(&b[..16], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 96, 0, 10]);
+        assert_eq!(&b[16..18], &[0, 80]);
+        assert_eq!(b[18], 17);
+    }
+}

@@ -1,0 +1,84 @@
+//! hostmesh's bpffs dir (`--bpffs`, default /sys/fs/bpf/hostmesh):
+//!
+//! ```text
+//! <dir>/maps/HM_SERVICES             pinned maps, adopted on restart
+//! <dir>/links/hm_natout@tc-ingress@hm-natout   pinned program links
+//! ```
+//!
+//! Pinned links keep programs attached while the daemon is down or
+//! restarting; pinned maps keep their contents. Both are adopted on start.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// statfs(2) f_type of a bpffs.
+const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+
+#[derive(Debug, Clone)]
+pub struct PinDir {
+    pub root: PathBuf,
+}
+
+impl PinDir {
+    pub fn new(root: &Path) -> Self {
+        PinDir { root: root.to_path_buf() }
+    }
+
+    pub fn maps(&self) -> PathBuf {
+        self.root.join("maps")
+    }
+
+    pub fn links(&self) -> PathBuf {
+        self.root.join("links")
+    }
+
+    pub fn map(&self, name: &str) -> PathBuf {
+        self.maps().join(name)
+    }
+
+    pub fn link(&self, name: &str) -> PathBuf {
+        self.links().join(name)
+    }
+
+    /// Creates the dir on a bpffs, mounting one on it if it is not on one
+    /// (hosts without systemd's /sys/fs/bpf mount, tests).
+    pub fn ensure(&self) -> io::Result<()> {
+        fs::create_dir_all(&self.root)?;
+        if !is_bpffs(&self.root)? {
+            nix::mount::mount(Some("bpf"), &self.root, Some("bpf"), nix::mount::MsFlags::empty(), Some("mode=0700"))
+                .map_err(|e| io::Error::other(format!("mount bpffs on {}: {e}", self.root.display())))?;
+        }
+        fs::create_dir_all(self.maps())?;
+        fs::create_dir_all(self.links())?;
+        Ok(())
+    }
+
+    pub fn exists(&self) -> bool {
+        self.root.is_dir()
+    }
+
+    /// Pin file names under `links/`.
+    pub fn link_names(&self) -> io::Result<Vec<String>> {
+        match fs::read_dir(self.links()) {
+            Ok(entries) => {
+                Ok(entries.filter_map(|e| e.ok()).filter_map(|e| e.file_name().into_string().ok()).collect())
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+pub fn is_bpffs(path: &Path) -> io::Result<bool> {
+    let st = nix::sys::statfs::statfs(path).map_err(io::Error::from)?;
+    Ok(st.filesystem_type().0 as i64 == BPF_FS_MAGIC)
+}
+
+/// Removes a pin; one that is gone already is fine.
+pub fn unpin(path: &Path) -> io::Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,179 @@
+//! The few bpf(2) commands hostmesh issues itself, on objects aya loaded:
+//! opening pins, byte-level map access (the reconciler diffs maps as
+//! bytes), and link/program/map info. Layouts follow include/uapi/linux/bpf.h.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::path::Path;
+
+const BPF_MAP_LOOKUP_ELEM: i64 = 1;
+const BPF_MAP_UPDATE_ELEM: i64 = 2;
+const BPF_MAP_DELETE_ELEM: i64 = 3;
+const BPF_MAP_GET_NEXT_KEY: i64 = 4;
+const BPF_OBJ_GET: i64 = 7;
+const BPF_PROG_GET_FD_BY_ID: i64 = 13;
+const BPF_OBJ_GET_INFO_BY_FD: i64 = 15;
+
+pub const BPF_LINK_TYPE_TCX: u32 = 11;
+
+/// bpf_attr is a union of at most 144 bytes here; commands read a prefix.
+#[repr(C, align(8))]
+struct Attr([u8; 144]);
+
+impl Attr {
+    fn new() -> Self {
+        Attr([0; 144])
+    }
+    fn u32(mut self, off: usize, v: u32) -> Self {
+        self.0[off..off + 4].copy_from_slice(&v.to_ne_bytes());
+        self
+    }
+    fn u64(mut self, off: usize, v: u64) -> Self {
+        self.0[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+        self
+    }
+}
+
+fn bpf(cmd: i64, attr: &mut Attr) -> io::Result<i64> {
+    // SAFETY: attr is a properly aligned, zero-initialised bpf_attr-sized
+    // buffer, and every pointer in it outlives the call.
+    let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut Attr, std::mem::size_of::<Attr>()) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+fn fd_from(rc: i64) -> OwnedFd {
+    // SAFETY: the kernel just returned this fd to us and nothing else owns it.
+    unsafe { OwnedFd::from_raw_fd(rc as i32) }
+}
+
+/// Opens a pinned object (map, program or link).
+pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
+    let c = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path has a NUL byte"))?;
+    let mut attr = Attr::new().u64(0, c.as_ptr() as u64);
+    bpf(BPF_OBJ_GET, &mut attr).map(fd_from)
+}
+
+pub fn map_lookup(fd: BorrowedFd<'_>, key: &[u8], value: &mut [u8]) -> io::Result<bool> {
+    let mut attr =
+        Attr::new().u32(0, fd.as_raw_fd() as u32).u64(8, key.as_ptr() as u64).u64(16, value.as_mut_ptr() as u64);
+    match bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+pub fn map_update(fd: BorrowedFd<'_>, key: &[u8], value: &[u8]) -> io::Result<()> {
+    let mut attr =
+        Attr::new().u32(0, fd.as_raw_fd() as u32).u64(8, key.as_ptr() as u64).u64(16, value.as_ptr() as u64).u64(24, 0); // BPF_ANY
+    bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(|_| ())
+}
+
+/// Deleting a missing key succeeds.
+pub fn map_delete(fd: BorrowedFd<'_>, key: &[u8]) -> io::Result<()> {
+    let mut attr = Attr::new().u32(0, fd.as_raw_fd() as u32).u64(8, key.as_ptr() as u64);
+    match bpf(BPF_MAP_DELETE_ELEM, &mut attr) {
+        Err(e) if e.raw_os_error() != Some(libc::ENOENT) => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Every (key, value) of a hash or array map. `value_size` is the total
+/// size the kernel copies out (per-CPU maps: rounded size times CPUs).
+pub fn map_dump(fd: BorrowedFd<'_>, key_size: usize, value_size: usize) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut out = Vec::new();
+    let mut key: Option<Vec<u8>> = None;
+    loop {
+        let mut next = vec![0u8; key_size];
+        let mut attr = Attr::new()
+            .u32(0, fd.as_raw_fd() as u32)
+            .u64(8, key.as_ref().map_or(0, |k| k.as_ptr() as u64))
+            .u64(16, next.as_mut_ptr() as u64);
+        match bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(out),
+            Err(e) => return Err(e),
+        }
+        let mut value = vec![0u8; value_size];
+        // A key deleted between the two calls is simply skipped.
+        if map_lookup(fd, &next, &mut value)? {
+            out.push((next.clone(), value));
+        }
+        key = Some(next);
+    }
+}
+
+fn info_by_fd(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<()> {
+    let mut attr = Attr::new().u32(0, fd.as_raw_fd() as u32).u32(4, buf.len() as u32).u64(8, buf.as_mut_ptr() as u64);
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr).map(|_| ())
+}
+
+fn rd32(b: &[u8], off: usize) -> u32 {
+    u32::from_ne_bytes(b[off..off + 4].try_into().expect("4 bytes"))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapInfo {
+    pub map_type: u32,
+    pub id: u32,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+    pub flags: u32,
+}
+
+pub fn map_info(fd: BorrowedFd<'_>) -> io::Result<MapInfo> {
+    let mut b = [0u8; 88];
+    info_by_fd(fd, &mut b)?;
+    Ok(MapInfo {
+        map_type: rd32(&b, 0),
+        id: rd32(&b, 4),
+        key_size: rd32(&b, 8),
+        value_size: rd32(&b, 12),
+        max_entries: rd32(&b, 16),
+        flags: rd32(&b, 20),
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkInfo {
+    pub link_type: u32,
+    pub id: u32,
+    pub prog_id: u32,
+    /// TCX links: the interface, 0 once it is gone.
+    pub tcx_ifindex: u32,
+}
+
+pub fn link_info(fd: BorrowedFd<'_>) -> io::Result<LinkInfo> {
+    let mut b = [0u8; 64];
+    info_by_fd(fd, &mut b)?;
+    Ok(LinkInfo { link_type: rd32(&b, 0), id: rd32(&b, 4), prog_id: rd32(&b, 8), tcx_ifindex: rd32(&b, 16) })
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProgInfo {
+    pub id: u32,
+    pub tag: [u8; 8],
+}
+
+pub fn prog_info(fd: BorrowedFd<'_>) -> io::Result<ProgInfo> {
+    let mut b = [0u8; 80];
+    info_by_fd(fd, &mut b)?;
+    Ok(ProgInfo { id: rd32(&b, 4), tag: b[8..16].try_into().expect("8 bytes") })
+}
+
+/// The info of a loaded program by id; `None` once it has been freed.
+pub fn prog_info_by_id(id: u32) -> io::Result<Option<ProgInfo>> {
+    let mut attr = Attr::new().u32(0, id);
+    match bpf(BPF_PROG_GET_FD_BY_ID, &mut attr) {
+        Ok(rc) => prog_info(std::os::fd::AsFd::as_fd(&fd_from(rc))).map(Some),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,225 @@
+//! An in-memory kernel for unit tests of plan, apply and the sync loop.
+//! It enforces the dependencies the real kernel does (a route, neighbour,
+//! sysctl or TC program needs its link; deleting a link takes them along),
+//! so ordering mistakes fail here the way they would for real.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use super::*;
+
+#[derive(Debug, Default)]
+pub struct KernelState {
+    pub links: BTreeMap<String, LinkSpec>,
+    pub sysctls: BTreeMap<String, String>,
+    pub neighbours: BTreeMap<NeighKey, NeighSpec>,
+    pub maps: BTreeMap<MapEntryKey, Vec<u8>>,
+    pub attachments: BTreeMap<Attachment, AttachStatus>,
+    pub routes: BTreeMap<RouteKey, RouteSpec>,
+    pub facts: HostFacts,
+    /// Every mutating call, in order ("create_link hm-natin", ...).
+    pub log: Vec<String>,
+    /// Fail the next mutating call whose log line starts with this.
+    pub fail_next: Option<String>,
+    /// Host sysctls (not on hm-* links) that exist, with their values.
+    pub host_sysctls: BTreeMap<String, String>,
+}
+
+/// Cheap to clone: every clone sees the same state, so a test keeps one
+/// and hands the others to the reconciler as its three backends.
+#[derive(Debug, Clone, Default)]
+pub struct FakeKernel(pub Arc<Mutex<KernelState>>);
+
+impl FakeKernel {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn backends(&self) -> Backends {
+        Backends { net: Box::new(self.clone()), sysctl: Box::new(self.clone()), bpf: Box::new(self.clone()) }
+    }
+
+    pub fn state(&self) -> std::sync::MutexGuard<'_, KernelState> {
+        self.0.lock().unwrap()
+    }
+
+    fn mutate(&self, what: String) -> Result<std::sync::MutexGuard<'_, KernelState>> {
+        let mut s = self.state();
+        if let Some(prefix) = &s.fail_next {
+            if what.starts_with(prefix.as_str()) {
+                s.fail_next = None;
+                return Err(BackendError::Netlink { op: what, source: io::Error::from_raw_os_error(libc::EIO) });
+            }
+        }
+        s.log.push(what);
+        Ok(s)
+    }
+}
+
+fn missing(op: String, errno: i32) -> BackendError {
+    BackendError::Netlink { op, source: io::Error::from_raw_os_error(errno) }
+}
+
+fn link_exists(s: &KernelState, dev: &str) -> bool {
+    s.links.iter().any(|(name, spec)| name == dev || matches!(spec, LinkSpec::Veth { peer, .. } if peer == dev))
+}
+
+fn sysctl_dev(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix("net/ipv4/conf/").or_else(|| path.strip_prefix("net/ipv6/conf/"))?;
+    rest.split('/').next()
+}
+
+impl NetBackend for FakeKernel {
+    fn facts(&mut self) -> Result<HostFacts> {
+        Ok(self.state().facts.clone())
+    }
+
+    fn links(&mut self) -> Result<BTreeMap<String, LinkSpec>> {
+        Ok(self.state().links.clone())
+    }
+
+    fn create_link(&mut self, name: &str, spec: &LinkSpec) -> Result<()> {
+        let mut s = self.mutate(format!("create_link {name}"))?;
+        if link_exists(&s, name) {
+            return Err(missing(format!("create link {name}"), libc::EEXIST));
+        }
+        s.links.insert(name.to_string(), spec.clone());
+        Ok(())
+    }
+
+    fn set_link_up(&mut self, name: &str) -> Result<()> {
+        let mut s = self.mutate(format!("set_link_up {name}"))?;
+        match s.links.get_mut(name) {
+            Some(LinkSpec::Veth { up, .. }) => {
+                *up = true;
+                Ok(())
+            }
+            _ => Err(missing(format!("set link {name} up"), libc::ENODEV)),
+        }
+    }
+
+    fn delete_link(&mut self, name: &str) -> Result<()> {
+        let mut s = self.mutate(format!("delete_link {name}"))?;
+        let Some(spec) = s.links.remove(name) else { return Ok(()) };
+        let mut devs = vec![name.to_string()];
+        if let LinkSpec::Veth { peer, .. } = spec {
+            devs.push(peer);
+        }
+        s.routes.retain(|_, r| match r {
+            RouteSpec::Via { dev, .. } => !devs.contains(dev),
+        });
+        s.neighbours.retain(|k, _| !devs.contains(&k.dev));
+        s.sysctls.retain(|p, _| !sysctl_dev(p).is_some_and(|d| devs.iter().any(|x| x == d)));
+        for (a, status) in s.attachments.iter_mut() {
+            let Hook::TcIngress(dev) = &a.hook;
+            if devs.contains(dev) {
+                *status = AttachStatus::Defunct;
+            }
+        }
+        Ok(())
+    }
+
+    fn routes(&mut self) -> Result<BTreeMap<RouteKey, RouteSpec>> {
+        Ok(self.state().routes.clone())
+    }
+
+    fn replace_route(&mut self, key: &RouteKey, spec: &RouteSpec) -> Result<()> {
+        let mut s = self.mutate(format!("replace_route {}", key.dst))?;
+        let RouteSpec::Via { dev, .. } = spec;
+        if !link_exists(&s, dev) {
+            return Err(missing(format!("add route {} dev {dev}", key.dst), libc::ENODEV));
+        }
+        s.routes.insert(key.clone(), spec.clone());
+        Ok(())
+    }
+
+    fn delete_route(&mut self, key: &RouteKey) -> Result<()> {
+        self.mutate(format!("delete_route {}", key.dst))?.routes.remove(key);
+        Ok(())
+    }
+
+    fn neighbours(&mut self) -> Result<BTreeMap<NeighKey, NeighSpec>> {
+        Ok(self.state().neighbours.clone())
+    }
+
+    fn replace_neighbour(&mut self, key: &NeighKey, spec: &NeighSpec) -> Result<()> {
+        let mut s = self.mutate(format!("replace_neighbour {} {}", key.dev, key.ip))?;
+        if !link_exists(&s, &key.dev) {
+            return Err(missing(format!("add neighbour dev {}", key.dev), libc::ENODEV));
+        }
+        s.neighbours.insert(key.clone(), spec.clone());
+        Ok(())
+    }
+
+    fn delete_neighbour(&mut self, key: &NeighKey) -> Result<()> {
+        self.mutate(format!("delete_neighbour {} {}", key.dev, key.ip))?.neighbours.remove(key);
+        Ok(())
+    }
+}
+
+impl SysctlBackend for FakeKernel {
+    fn get(&mut self, path: &str) -> Result<Option<String>> {
+        let s = self.state();
+        if let Some(v) = s.sysctls.get(path) {
+            return Ok(Some(v.clone()));
+        }
+        if let Some(v) = s.host_sysctls.get(path) {
+            return Ok(Some(v.clone()));
+        }
+        // A fresh link's sysctls exist with the kernel's defaults.
+        Ok(sysctl_dev(path).filter(|d| link_exists(&s, d)).map(|_| "1".to_string()))
+    }
+
+    fn set(&mut self, path: &str, value: &str) -> Result<()> {
+        let mut s = self.mutate(format!("set_sysctl {path}={value}"))?;
+        let exists = s.host_sysctls.contains_key(path) || sysctl_dev(path).is_some_and(|d| link_exists(&s, d));
+        if !exists {
+            return Err(BackendError::Sysctl { path: path.into(), source: io::Error::from_raw_os_error(libc::ENOENT) });
+        }
+        if s.host_sysctls.contains_key(path) {
+            s.host_sysctls.insert(path.to_string(), value.to_string());
+        }
+        s.sysctls.insert(path.to_string(), value.to_string());
+        Ok(())
+    }
+}
+
+impl BpfBackend for FakeKernel {
+    fn map_entries(&mut self) -> Result<BTreeMap<MapEntryKey, Vec<u8>>> {
+        Ok(self.state().maps.clone())
+    }
+
+    fn put_map_entry(&mut self, key: &MapEntryKey, value: &[u8]) -> Result<()> {
+        self.mutate(format!("put_map_entry {}", key.map.name()))?.maps.insert(key.clone(), value.to_vec());
+        Ok(())
+    }
+
+    fn delete_map_entry(&mut self, key: &MapEntryKey) -> Result<()> {
+        self.mutate(format!("delete_map_entry {}", key.map.name()))?.maps.remove(key);
+        Ok(())
+    }
+
+    fn attachments(&mut self) -> Result<BTreeMap<Attachment, AttachStatus>> {
+        Ok(self.state().attachments.clone())
+    }
+
+    fn attach(&mut self, a: &Attachment) -> Result<()> {
+        let mut s = self.mutate(format!("attach {}", a.pin_name()))?;
+        if !link_exists(&s, hook_dev(a)) {
+            return Err(BackendError::Bpf { op: format!("attach {a}"), detail: "no such device".into() });
+        }
+        s.attachments.insert(a.clone(), AttachStatus::Current);
+        Ok(())
+    }
+
+    fn detach(&mut self, a: &Attachment) -> Result<()> {
+        self.mutate(format!("detach {}", a.pin_name()))?.attachments.remove(a);
+        Ok(())
+    }
+}
+
+fn hook_dev(a: &Attachment) -> &str {
+    match &a.hook {
+        Hook::TcIngress(dev) => dev,
+    }
+}

@@ -1,0 +1,82 @@
+//! The three kernel backends the reconciler drives, behind small traits so
+//! the planner and sync loop are tested with `fake::FakeKernel`:
+//!
+//! - `NetBackend`: links, routes, neighbours (rtnetlink);
+//! - `SysctlBackend`: /proc/sys, read-compare-write;
+//! - `BpfBackend`: pinned maps and attached programs (aya).
+//!
+//! Observation returns only what hostmesh owns: links named `hm-*`, routes
+//! with hostmesh's route protocol, neighbours on `hm-*` links, maps and
+//! links pinned under hostmesh's bpffs dir.
+
+pub mod bpf;
+pub mod fake;
+pub mod netlink;
+pub mod sysctl;
+
+use std::collections::BTreeMap;
+use std::io;
+
+use crate::model::*;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("netlink: {op}: {source}")]
+    Netlink {
+        op: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("sysctl {path}: {source}")]
+    Sysctl {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("bpf: {op}: {detail}")]
+    Bpf { op: String, detail: String },
+}
+
+pub type Result<T> = std::result::Result<T, BackendError>;
+
+/// Owned link names start with this.
+pub const LINK_PREFIX: &str = "hm-";
+
+pub trait NetBackend {
+    fn facts(&mut self) -> Result<HostFacts>;
+    fn links(&mut self) -> Result<BTreeMap<String, LinkSpec>>;
+    fn create_link(&mut self, name: &str, spec: &LinkSpec) -> Result<()>;
+    fn set_link_up(&mut self, name: &str) -> Result<()>;
+    /// Deleting a link that does not exist succeeds.
+    fn delete_link(&mut self, name: &str) -> Result<()>;
+    fn routes(&mut self) -> Result<BTreeMap<RouteKey, RouteSpec>>;
+    /// Creates or replaces.
+    fn replace_route(&mut self, key: &RouteKey, spec: &RouteSpec) -> Result<()>;
+    fn delete_route(&mut self, key: &RouteKey) -> Result<()>;
+    fn neighbours(&mut self) -> Result<BTreeMap<NeighKey, NeighSpec>>;
+    fn replace_neighbour(&mut self, key: &NeighKey, spec: &NeighSpec) -> Result<()>;
+    fn delete_neighbour(&mut self, key: &NeighKey) -> Result<()>;
+}
+
+pub trait SysctlBackend {
+    /// `None` when the sysctl does not exist (an interface that is gone).
+    fn get(&mut self, path: &str) -> Result<Option<String>>;
+    fn set(&mut self, path: &str, value: &str) -> Result<()>;
+}
+
+pub trait BpfBackend {
+    fn map_entries(&mut self) -> Result<BTreeMap<MapEntryKey, Vec<u8>>>;
+    fn put_map_entry(&mut self, key: &MapEntryKey, value: &[u8]) -> Result<()>;
+    fn delete_map_entry(&mut self, key: &MapEntryKey) -> Result<()>;
+    fn attachments(&mut self) -> Result<BTreeMap<Attachment, AttachStatus>>;
+    /// Attaches, or atomically replaces what is attached at the hook.
+    fn attach(&mut self, attachment: &Attachment) -> Result<()>;
+    fn detach(&mut self, attachment: &Attachment) -> Result<()>;
+}
+
+/// The three backends together, as the reconciler uses them.
+pub struct Backends {
+    pub net: Box<dyn NetBackend + Send>,
+    pub sysctl: Box<dyn SysctlBackend + Send>,
+    pub bpf: Box<dyn BpfBackend + Send>,
+}

@@ -1,0 +1,104 @@
+//! Typed link helpers: dump, create a veth pair, set up, delete.
+
+use std::io;
+
+use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL};
+use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
+use netlink_packet_route::RouteNetlinkMessage;
+
+use super::socket::NetlinkSocket;
+
+/// What hostmesh needs to know about a link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    pub index: u32,
+    pub name: String,
+    pub kind: Option<String>,
+    /// IFLA_LINK: for a veth, the peer's index (in `peer_netns` if set).
+    pub link: Option<u32>,
+    /// The peer lives in another namespace.
+    pub peer_other_netns: bool,
+    pub mac: Option<[u8; 6]>,
+    pub up: bool,
+}
+
+pub fn dump_links(sock: &mut NetlinkSocket) -> io::Result<Vec<Link>> {
+    let msgs = sock.dump(RouteNetlinkMessage::GetLink(LinkMessage::default()))?;
+    Ok(msgs
+        .into_iter()
+        .filter_map(|m| match m {
+            RouteNetlinkMessage::NewLink(l) => Some(parse(&l)),
+            _ => None,
+        })
+        .collect())
+}
+
+fn parse(m: &LinkMessage) -> Link {
+    let mut link = Link {
+        index: m.header.index,
+        name: String::new(),
+        kind: None,
+        link: None,
+        peer_other_netns: false,
+        mac: None,
+        up: m.header.flags.contains(LinkFlags::Up),
+    };
+    for attr in &m.attributes {
+        match attr {
+            LinkAttribute::IfName(n) => link.name = n.clone(),
+            LinkAttribute::Link(i) => link.link = Some(*i),
+            LinkAttribute::LinkNetNsId(_) => link.peer_other_netns = true,
+            LinkAttribute::Address(a) if a.len() == 6 => {
+                link.mac = Some(a.as_slice().try_into().expect("length checked"));
+            }
+            LinkAttribute::LinkInfo(infos) => {
+                for info in infos {
+                    if let LinkInfo::Kind(kind) = info {
+                        link.kind = Some(kind.to_string());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    link
+}
+
+pub fn create_veth(
+    sock: &mut NetlinkSocket,
+    name: &str,
+    mac: [u8; 6],
+    peer: &str,
+    peer_mac: [u8; 6],
+) -> io::Result<()> {
+    let mut peer_msg = LinkMessage::default();
+    peer_msg.attributes.push(LinkAttribute::IfName(peer.to_string()));
+    peer_msg.attributes.push(LinkAttribute::Address(peer_mac.to_vec()));
+
+    let mut msg = LinkMessage::default();
+    msg.attributes.push(LinkAttribute::IfName(name.to_string()));
+    msg.attributes.push(LinkAttribute::Address(mac.to_vec()));
+    msg.attributes.push(LinkAttribute::LinkInfo(vec![
+        LinkInfo::Kind(InfoKind::Veth),
+        LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer_msg))),
+    ]));
+    sock.request(RouteNetlinkMessage::NewLink(msg), NLM_F_CREATE | NLM_F_EXCL)
+}
+
+pub fn set_up(sock: &mut NetlinkSocket, index: u32) -> io::Result<()> {
+    let mut msg = LinkMessage::default();
+    msg.header.index = index;
+    msg.header.flags = LinkFlags::Up;
+    msg.header.change_mask = LinkFlags::Up;
+    sock.request(RouteNetlinkMessage::SetLink(msg), 0)
+}
+
+/// Deleting a link that is already gone succeeds.
+pub fn delete(sock: &mut NetlinkSocket, name: &str) -> io::Result<()> {
+    let mut msg = LinkMessage::default();
+    msg.attributes.push(LinkAttribute::IfName(name.to_string()));
+    match sock.request(RouteNetlinkMessage::DelLink(msg), 0) {
+        Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(()),
+        r => r,
+    }
+}

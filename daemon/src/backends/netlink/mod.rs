@@ -1,0 +1,215 @@
+//! The rtnetlink backend: links, routes and neighbours in the daemon's
+//! network namespace. `socket` speaks netlink; `link`, `route` and `neigh`
+//! build typed requests; this module maps them to the model.
+
+mod link;
+mod neigh;
+mod route;
+mod socket;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+
+pub use link::Link;
+pub use socket::NetlinkSocket;
+
+use super::{BackendError, NetBackend, Result, LINK_PREFIX};
+use crate::model::*;
+
+pub struct Rtnetlink {
+    sock: NetlinkSocket,
+}
+
+fn err(op: impl Into<String>) -> impl FnOnce(io::Error) -> BackendError {
+    let op = op.into();
+    move |source| BackendError::Netlink { op, source }
+}
+
+impl Rtnetlink {
+    pub fn open() -> io::Result<Self> {
+        Ok(Rtnetlink { sock: NetlinkSocket::open()? })
+    }
+
+    pub fn all_links(&mut self) -> Result<Vec<Link>> {
+        link::dump_links(&mut self.sock).map_err(err("dump links"))
+    }
+
+    fn index_of(&mut self, name: &str) -> Result<u32> {
+        self.all_links()?.into_iter().find(|l| l.name == name).map(|l| l.index).ok_or_else(|| BackendError::Netlink {
+            op: format!("find link {name}"),
+            source: io::Error::from_raw_os_error(libc::ENODEV),
+        })
+    }
+
+    /// Every route with hostmesh's protocol in any table, whatever its
+    /// shape (for teardown).
+    pub fn owned_routes(&mut self) -> Result<Vec<RouteKey>> {
+        Ok(route::dump(&mut self.sock)
+            .map_err(err("dump routes"))?
+            .into_iter()
+            .filter(|r| r.protocol == RTPROT_HOSTMESH)
+            .map(|r| RouteKey { table: r.table, dst: r.dst })
+            .collect())
+    }
+}
+
+/// Groups `hm-*` links into model specs: a veth pair whose ends are both
+/// ours is one item under the smaller name; anything else named `hm-*` is
+/// reported as it is so the planner can replace or remove it.
+pub fn owned_links(links: &[Link]) -> BTreeMap<String, LinkSpec> {
+    let by_index: BTreeMap<u32, &Link> = links.iter().map(|l| (l.index, l)).collect();
+    let mut out = BTreeMap::new();
+    let mut seen = BTreeSet::new();
+    for l in links.iter().filter(|l| l.name.starts_with(LINK_PREFIX)) {
+        if seen.contains(&l.name) {
+            continue;
+        }
+        let peer = match (l.kind.as_deref(), l.peer_other_netns, l.link) {
+            (Some("veth"), false, Some(i)) => by_index.get(&i).copied(),
+            _ => None,
+        };
+        match peer {
+            Some(p) if p.name.starts_with(LINK_PREFIX) && p.index != l.index => {
+                let (a, b) = if l.name < p.name { (l, p) } else { (p, l) };
+                seen.insert(a.name.clone());
+                seen.insert(b.name.clone());
+                out.insert(
+                    a.name.clone(),
+                    LinkSpec::Veth {
+                        peer: b.name.clone(),
+                        mac: a.mac.unwrap_or_default(),
+                        peer_mac: b.mac.unwrap_or_default(),
+                        up: a.up && b.up,
+                    },
+                );
+            }
+            _ => {
+                let kind = l.kind.clone().unwrap_or_else(|| "unknown".into());
+                let kind = if kind == "veth" { "veth with a foreign peer".to_string() } else { kind };
+                out.insert(l.name.clone(), LinkSpec::Foreign { link_kind: kind });
+            }
+        }
+    }
+    out
+}
+
+impl NetBackend for Rtnetlink {
+    fn facts(&mut self) -> Result<HostFacts> {
+        let links = self.all_links()?;
+        let routes = route::dump(&mut self.sock).map_err(err("dump routes"))?;
+        let names: BTreeMap<u32, String> = links.iter().map(|l| (l.index, l.name.clone())).collect();
+        Ok(HostFacts {
+            interfaces: links.iter().map(|l| l.name.clone()).collect(),
+            default_route_interfaces: route::default_route_oifs(&routes)
+                .into_iter()
+                .filter_map(|i| names.get(&i).cloned())
+                .filter(|n| !n.starts_with(LINK_PREFIX))
+                .collect(),
+        })
+    }
+
+    fn links(&mut self) -> Result<BTreeMap<String, LinkSpec>> {
+        Ok(owned_links(&self.all_links()?))
+    }
+
+    fn create_link(&mut self, name: &str, spec: &LinkSpec) -> Result<()> {
+        match spec {
+            LinkSpec::Veth { peer, mac, peer_mac, up } => {
+                link::create_veth(&mut self.sock, name, *mac, peer, *peer_mac)
+                    .map_err(err(format!("create veth {name} peer {peer}")))?;
+                if *up {
+                    self.set_link_up(name)?;
+                    self.set_link_up(peer)?;
+                }
+                Ok(())
+            }
+            LinkSpec::Foreign { link_kind } => Err(BackendError::Netlink {
+                op: format!("create {link_kind} link {name}"),
+                source: io::Error::new(io::ErrorKind::Unsupported, "hostmesh does not create this kind of link"),
+            }),
+        }
+    }
+
+    fn set_link_up(&mut self, name: &str) -> Result<()> {
+        let links = self.all_links()?;
+        let names: Vec<&Link> = links.iter().filter(|l| l.name == name).collect();
+        let Some(l) = names.first() else {
+            return Err(BackendError::Netlink {
+                op: format!("set {name} up"),
+                source: io::Error::from_raw_os_error(libc::ENODEV),
+            });
+        };
+        link::set_up(&mut self.sock, l.index).map_err(err(format!("set {name} up")))?;
+        // A veth pair is one item: bring the peer up too.
+        if let (Some("veth"), Some(peer)) = (l.kind.as_deref(), l.link) {
+            if let Some(p) = links.iter().find(|x| x.index == peer && x.name.starts_with(LINK_PREFIX)) {
+                link::set_up(&mut self.sock, p.index).map_err(err(format!("set {} up", p.name)))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn delete_link(&mut self, name: &str) -> Result<()> {
+        link::delete(&mut self.sock, name).map_err(err(format!("delete link {name}")))
+    }
+
+    fn routes(&mut self) -> Result<BTreeMap<RouteKey, RouteSpec>> {
+        let names: BTreeMap<u32, String> = self.all_links()?.into_iter().map(|l| (l.index, l.name)).collect();
+        let routes = route::dump(&mut self.sock).map_err(err("dump routes"))?;
+        Ok(routes
+            .into_iter()
+            .filter(|r| r.protocol == RTPROT_HOSTMESH)
+            .filter_map(|r| {
+                let dev = names.get(&r.oif?)?.clone();
+                let spec = RouteSpec::Via { gateway: r.gateway?, dev, mtu: r.mtu };
+                Some((RouteKey { table: r.table, dst: r.dst }, spec))
+            })
+            .collect())
+    }
+
+    fn replace_route(&mut self, key: &RouteKey, spec: &RouteSpec) -> Result<()> {
+        let RouteSpec::Via { gateway, dev, mtu } = spec;
+        let oif = self.index_of(dev)?;
+        route::replace_via(&mut self.sock, key.table, &key.dst, *gateway, oif, *mtu, RTPROT_HOSTMESH)
+            .map_err(err(format!("add route {} via {gateway} dev {dev} table {}", key.dst, key.table)))
+    }
+
+    fn delete_route(&mut self, key: &RouteKey) -> Result<()> {
+        route::delete(&mut self.sock, key.table, &key.dst, RTPROT_HOSTMESH)
+            .map_err(err(format!("delete route {} table {}", key.dst, key.table)))
+    }
+
+    fn neighbours(&mut self) -> Result<BTreeMap<NeighKey, NeighSpec>> {
+        let names: BTreeMap<u32, String> = self
+            .all_links()?
+            .into_iter()
+            .filter(|l| l.name.starts_with(LINK_PREFIX))
+            .map(|l| (l.index, l.name))
+            .collect();
+        Ok(neigh::dump(&mut self.sock)
+            .map_err(err("dump neighbours"))?
+            .into_iter()
+            .filter(|n| n.permanent)
+            .filter_map(|n| {
+                let dev = names.get(&n.ifindex)?.clone();
+                Some((NeighKey { dev, ip: n.ip }, NeighSpec { lladdr: n.lladdr? }))
+            })
+            .collect())
+    }
+
+    fn replace_neighbour(&mut self, key: &NeighKey, spec: &NeighSpec) -> Result<()> {
+        let ifindex = self.index_of(&key.dev)?;
+        neigh::replace_permanent(&mut self.sock, ifindex, key.ip, spec.lladdr).map_err(err(format!(
+            "set neighbour {} lladdr {} dev {}",
+            key.ip,
+            fmt_mac(&spec.lladdr),
+            key.dev
+        )))
+    }
+
+    fn delete_neighbour(&mut self, key: &NeighKey) -> Result<()> {
+        let Ok(ifindex) = self.index_of(&key.dev) else { return Ok(()) };
+        neigh::delete(&mut self.sock, ifindex, key.ip)
+            .map_err(err(format!("delete neighbour {} dev {}", key.ip, key.dev)))
+    }
+}

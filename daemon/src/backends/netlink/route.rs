@@ -1,0 +1,153 @@
+//! Typed route helpers. hostmesh's routes carry its own route protocol
+//! number, which is how they are found again (and nobody else's touched).
+
+use std::collections::BTreeMap;
+use std::io;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use netlink_packet_core::{NLM_F_CREATE, NLM_F_REPLACE};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteMetric, RouteProtocol, RouteScope, RouteType,
+};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+
+use super::socket::NetlinkSocket;
+
+/// A route as read back, with the fields hostmesh compares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub table: u32,
+    pub dst: IpNet,
+    pub protocol: u8,
+    pub kind: RouteType,
+    pub gateway: Option<IpAddr>,
+    pub oif: Option<u32>,
+    /// Every output interface, including multipath next hops.
+    pub oifs: Vec<u32>,
+    pub mtu: Option<u32>,
+}
+
+pub fn dump(sock: &mut NetlinkSocket) -> io::Result<Vec<Route>> {
+    let mut out = Vec::new();
+    for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+        let mut req = RouteMessage::default();
+        req.header.address_family = family;
+        // Table 0 with strict checking: every table.
+        req.header.table = 0;
+        for m in sock.dump(RouteNetlinkMessage::GetRoute(req))? {
+            if let RouteNetlinkMessage::NewRoute(r) = m {
+                if let Some(route) = parse(&r) {
+                    out.push(route);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn ip_of(a: &RouteAddress) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
+        RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
+        _ => None,
+    }
+}
+
+fn parse(m: &RouteMessage) -> Option<Route> {
+    let h = &m.header;
+    let mut table = u32::from(h.table);
+    let mut dst = None;
+    let mut gateway = None;
+    let mut oif = None;
+    let mut oifs = Vec::new();
+    let mut mtu = None;
+    for attr in &m.attributes {
+        match attr {
+            RouteAttribute::Table(t) => table = *t,
+            RouteAttribute::Destination(a) => dst = ip_of(a),
+            RouteAttribute::Gateway(a) => gateway = ip_of(a),
+            RouteAttribute::Oif(i) => {
+                oif = Some(*i);
+                oifs.push(*i);
+            }
+            RouteAttribute::MultiPath(hops) => oifs.extend(hops.iter().map(|h| h.interface_index)),
+            RouteAttribute::Metrics(metrics) => {
+                for metric in metrics {
+                    if let RouteMetric::Mtu(v) = metric {
+                        mtu = Some(*v);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let dst = match (h.address_family, dst) {
+        (_, Some(ip)) => IpNet::new(ip, h.destination_prefix_length).ok()?,
+        (AddressFamily::Inet, None) => IpNet::new(IpAddr::from([0, 0, 0, 0]), 0).ok()?,
+        (AddressFamily::Inet6, None) => IpNet::new(IpAddr::from([0u16; 8]), 0).ok()?,
+        _ => return None,
+    };
+    Some(Route { table, dst, protocol: h.protocol.into(), kind: h.kind, gateway, oif, oifs, mtu })
+}
+
+fn message(table: u32, dst: &IpNet, protocol: u8) -> RouteMessage {
+    let mut m = RouteMessage::default();
+    m.header.address_family = if dst.addr().is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
+    m.header.destination_prefix_length = dst.prefix_len();
+    m.header.protocol = RouteProtocol::from(protocol);
+    if table < 256 {
+        m.header.table = table as u8;
+    } else {
+        m.header.table = 252; // RT_TABLE_COMPAT; the attribute carries the id
+    }
+    m.attributes.push(RouteAttribute::Table(table));
+    m.attributes.push(RouteAttribute::Destination(dst.addr().into()));
+    m
+}
+
+/// `ip route replace dst via gateway dev oif onlink [mtu N] proto P table T`
+pub fn replace_via(
+    sock: &mut NetlinkSocket,
+    table: u32,
+    dst: &IpNet,
+    gateway: IpAddr,
+    oif: u32,
+    mtu: Option<u32>,
+    protocol: u8,
+) -> io::Result<()> {
+    let mut m = message(table, dst, protocol);
+    m.header.scope = RouteScope::Universe;
+    m.header.kind = RouteType::Unicast;
+    // The gateway is a link-local next hop with no address of ours on the
+    // link: declare it directly reachable.
+    m.header.flags = RouteFlags::Onlink;
+    m.attributes.push(RouteAttribute::Gateway(gateway.into()));
+    m.attributes.push(RouteAttribute::Oif(oif));
+    if let Some(mtu) = mtu {
+        m.attributes.push(RouteAttribute::Metrics(vec![RouteMetric::Mtu(mtu)]));
+    }
+    sock.request(RouteNetlinkMessage::NewRoute(m), NLM_F_CREATE | NLM_F_REPLACE)
+}
+
+/// Deletes the route with this protocol; one that is gone already is fine.
+pub fn delete(sock: &mut NetlinkSocket, table: u32, dst: &IpNet, protocol: u8) -> io::Result<()> {
+    let m = message(table, dst, protocol);
+    match sock.request(RouteNetlinkMessage::DelRoute(m), 0) {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ESRCH) | Some(libc::ENOENT)) => Ok(()),
+        r => r,
+    }
+}
+
+/// Names of interfaces holding a default route in the main table.
+pub fn default_route_oifs(routes: &[Route]) -> Vec<u32> {
+    let mut out: BTreeMap<u32, ()> = BTreeMap::new();
+    for r in routes {
+        if r.table == 254 && r.dst.prefix_len() == 0 && r.kind == RouteType::Unicast {
+            for i in &r.oifs {
+                out.insert(*i, ());
+            }
+        }
+    }
+    out.into_keys().collect()
+}

@@ -1,0 +1,148 @@
+//! A synchronous rtnetlink socket: send one request, collect its answer
+//! (an ACK, or every part of a dump). Typed helpers in the sibling
+//! modules build the messages; nothing above them sees raw netlink.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
+use netlink_packet_route::RouteNetlinkMessage;
+use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
+
+/// No netlink answer takes this long unless something is badly wrong; the
+/// daemon must not hang on it.
+const RECV_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct NetlinkSocket {
+    socket: Socket,
+    seq: u32,
+}
+
+impl NetlinkSocket {
+    pub fn open() -> io::Result<Self> {
+        let mut socket = Socket::new(NETLINK_ROUTE)?;
+        socket.bind_auto()?;
+        socket.connect(&SocketAddr::new(0, 0))?;
+        // Extended acks make the kernel explain EINVAL; strict checking makes
+        // it honour dump filters.
+        let _ = socket.set_ext_ack(true);
+        let _ = socket.set_netlink_get_strict_chk(true);
+        // Errors echo only the request's header, so the extended-ack
+        // message sits at a fixed offset (see `extack_message`).
+        let _ = socket.set_cap_ack(true);
+        set_recv_timeout(&socket, RECV_TIMEOUT)?;
+        Ok(NetlinkSocket { socket, seq: 0 })
+    }
+
+    /// Sends a request that expects only an acknowledgement.
+    pub fn request(&mut self, msg: RouteNetlinkMessage, flags: u16) -> io::Result<()> {
+        self.exchange(msg, NLM_F_REQUEST | NLM_F_ACK | flags, false).map(|_| ())
+    }
+
+    /// Sends a dump request and returns every message of the answer.
+    pub fn dump(&mut self, msg: RouteNetlinkMessage) -> io::Result<Vec<RouteNetlinkMessage>> {
+        self.exchange(msg, NLM_F_REQUEST | NLM_F_DUMP, true)
+    }
+
+    fn exchange(&mut self, msg: RouteNetlinkMessage, flags: u16, dump: bool) -> io::Result<Vec<RouteNetlinkMessage>> {
+        self.seq = self.seq.wrapping_add(1);
+        let mut header = NetlinkHeader::default();
+        header.flags = flags;
+        header.sequence_number = self.seq;
+        let mut packet = NetlinkMessage::new(header, NetlinkPayload::from(msg));
+        packet.finalize();
+        let mut buf = vec![0; packet.buffer_len()];
+        packet.serialize(&mut buf);
+        self.socket.send(&buf, 0)?;
+
+        let mut out = Vec::new();
+        loop {
+            let (bytes, _) = self.socket.recv_from_full()?;
+            let mut offset = 0;
+            while offset < bytes.len() {
+                let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&bytes[offset..]).map_err(|e| {
+                    io::Error::new(io::ErrorKind::InvalidData, format!("malformed netlink message: {e}"))
+                })?;
+                let len = msg.header.length as usize;
+                if len == 0 {
+                    break;
+                }
+                let raw = &bytes[offset..(offset + len).min(bytes.len())];
+                offset += len;
+                if msg.header.sequence_number != self.seq {
+                    continue; // an answer to an earlier, abandoned request
+                }
+                match msg.payload {
+                    NetlinkPayload::Done(_) => return Ok(out),
+                    NetlinkPayload::Error(e) => {
+                        return match e.code {
+                            None if !dump => Ok(out),
+                            None => continue,
+                            Some(_) => Err(with_extack(e.to_io(), raw)),
+                        };
+                    }
+                    NetlinkPayload::InnerMessage(inner) => out.push(inner),
+                    NetlinkPayload::Noop | NetlinkPayload::Overrun(_) => {}
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+const NLM_F_CAPPED: u16 = 0x100;
+const NLM_F_ACK_TLVS: u16 = 0x200;
+const NLMSGERR_ATTR_MSG: u16 = 1;
+
+/// Adds the kernel's explanation ("Nexthop has invalid gateway") to an
+/// errno, when it sent one.
+fn with_extack(err: io::Error, raw: &[u8]) -> io::Error {
+    match extack_message(raw) {
+        Some(msg) => io::Error::new(err.kind(), format!("{err}: {msg}")),
+        None => err,
+    }
+}
+
+/// The NLMSGERR_ATTR_MSG of an error message: after the 16-byte netlink
+/// header, the 4-byte error and (capped) the request's 16-byte header.
+fn extack_message(raw: &[u8]) -> Option<String> {
+    let flags = u16::from_ne_bytes(raw.get(6..8)?.try_into().ok()?);
+    if flags & NLM_F_ACK_TLVS == 0 || flags & NLM_F_CAPPED == 0 {
+        return None;
+    }
+    let mut tlvs = raw.get(36..)?;
+    while tlvs.len() >= 4 {
+        let len = u16::from_ne_bytes(tlvs[0..2].try_into().ok()?) as usize;
+        let kind = u16::from_ne_bytes(tlvs[2..4].try_into().ok()?);
+        if len < 4 || len > tlvs.len() {
+            return None;
+        }
+        if kind == NLMSGERR_ATTR_MSG {
+            let text = &tlvs[4..len];
+            let end = text.iter().position(|&b| b == 0).unwrap_or(text.len());
+            return Some(String::from_utf8_lossy(&text[..end]).into_owned());
+        }
+        tlvs = &tlvs[((len + 3) & !3).min(tlvs.len())..];
+    }
+    None
+}
+
+fn set_recv_timeout(socket: &Socket, timeout: Duration) -> io::Result<()> {
+    let tv = libc::timeval { tv_sec: timeout.as_secs() as libc::time_t, tv_usec: 0 };
+    // SAFETY: a valid fd and a correctly sized timeval.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            &tv as *const libc::timeval as *const libc::c_void,
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}

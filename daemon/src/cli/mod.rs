@@ -1,0 +1,114 @@
+//! The command line: `hostmesh run | check | status | teardown`.
+
+mod check;
+mod status;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::paths::{Paths, DEFAULT_BPFFS, DEFAULT_CONFIG_DIR, DEFAULT_STATE_DIR};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "hostmesh",
+    version,
+    about = "Service IPs, mesh redirects and gateway peers for VMs and bare-metal hosts"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon (under systemd: Type=notify).
+    Run(PathArgs),
+    /// Validate the config dir; exit 0 if every file is valid, 1 if not.
+    Check {
+        #[arg(long, default_value = DEFAULT_CONFIG_DIR)]
+        config_dir: PathBuf,
+    },
+    /// Show what is applied, per object, and rejected files with their errors.
+    Status {
+        #[arg(long, default_value = DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
+        /// Print the status file as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove everything hostmesh owns: links, routes, pins, programs.
+    Teardown {
+        #[command(flatten)]
+        paths: PathArgs,
+        /// Tear down even though the daemon is running (it will rebuild
+        /// its state at the next sync).
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct PathArgs {
+    #[arg(long, default_value = DEFAULT_CONFIG_DIR)]
+    pub config_dir: PathBuf,
+    #[arg(long, default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// Pin dir for BPF maps and links (on a bpffs; mounted if it is not).
+    #[arg(long, default_value = DEFAULT_BPFFS)]
+    pub bpffs: PathBuf,
+}
+
+impl From<PathArgs> for Paths {
+    fn from(a: PathArgs) -> Self {
+        Paths { config_dir: a.config_dir, state_dir: a.state_dir, bpffs: a.bpffs }
+    }
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(paths) => {
+            let log = crate::log::stderr_logger();
+            match crate::daemon::run(paths.into(), log.clone()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    slog::crit!(log, "cannot start"; "error" => e.to_string());
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Check { config_dir } => check::run(&config_dir),
+        Command::Status { state_dir, json } => status::run(&state_dir, json),
+        Command::Teardown { paths, force } => teardown(paths.into(), force),
+    }
+}
+
+fn teardown(paths: Paths, force: bool) -> ExitCode {
+    if let Some(pid) = status::running_daemon(&paths.state_dir) {
+        if !force {
+            eprintln!(
+                "hostmesh is running (pid {pid}); stop it first (systemctl stop hostmesh), or pass --force \
+                 (it would rebuild its state at its next sync)"
+            );
+            return ExitCode::FAILURE;
+        }
+    }
+    match crate::teardown::teardown(&paths) {
+        Ok(done) if done.is_empty() => {
+            println!("nothing to remove: hostmesh owns nothing in this network namespace");
+            ExitCode::SUCCESS
+        }
+        Ok(done) => {
+            for line in done {
+                println!("{line}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("hostmesh teardown: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

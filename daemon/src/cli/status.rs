@@ -1,0 +1,166 @@
+//! `hostmesh status`: what the daemon last applied, read from the state
+//! dir, so it works while the daemon is down (and says so).
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use crate::daemon::report::now_unix;
+use crate::state::Status;
+
+/// Exit codes: 0 running and everything applied; 1 something rejected or
+/// failed; 3 not running (what is shown is the last state it wrote).
+pub fn run(state_dir: &Path, json: bool) -> ExitCode {
+    let status = match Status::read(state_dir) {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("hostmesh has not run here: no {}", Status::path(state_dir).display());
+            return ExitCode::from(3);
+        }
+        Err(e) => {
+            eprintln!("hostmesh status: cannot read {}: {e}", Status::path(state_dir).display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let liveness = liveness(&status);
+    if json {
+        let mut value = serde_json::to_value(&status).expect("status serialises");
+        value["liveness"] = serde_json::Value::String(liveness.label().into());
+        println!("{}", serde_json::to_string_pretty(&value).expect("json"));
+    } else {
+        print!("{}", render(&status, &liveness));
+    }
+    let problems = !status.last_sync.ok || status.files.iter().any(|f| f.state != "applied");
+    match liveness {
+        Liveness::Running => {
+            if problems {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Liveness::Stale(_) => ExitCode::FAILURE,
+        _ => ExitCode::from(3),
+    }
+}
+
+pub enum Liveness {
+    Running,
+    /// Running but the status has not been updated for this many seconds.
+    Stale(u64),
+    Stopped,
+    Gone,
+}
+
+impl Liveness {
+    fn label(&self) -> &'static str {
+        match self {
+            Liveness::Running => "running",
+            Liveness::Stale(_) => "stale",
+            Liveness::Stopped => "stopped",
+            Liveness::Gone => "gone",
+        }
+    }
+}
+
+fn pid_is_hostmesh(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "hostmesh")
+}
+
+pub fn liveness(s: &Status) -> Liveness {
+    if s.stopped {
+        return Liveness::Stopped;
+    }
+    if !pid_is_hostmesh(s.pid) {
+        return Liveness::Gone;
+    }
+    // The file is rewritten at every resync; allow three missed ones.
+    let age = now_unix().saturating_sub(s.updated_at);
+    let limit = 3 * s.resync_interval_ms / 1000 + 10;
+    if age > limit {
+        Liveness::Stale(age)
+    } else {
+        Liveness::Running
+    }
+}
+
+/// The pid of a hostmesh daemon that wrote this state dir and still runs.
+pub fn running_daemon(state_dir: &Path) -> Option<u32> {
+    let s = Status::read(state_dir).ok()?;
+    (!s.stopped && pid_is_hostmesh(s.pid)).then_some(s.pid)
+}
+
+fn ago(at: u64) -> String {
+    let secs = now_unix().saturating_sub(at);
+    match secs {
+        0..=119 => format!("{secs}s ago"),
+        120..=7199 => format!("{}m ago", secs / 60),
+        _ => format!("{}h ago", secs / 3600),
+    }
+}
+
+pub fn render(s: &Status, liveness: &Liveness) -> String {
+    let mut out = String::new();
+    let head = match liveness {
+        Liveness::Running => format!("running (pid {}){}", s.pid, if s.ready { ", ready" } else { ", starting" }),
+        Liveness::Stale(age) => format!("running (pid {}) but its status is stale: last written {age}s ago", s.pid),
+        Liveness::Stopped => format!(
+            "not running: stopped {}; kernel state stays in place; this is what it last applied",
+            ago(s.updated_at)
+        ),
+        Liveness::Gone => {
+            format!("not running: pid {} is gone and did not stop cleanly; this is what it last applied", s.pid)
+        }
+    };
+    out.push_str(&format!("hostmesh: {head}\n"));
+    let l = &s.last_sync;
+    out.push_str(&format!(
+        "last sync: {} (generation {}, {}, {} step(s), {} ms){}\n",
+        ago(l.at),
+        s.generation,
+        if l.full { "full" } else { "incremental" },
+        l.steps,
+        l.duration_ms,
+        if l.ok { ", ok".to_string() } else { format!(", {} error(s)", l.errors.len()) }
+    ));
+    for e in &l.errors {
+        out.push_str(&format!("  error: {e}\n"));
+    }
+    let rejected = s.files.iter().filter(|f| f.state != "applied").count();
+    out.push_str(&format!("config: {} ({} file(s), {} rejected)\n", s.config_dir.display(), s.files.len(), rejected));
+    for f in s.files.iter().filter(|f| f.state != "applied") {
+        let kept = if f.state == "rejected_keeping_last_good" {
+            "its last good version stays in force"
+        } else {
+            "nothing from it is in force"
+        };
+        out.push_str(&format!("  rejected {}: {kept}\n", f.path.display()));
+        for e in &f.errors {
+            out.push_str(&format!("    {}\n", e.text));
+        }
+    }
+    if !s.objects.is_empty() {
+        out.push_str("objects:\n");
+        let w_kind = s.objects.iter().map(|o| o.kind.len()).max().unwrap_or(0);
+        let w_name = s.objects.iter().map(|o| o.name.len()).max().unwrap_or(0);
+        for o in &s.objects {
+            let origin = o.origin.as_deref().map(|x| format!("  [{x}]")).unwrap_or_default();
+            out.push_str(&format!("  {:w_kind$}  {:w_name$}  {:11}  {}{origin}\n", o.kind, o.name, o.state, o.detail));
+            for e in &o.errors {
+                out.push_str(&format!("      error: {e}\n"));
+            }
+        }
+    }
+    let c = &s.counts;
+    out.push_str(&format!(
+        "kernel: {} link(s), {} route(s), {} map entr{}, {} program(s)\n",
+        c.links,
+        c.routes,
+        c.map_entries,
+        if c.map_entries == 1 { "y" } else { "ies" },
+        c.programs
+    ));
+    for w in &s.warnings {
+        out.push_str(&format!("warning: {w}\n"));
+    }
+    out
+}

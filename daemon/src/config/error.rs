@@ -1,0 +1,93 @@
+//! Configuration errors: always a file, a line, a column, the key, and one
+//! plain sentence.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    pub line: usize,
+    pub column: usize,
+    /// The key the error is about (`port`, `service.backends`), when there is one.
+    pub key: Option<String>,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}: {}", self.file.display(), self.line, self.column, self.message)
+    }
+}
+
+/// Maps byte offsets in one file's text to 1-based line and column.
+pub struct Source<'a> {
+    pub path: &'a Path,
+    pub text: &'a str,
+}
+
+impl<'a> Source<'a> {
+    pub fn new(path: &'a Path, text: &'a str) -> Self {
+        Source { path, text }
+    }
+
+    /// 1-based (line, column); the column counts characters, not bytes.
+    pub fn line_col(&self, offset: usize) -> (usize, usize) {
+        let offset = offset.min(self.text.len());
+        let before = &self.text[..floor_char_boundary(self.text, offset)];
+        let line = before.matches('\n').count() + 1;
+        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        let column = before[line_start..].chars().count() + 1;
+        (line, column)
+    }
+
+    pub fn error(&self, span: &std::ops::Range<usize>, key: Option<&str>, message: String) -> ConfigError {
+        let (line, column) = self.line_col(span.start);
+        ConfigError { file: self.path.to_path_buf(), line, column, key: key.map(str::to_string), message }
+    }
+
+    /// The key written at the start of the line holding `offset`
+    /// (`port = 0` -> `port`), for errors from the TOML parser, which
+    /// report a position but not the key.
+    pub fn key_on_line(&self, offset: usize) -> Option<String> {
+        let offset = floor_char_boundary(self.text, offset.min(self.text.len()));
+        let start = self.text[..offset].rfind('\n').map_or(0, |i| i + 1);
+        let end = self.text[start..].find('\n').map_or(self.text.len(), |i| start + i);
+        let line = self.text[start..end].trim_start();
+        let (key, _) = line.split_once('=')?;
+        let key = key.trim().trim_matches('"');
+        let valid = !key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        valid.then(|| key.to_string())
+    }
+}
+
+fn floor_char_boundary(s: &str, mut i: usize) -> usize {
+    while i > 0 && !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// Where a configuration object was declared, for status and errors.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct Origin {
+    pub file: PathBuf,
+    pub line: usize,
+    pub column: usize,
+}
+
+impl Origin {
+    pub fn at(src: &Source<'_>, span: &std::ops::Range<usize>) -> Self {
+        let (line, column) = src.line_col(span.start);
+        Origin { file: src.path.to_path_buf(), line, column }
+    }
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = self.file.file_name().map(Path::new).unwrap_or(&self.file);
+        write!(f, "{}:{}:{}", name.display(), self.line, self.column)
+    }
+}

@@ -1,0 +1,224 @@
+//! Merging files into the configuration in force, enforcing what must be
+//! unique across the whole config dir: object names per kind, a service's
+//! (VIP, port, protocol), a mesh entry's (VIP, port, protocol), and the
+//! single `[daemon]` and `[gateway]` sections.
+//!
+//! Files are taken in lexical order; the earlier file keeps a contested
+//! name. Each file offers its versions in order of preference (the new text,
+//! then its last good version): the first that fits is used, so a file that
+//! becomes invalid keeps its last good version in force, and the config in
+//! force is always consistent.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use super::error::{ConfigError, Origin};
+use super::types::*;
+
+/// The outcome for one file: which of its offered versions is in force
+/// (if any), and why the preferred one was not.
+#[derive(Debug)]
+pub struct MergedFile {
+    pub accepted: Option<usize>,
+    pub conflicts: Vec<ConfigError>,
+}
+
+#[derive(Default)]
+struct Registry {
+    names: BTreeMap<(&'static str, String), Origin>,
+    services: BTreeMap<(IpAddr, u16, Protocol), (String, Origin)>,
+    meshes: BTreeMap<(IpAddr, u16, Protocol), (String, Origin)>,
+    daemon: Option<Origin>,
+    gateway: Option<Origin>,
+}
+
+/// One claim a file makes on something that must be unique.
+enum Claim {
+    Name(&'static str, String, Origin),
+    Service((IpAddr, u16, Protocol), String, Origin),
+    Mesh((IpAddr, u16, Protocol), String, Origin),
+    Daemon(Origin),
+    Gateway(Origin),
+}
+
+fn claims(f: &FileConfig) -> Vec<Claim> {
+    let mut out = Vec::new();
+    if let Some(origin) = f.daemon.as_ref().and_then(|d| d.origin.clone()) {
+        out.push(Claim::Daemon(origin));
+    }
+    if let Some(g) = &f.gateway {
+        out.push(Claim::Gateway(g.origin.clone()));
+    }
+    for s in &f.services {
+        out.push(Claim::Name("service", s.name.clone(), s.origin.clone()));
+        out.push(Claim::Service((s.vip, s.port, s.protocol), s.name.clone(), s.origin.clone()));
+    }
+    for m in &f.meshes {
+        out.push(Claim::Name("mesh", m.name.clone(), m.origin.clone()));
+        out.push(Claim::Mesh((m.vip, m.port, m.protocol), m.name.clone(), m.origin.clone()));
+    }
+    for p in &f.peers {
+        out.push(Claim::Name("peer", p.name.clone(), p.origin.clone()));
+    }
+    for m in &f.members {
+        out.push(Claim::Name("member", m.name.clone(), m.origin.clone()));
+    }
+    out
+}
+
+fn conflict(origin: &Origin, key: &str, message: String) -> ConfigError {
+    ConfigError {
+        file: origin.file.clone(),
+        line: origin.line,
+        column: origin.column,
+        key: Some(key.to_string()),
+        message,
+    }
+}
+
+fn port_text(port: u16) -> String {
+    if port == 0 {
+        "every port".to_string()
+    } else {
+        format!("port {port}")
+    }
+}
+
+impl Registry {
+    /// Adds every claim of `f`, or none of them and returns why.
+    fn try_add(&mut self, f: &FileConfig) -> Vec<ConfigError> {
+        let claims = claims(f);
+        let mut errors = Vec::new();
+        let mut added = Vec::new();
+        for claim in claims {
+            match self.check_and_insert(&claim) {
+                Ok(()) => added.push(claim),
+                Err(e) => errors.push(e),
+            }
+        }
+        if !errors.is_empty() {
+            for claim in added {
+                self.remove(&claim);
+            }
+        }
+        errors
+    }
+
+    fn check_and_insert(&mut self, claim: &Claim) -> Result<(), ConfigError> {
+        match claim {
+            Claim::Name(kind, name, origin) => {
+                if let Some(first) = self.names.get(&(*kind, name.clone())) {
+                    return Err(conflict(origin, "name", format!("{kind} name \"{name}\" is already used at {first}")));
+                }
+                self.names.insert((*kind, name.clone()), origin.clone());
+            }
+            Claim::Service(key, name, origin) => {
+                if let Some((other, at)) = self.services.get(key) {
+                    return Err(conflict(
+                        origin,
+                        "vip",
+                        format!(
+                            "service \"{name}\": vip {} {}/{} is already used by service \"{other}\" at {at}",
+                            key.0,
+                            port_text(key.1),
+                            key.2
+                        ),
+                    ));
+                }
+                self.services.insert(*key, (name.clone(), origin.clone()));
+            }
+            Claim::Mesh(key, name, origin) => {
+                if let Some((other, at)) = self.meshes.get(key) {
+                    return Err(conflict(
+                        origin,
+                        "vip",
+                        format!(
+                            "mesh \"{name}\": vip {} {}/{} is already used by mesh \"{other}\" at {at}",
+                            key.0,
+                            port_text(key.1),
+                            key.2
+                        ),
+                    ));
+                }
+                self.meshes.insert(*key, (name.clone(), origin.clone()));
+            }
+            Claim::Daemon(origin) => {
+                if let Some(first) = &self.daemon {
+                    return Err(conflict(
+                        origin,
+                        "daemon",
+                        format!("[daemon] is already declared at {first}; only one file may have it"),
+                    ));
+                }
+                self.daemon = Some(origin.clone());
+            }
+            Claim::Gateway(origin) => {
+                if let Some(first) = &self.gateway {
+                    return Err(conflict(
+                        origin,
+                        "gateway",
+                        format!("[gateway] is already declared at {first}; only one file may have it"),
+                    ));
+                }
+                self.gateway = Some(origin.clone());
+            }
+        }
+        Ok(())
+    }
+
+    fn remove(&mut self, claim: &Claim) {
+        match claim {
+            Claim::Name(kind, name, _) => {
+                self.names.remove(&(*kind, name.clone()));
+            }
+            Claim::Service(key, ..) => {
+                self.services.remove(key);
+            }
+            Claim::Mesh(key, ..) => {
+                self.meshes.remove(key);
+            }
+            Claim::Daemon(_) => self.daemon = None,
+            Claim::Gateway(_) => self.gateway = None,
+        }
+    }
+}
+
+/// Merges files (in the given order), each offering versions in order of
+/// preference. Returns the configuration in force and, per file, which
+/// version was used.
+pub fn merge(files: &[(PathBuf, Vec<&FileConfig>)]) -> (Config, Vec<MergedFile>) {
+    let mut registry = Registry::default();
+    let mut config = Config::default();
+    let mut report = Vec::new();
+    for (_path, versions) in files {
+        let mut accepted = None;
+        let mut first_conflicts = Vec::new();
+        for (i, version) in versions.iter().enumerate() {
+            let errors = registry.try_add(version);
+            if errors.is_empty() {
+                accepted = Some(i);
+                append(&mut config, version);
+                break;
+            }
+            if i == 0 {
+                first_conflicts = errors;
+            }
+        }
+        report.push(MergedFile { accepted, conflicts: first_conflicts });
+    }
+    (config, report)
+}
+
+fn append(config: &mut Config, f: &FileConfig) {
+    if let Some(d) = &f.daemon {
+        config.daemon = d.clone();
+    }
+    if let Some(g) = &f.gateway {
+        config.gateway = Some(g.clone());
+    }
+    config.services.extend(f.services.iter().cloned());
+    config.meshes.extend(f.meshes.iter().cloned());
+    config.peers.extend(f.peers.iter().cloned());
+    config.members.extend(f.members.iter().cloned());
+}

@@ -1,0 +1,22 @@
+//! Configuration: TOML drop-ins in the config dir -> `Config`.
+//!
+//! `schema` is the file format as written, `validate` checks one file on
+//! its own, `merge` enforces what must be unique across files, and `store`
+//! reads the dir and keeps each file's last good version.
+
+mod duration;
+mod error;
+mod merge;
+mod schema;
+mod store;
+mod types;
+mod validate;
+
+pub use duration::{format_duration, parse_duration};
+pub use error::{ConfigError, Origin, Source};
+pub use store::{check_dir, list_drop_ins, ConfigStore, DirError, FileReport, FileState, Loaded};
+pub use types::*;
+pub use validate::{is_object_name, is_unicast, parse_file};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,130 @@
+//! The TOML schema of one drop-in file, exactly as written (DESIGN.md,
+//! "Configuration contract"). Every value keeps its span so validation can
+//! point at file:line:column. Nothing here interprets values; `validate`
+//! turns these into typed configuration.
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use toml::Spanned;
+
+pub type S<T> = Spanned<T>;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFile {
+    pub daemon: Option<S<RawDaemon>>,
+    #[serde(default)]
+    pub service: Vec<S<RawService>>,
+    #[serde(default)]
+    pub mesh: Vec<S<RawMesh>>,
+    pub gateway: Option<S<RawGateway>>,
+    #[serde(default)]
+    pub peer: Vec<S<RawPeer>>,
+    #[serde(default)]
+    pub member: Vec<S<RawMember>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDaemon {
+    pub connect_time_lb: Option<S<String>>,
+    pub host_interfaces: Option<Vec<S<String>>>,
+    pub cgroup: Option<S<String>>,
+    pub mesh_backend: Option<S<String>>,
+    /// hostmesh extension: how often kernel state is re-read and repaired.
+    pub resync_interval: Option<S<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawService {
+    pub name: S<String>,
+    pub vip: S<String>,
+    pub port: S<i64>,
+    pub protocol: Option<S<String>>,
+    #[serde(default)]
+    pub backends: Vec<S<RawBackend>>,
+    pub node_port: Option<S<i64>>,
+    pub health_check: Option<S<toml::Table>>,
+    pub affinity: Option<S<String>>,
+    pub affinity_timeout: Option<S<String>>,
+}
+
+/// A backend is either `"ip:port"` or `{ address = "ip:port", weight = N }`.
+#[derive(Debug)]
+pub struct RawBackend {
+    pub address: S<String>,
+    pub weight: Option<S<i64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMesh {
+    pub name: S<String>,
+    pub vip: S<String>,
+    pub port: S<i64>,
+    pub protocol: Option<S<String>>,
+    pub redirect_port: S<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawGateway {
+    pub role: S<String>,
+    pub local_ip: S<String>,
+    pub gateway_ip: Option<S<String>>,
+    pub vni: S<i64>,
+    pub udp_port: Option<S<i64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPeer {
+    pub name: S<String>,
+    pub endpoint: Option<S<String>>,
+    pub cidrs: Vec<S<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMember {
+    pub name: S<String>,
+    pub endpoint: S<String>,
+    pub cidrs: Vec<S<String>>,
+}
+
+impl<'de> Deserialize<'de> for RawBackend {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(BackendVisitor)
+    }
+}
+
+struct BackendVisitor;
+
+impl<'de> Visitor<'de> for BackendVisitor {
+    type Value = RawBackend;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(r#"a backend as "ip:port" or { address = "ip:port", weight = N }"#)
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<RawBackend, E> {
+        // A plain string has no span of its own here; the caller's
+        // Spanned<RawBackend> carries it, and validation uses that one.
+        Ok(RawBackend { address: Spanned::new(0..0, v.to_string()), weight: None })
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawBackend, A::Error> {
+        let mut address = None;
+        let mut weight = None;
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "address" => address = Some(map.next_value::<S<String>>()?),
+                "weight" => weight = Some(map.next_value::<S<i64>>()?),
+                other => return Err(de::Error::unknown_field(other, &["address", "weight"])),
+            }
+        }
+        let address = address.ok_or_else(|| de::Error::missing_field("address"))?;
+        Ok(RawBackend { address, weight })
+    }
+}

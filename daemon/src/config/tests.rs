@@ -1,0 +1,464 @@
+//! Loader and validation tests: every rule, with its exact message.
+
+use std::fs;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use super::*;
+
+/// A scratch config dir, removed on drop.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new() -> Dir {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "hm-config-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        fs::create_dir_all(&p).unwrap();
+        Dir(p)
+    }
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.0.join(name);
+        fs::write(&p, text).unwrap();
+        p
+    }
+    fn remove(&self, name: &str) {
+        fs::remove_file(self.0.join(name)).unwrap();
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Parses one file's text and returns its errors as display strings.
+fn errors(text: &str) -> Vec<String> {
+    match parse_file(&Source::new(Path::new("t.toml"), text)) {
+        Ok(_) => Vec::new(),
+        Err(errs) => errs.iter().map(|e| e.to_string()).collect(),
+    }
+}
+
+fn one_error(text: &str) -> String {
+    let errs = errors(text);
+    assert_eq!(errs.len(), 1, "expected exactly one error, got {errs:?}");
+    errs.into_iter().next().unwrap()
+}
+
+const WEB: &str = r#"
+[[service]]
+name = "web"
+vip = "10.96.0.10"
+port = 80
+backends = ["192.168.10.11:8080", { address = "192.168.10.12:8080", weight = 2 }]
+"#;
+
+#[test]
+fn full_contract_example_parses() {
+    let text = r#"
+[daemon]
+connect_time_lb = "all"
+host_interfaces = ["eth0"]
+cgroup = "/sys/fs/cgroup"
+mesh_backend = "sk_lookup"
+resync_interval = "10s"
+
+[[service]]
+name = "web"
+vip = "10.96.0.10"
+port = 80
+protocol = "tcp"
+backends = ["192.168.10.11:8080", { address = "192.168.10.12:8080", weight = 2 }]
+
+[[service]]
+name = "dns6"
+vip = "fd00::53"
+port = 53
+protocol = "udp"
+backends = ["[fd00::1:53]:53"]
+
+[[mesh]]
+name = "web-sidecar"
+vip = "10.96.0.10"
+port = 80
+protocol = "tcp"
+redirect_port = 15001
+
+[gateway]
+role = "gateway"
+local_ip = "192.0.2.1"
+vni = 4242
+udp_port = 4789
+
+[[peer]]
+name = "site-b"
+endpoint = "198.51.100.7"
+cidrs = ["10.20.0.0/16"]
+
+[[member]]
+name = "m1"
+endpoint = "192.0.2.21"
+cidrs = ["10.10.1.0/24"]
+"#;
+    let f = parse_file(&Source::new(Path::new("t.toml"), text)).expect("valid");
+    let d = f.daemon.unwrap();
+    assert_eq!(d.connect_time_lb, CtlbMode::All);
+    assert_eq!(d.host_interfaces, Some(vec!["eth0".to_string()]));
+    assert_eq!(d.mesh_backend, MeshBackend::SkLookup);
+    assert_eq!(d.resync_interval, std::time::Duration::from_secs(10));
+    assert_eq!(f.services.len(), 2);
+    let web = &f.services[0];
+    assert_eq!(web.vip, "10.96.0.10".parse::<IpAddr>().unwrap());
+    assert_eq!(web.backends[1].weight, 2);
+    assert_eq!(web.backends[0].weight, 1);
+    assert_eq!((web.origin.line, web.origin.column), (10, 8));
+    assert_eq!(f.services[1].protocol, Protocol::Udp);
+    assert_eq!(f.meshes[0].redirect_port, 15001);
+    assert_eq!(f.gateway.unwrap().role, GatewayRole::Gateway);
+    assert_eq!(f.peers[0].cidrs[0].to_string(), "10.20.0.0/16");
+    assert_eq!(f.members[0].endpoint.to_string(), "192.0.2.21");
+}
+
+#[test]
+fn defaults() {
+    let f = parse_file(&Source::new(Path::new("t.toml"), "[[service]]\nname = \"a\"\nvip = \"10.0.0.1\"\nport = 1\n"))
+        .unwrap();
+    assert_eq!(f.services[0].protocol, Protocol::Tcp);
+    assert!(f.services[0].backends.is_empty());
+    let g = parse_file(&Source::new(
+        Path::new("t.toml"),
+        "[gateway]\nrole = \"member\"\nlocal_ip = \"192.0.2.21\"\ngateway_ip = \"192.0.2.1\"\nvni = 7\n",
+    ))
+    .unwrap();
+    assert_eq!(g.gateway.unwrap().udp_port, 4789);
+    assert_eq!(DaemonSettings::default().connect_time_lb, CtlbMode::Tcp);
+    assert_eq!(DaemonSettings::default().resync_interval, DEFAULT_RESYNC_INTERVAL);
+}
+
+#[test]
+fn syntax_error_names_line_column_and_key() {
+    let text = "[[service]]\nname = \"web\"\nvip = 10.96.0.10\n";
+    assert_eq!(one_error(text), format!("t.toml:3:12: invalid TOML at key `vip`: {}", toml_detail(text)));
+    // A broken table header has no key; the position is still exact.
+    let text = "[[service]\nname = \"web\"\n";
+    assert_eq!(one_error(text), format!("t.toml:1:11: invalid TOML: {}", toml_detail(text)));
+}
+
+/// The TOML parser's own wording, so the test pins our framing (position,
+/// key, one line) rather than the parser's phrasing.
+fn toml_detail(text: &str) -> String {
+    let e = toml::from_str::<toml::Table>(text).unwrap_err();
+    e.message().trim().replace('\n', "; ")
+}
+
+#[test]
+fn unknown_key_is_rejected_with_its_position() {
+    let err = one_error("[[service]]\nname = \"web\"\nvip = \"10.96.0.10\"\nport = 80\nprot = \"tcp\"\n");
+    assert!(err.starts_with("t.toml:5:1: invalid TOML at key `prot`: unknown field `prot`"), "{err}");
+}
+
+#[test]
+fn bad_addresses() {
+    assert_eq!(
+        one_error("[[service]]\nname = \"web\"\nvip = \"10.96.0.300\"\nport = 80\n"),
+        "t.toml:3:7: service \"web\": vip \"10.96.0.300\" is not an IPv4 or IPv6 address"
+    );
+    assert_eq!(
+        one_error("[[service]]\nname = \"web\"\nvip = \"127.0.0.5\"\nport = 80\n"),
+        "t.toml:3:7: service \"web\": vip 127.0.0.5 is a loopback address; a VIP must not be loopback"
+    );
+    assert_eq!(
+        one_error("[[service]]\nname = \"web\"\nvip = \"224.0.0.1\"\nport = 80\n"),
+        "t.toml:3:7: service \"web\": vip 224.0.0.1 is not a unicast address"
+    );
+    assert_eq!(
+        one_error("[[service]]\nname = \"web\"\nvip = \"10.0.0.1\"\nport = 80\nbackends = [\"10.0.0.2\"]\n"),
+        "t.toml:5:13: service \"web\": backend \"10.0.0.2\" is not an address with a port, like \"192.0.2.10:8080\" or \"[2001:db8::10]:8080\""
+    );
+    assert_eq!(
+        one_error("[[service]]\nname = \"web\"\nvip = \"10.0.0.1\"\nport = 80\nbackends = [{ address = \"nope:1\" }]\n"),
+        "t.toml:5:25: service \"web\": backend \"nope:1\" is not an address with a port, like \"192.0.2.10:8080\" or \"[2001:db8::10]:8080\""
+    );
+    assert_eq!(
+        one_error("[[service]]\nname = \"web\"\nvip = \"10.0.0.1\"\nport = 80\nbackends = [\"[fd00::1]:80\"]\n"),
+        "t.toml:5:13: service \"web\": backend [fd00::1]:80 is IPv6 but the VIP is IPv4"
+    );
+    assert_eq!(
+        one_error("[gateway]\nrole = \"gateway\"\nlocal_ip = \"0.0.0.0\"\nvni = 1\n"),
+        "t.toml:3:12: [gateway]: local_ip 0.0.0.0 is not a unicast address"
+    );
+    assert_eq!(
+        one_error("[[peer]]\nname = \"b\"\ncidrs = [\"10.20.0.1/16\"]\n"),
+        "t.toml:3:10: peer \"b\": cidr 10.20.0.1/16 has host bits set; did you mean 10.20.0.0/16?"
+    );
+    assert_eq!(
+        one_error("[[peer]]\nname = \"b\"\ncidrs = [\"10.20.0.0/33\"]\n"),
+        "t.toml:3:10: peer \"b\": cidr \"10.20.0.0/33\" is not a network like \"10.20.0.0/16\""
+    );
+}
+
+#[test]
+fn ports_out_of_range() {
+    assert_eq!(
+        one_error("[[service]]\nname = \"web\"\nvip = \"10.0.0.1\"\nport = 0\n"),
+        "t.toml:4:8: service \"web\": port 0 is out of range; use 1 to 65535"
+    );
+    assert_eq!(
+        one_error("[[service]]\nname = \"web\"\nvip = \"10.0.0.1\"\nport = 65536\n"),
+        "t.toml:4:8: service \"web\": port 65536 is out of range; use 1 to 65535"
+    );
+    assert_eq!(
+        one_error("[[service]]\nname = \"web\"\nvip = \"10.0.0.1\"\nport = 80\nbackends = [\"10.0.0.2:0\"]\n"),
+        "t.toml:5:13: service \"web\": backend 10.0.0.2:0 has port 0; use 1 to 65535"
+    );
+    assert_eq!(
+        one_error("[[mesh]]\nname = \"m\"\nvip = \"10.0.0.1\"\nport = 65536\nredirect_port = 15001\n"),
+        "t.toml:4:8: mesh \"m\": port 65536 is out of range; use 0 (every port) to 65535"
+    );
+    assert_eq!(
+        one_error("[[mesh]]\nname = \"m\"\nvip = \"10.0.0.1\"\nport = 0\nredirect_port = 0\n"),
+        "t.toml:5:17: mesh \"m\": redirect_port 0 is out of range; use 1 to 65535"
+    );
+    assert_eq!(
+        one_error("[gateway]\nrole = \"gateway\"\nlocal_ip = \"192.0.2.1\"\nvni = 1\nudp_port = 65536\n"),
+        "t.toml:5:12: [gateway]: udp_port 65536 is out of range; use 1 to 65535"
+    );
+}
+
+#[test]
+fn mesh_port_zero_means_every_port() {
+    let f = parse_file(&Source::new(
+        Path::new("t.toml"),
+        "[[mesh]]\nname = \"m\"\nvip = \"10.0.0.1\"\nport = 0\nredirect_port = 15001\n",
+    ))
+    .unwrap();
+    assert_eq!(f.meshes[0].port, 0);
+}
+
+#[test]
+fn names_weights_enums_and_durations() {
+    assert_eq!(
+        one_error("[[service]]\nname = \"Web\"\nvip = \"10.0.0.1\"\nport = 80\n"),
+        "t.toml:2:8: service name \"Web\" is not valid; use 1 to 63 lowercase letters, digits and '-', starting with a letter or digit"
+    );
+    assert_eq!(
+        one_error("[[service]]\nname = \"web\"\nvip = \"10.0.0.1\"\nport = 80\nprotocol = \"sctp\"\n"),
+        "t.toml:5:12: service \"web\": protocol \"sctp\" is not one of \"tcp\" or \"udp\""
+    );
+    assert_eq!(
+        one_error("[[service]]\nname = \"web\"\nvip = \"10.0.0.1\"\nport = 80\nbackends = [{ address = \"10.0.0.2:80\", weight = 0 }]\n"),
+        "t.toml:5:49: service \"web\": backend 10.0.0.2:80 has weight 0; use 1 to 1000 (remove a backend to stop sending it traffic)"
+    );
+    assert_eq!(
+        one_error("[[service]]\nname = \"web\"\nvip = \"10.0.0.1\"\nport = 80\nbackends = [\"10.0.0.2:80\", \"10.0.0.2:80\"]\n"),
+        "t.toml:5:28: service \"web\": backend 10.0.0.2:80 is listed twice"
+    );
+    assert_eq!(
+        one_error("[daemon]\nconnect_time_lb = \"some\"\n"),
+        "t.toml:2:19: [daemon]: connect_time_lb \"some\" is not one of \"all\", \"tcp\" or \"off\""
+    );
+    assert_eq!(
+        one_error("[daemon]\nmesh_backend = \"iptables\"\n"),
+        "t.toml:2:16: [daemon]: mesh_backend \"iptables\" is not one of \"auto\", \"sk_lookup\" or \"nftables\""
+    );
+    assert_eq!(
+        one_error("[daemon]\nresync_interval = \"soon\"\n"),
+        "t.toml:2:19: [daemon]: resync_interval \"soon\" is not a duration; write a number and a unit, like \"500ms\", \"2s\", \"1m30s\" or \"3h\""
+    );
+    assert_eq!(
+        one_error("[daemon]\ncgroup = \"sys/fs/cgroup\"\n"),
+        "t.toml:2:10: [daemon]: cgroup \"sys/fs/cgroup\" must be an absolute path"
+    );
+    assert_eq!(
+        one_error("[gateway]\nrole = \"member\"\nlocal_ip = \"192.0.2.21\"\nvni = 1\n"),
+        "t.toml:2:8: [gateway]: a member needs `gateway_ip`, the underlay address of this site's gateway"
+    );
+    assert_eq!(
+        one_error("[gateway]\nrole = \"gateway\"\nlocal_ip = \"192.0.2.1\"\nvni = 16777216\n"),
+        "t.toml:4:7: [gateway]: vni 16777216 is out of range; use 1 to 16777215"
+    );
+    assert_eq!(
+        one_error("[[service]]\nname = \"web\"\nvip = \"10.0.0.1\"\nport = 80\nhealth_check = { interval = \"2s\" }\n"),
+        "t.toml:5:16: service \"web\": `health_check` is not supported by this version of hostmesh yet; remove it"
+    );
+}
+
+#[test]
+fn every_error_in_a_file_is_reported() {
+    let errs = errors("[[service]]\nname = \"web\"\nvip = \"nope\"\nport = 0\nprotocol = \"icmp\"\n");
+    assert_eq!(errs.len(), 3, "{errs:?}");
+}
+
+fn load(dir: &Dir, store: &mut ConfigStore) -> Loaded {
+    store.load(&dir.0).expect("dir readable")
+}
+
+fn service_names(l: &Loaded) -> Vec<&str> {
+    l.config.services.iter().map(|s| s.name.as_str()).collect()
+}
+
+#[test]
+fn duplicate_names_across_files_reject_the_later_file() {
+    let d = Dir::new();
+    d.write("a.toml", WEB);
+    d.write("b.toml", "[[service]]\nname = \"web\"\nvip = \"10.96.0.11\"\nport = 80\n");
+    let l = load(&d, &mut ConfigStore::new());
+    assert_eq!(service_names(&l), ["web"]);
+    assert_eq!(l.config.services[0].vip.to_string(), "10.96.0.10");
+    let b = &l.files[1];
+    assert_eq!(b.state, FileState::Rejected);
+    assert_eq!(
+        b.errors[0].to_string(),
+        format!("{}:2:8: service name \"web\" is already used at a.toml:3:8", d.0.join("b.toml").display())
+    );
+}
+
+#[test]
+fn duplicate_names_within_a_file() {
+    let d = Dir::new();
+    d.write("a.toml", &format!("{WEB}\n[[service]]\nname = \"web\"\nvip = \"10.96.0.11\"\nport = 81\n"));
+    let l = load(&d, &mut ConfigStore::new());
+    assert!(l.config.services.is_empty());
+    assert_eq!(
+        l.files[0].errors[0].to_string(),
+        format!("{}:9:8: service name \"web\" is already used at a.toml:3:8", d.0.join("a.toml").display())
+    );
+}
+
+#[test]
+fn duplicate_vip_port_protocol() {
+    let d = Dir::new();
+    d.write("a.toml", WEB);
+    d.write("b.toml", "[[service]]\nname = \"api\"\nvip = \"10.96.0.10\"\nport = 80\n");
+    d.write("c.toml", "[[service]]\nname = \"dns\"\nvip = \"10.96.0.10\"\nport = 80\nprotocol = \"udp\"\n");
+    let l = load(&d, &mut ConfigStore::new());
+    assert_eq!(service_names(&l), ["web", "dns"], "same VIP:port over UDP is a different service");
+    assert_eq!(
+        l.files[1].errors[0].to_string(),
+        format!(
+            "{}:2:8: service \"api\": vip 10.96.0.10 port 80/tcp is already used by service \"web\" at a.toml:3:8",
+            d.0.join("b.toml").display()
+        )
+    );
+    assert_eq!(l.files[1].errors[0].key.as_deref(), Some("vip"));
+}
+
+#[test]
+fn a_vip_may_be_both_service_and_mesh() {
+    let d = Dir::new();
+    d.write("a.toml", WEB);
+    d.write("b.toml", "[[mesh]]\nname = \"web-sidecar\"\nvip = \"10.96.0.10\"\nport = 80\nredirect_port = 15001\n");
+    let l = load(&d, &mut ConfigStore::new());
+    assert!(l.rejected().next().is_none());
+    assert_eq!(l.config.meshes.len(), 1);
+}
+
+#[test]
+fn daemon_and_gateway_sections_in_two_files() {
+    let d = Dir::new();
+    d.write(
+        "a.toml",
+        "[daemon]\nconnect_time_lb = \"off\"\n\n[gateway]\nrole = \"gateway\"\nlocal_ip = \"192.0.2.1\"\nvni = 1\n",
+    );
+    d.write("b.toml", "[daemon]\nconnect_time_lb = \"all\"\n");
+    d.write("c.toml", "[gateway]\nrole = \"gateway\"\nlocal_ip = \"192.0.2.2\"\nvni = 2\n");
+    let l = load(&d, &mut ConfigStore::new());
+    assert_eq!(l.config.daemon.connect_time_lb, CtlbMode::Off);
+    assert_eq!(l.config.gateway.as_ref().unwrap().vni, 1);
+    assert_eq!(
+        l.files[1].errors[0].to_string(),
+        format!(
+            "{}:1:1: [daemon] is already declared at a.toml:1:1; only one file may have it",
+            d.0.join("b.toml").display()
+        )
+    );
+    assert_eq!(
+        l.files[2].errors[0].to_string(),
+        format!(
+            "{}:1:1: [gateway] is already declared at a.toml:4:1; only one file may have it",
+            d.0.join("c.toml").display()
+        )
+    );
+}
+
+#[test]
+fn a_broken_file_keeps_its_last_good_version_and_others_still_apply() {
+    let d = Dir::new();
+    let mut store = ConfigStore::new();
+    d.write("a.toml", WEB);
+    d.write("b.toml", "[[service]]\nname = \"api\"\nvip = \"10.96.0.20\"\nport = 443\n");
+    assert_eq!(service_names(&load(&d, &mut store)), ["web", "api"]);
+
+    // b breaks; a changes and a new file c appears.
+    d.write("b.toml", "[[service]]\nname = \"api\"\nvip = \"10.96.0.20\nport = 443\n");
+    d.write("a.toml", &WEB.replace("10.96.0.10", "10.96.0.11"));
+    d.write("c.toml", "[[service]]\nname = \"db\"\nvip = \"10.96.0.30\"\nport = 5432\n");
+    let l = load(&d, &mut store);
+    assert_eq!(service_names(&l), ["web", "api", "db"]);
+    assert_eq!(l.config.services[0].vip.to_string(), "10.96.0.11");
+    assert_eq!(l.files[1].state, FileState::RejectedKeepingLastGood);
+    assert_eq!(l.files[1].errors[0].line, 3);
+
+    // A broken file with no last good version contributes nothing.
+    d.write("d.toml", "[[service]\n");
+    let l = load(&d, &mut store);
+    assert_eq!(l.files[3].state, FileState::Rejected);
+    assert_eq!(service_names(&l), ["web", "api", "db"]);
+
+    // Fixing b applies the fix; removing c removes what it declared.
+    d.write("b.toml", "[[service]]\nname = \"api\"\nvip = \"10.96.0.21\"\nport = 443\n");
+    d.remove("c.toml");
+    let l = load(&d, &mut store);
+    assert_eq!(service_names(&l), ["web", "api"]);
+    assert_eq!(l.config.services[1].vip.to_string(), "10.96.0.21");
+}
+
+#[test]
+fn a_new_conflict_falls_back_to_the_last_good_version() {
+    let d = Dir::new();
+    let mut store = ConfigStore::new();
+    d.write("a.toml", WEB);
+    d.write("b.toml", "[[service]]\nname = \"api\"\nvip = \"10.96.0.20\"\nport = 443\n");
+    load(&d, &mut store);
+    // b now claims web's VIP: rejected, its previous version stays.
+    d.write("b.toml", "[[service]]\nname = \"api\"\nvip = \"10.96.0.10\"\nport = 80\n");
+    let l = load(&d, &mut store);
+    assert_eq!(l.files[1].state, FileState::RejectedKeepingLastGood);
+    assert_eq!(l.config.services[1].vip.to_string(), "10.96.0.20");
+}
+
+#[test]
+fn only_visible_toml_files_are_read_in_lexical_order() {
+    let d = Dir::new();
+    d.write("20-b.toml", "[[service]]\nname = \"b\"\nvip = \"10.0.0.2\"\nport = 1\n");
+    d.write("10-a.toml", "[[service]]\nname = \"a\"\nvip = \"10.0.0.1\"\nport = 1\n");
+    d.write(".10-a.toml.swp", "garbage");
+    d.write("30-c.toml~", "garbage");
+    d.write("README", "garbage");
+    fs::create_dir(d.0.join("dir.toml")).unwrap();
+    let l = load(&d, &mut ConfigStore::new());
+    assert_eq!(service_names(&l), ["a", "b"]);
+    assert_eq!(l.files.len(), 2);
+}
+
+#[test]
+fn a_missing_dir_is_an_error() {
+    let err = ConfigStore::new().load(Path::new("/nonexistent/hostmesh")).unwrap_err();
+    assert!(err.to_string().starts_with("cannot read config dir /nonexistent/hostmesh: "), "{err}");
+}
+
+#[test]
+fn shipped_examples_are_valid() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../etc");
+    for dir in [root.clone(), root.join("examples")] {
+        let l = check_dir(&dir).expect("readable");
+        let bad: Vec<_> = l.rejected().flat_map(|f| f.errors.iter().map(|e| e.to_string())).collect();
+        assert!(bad.is_empty(), "{}: {bad:?}", dir.display());
+    }
+}

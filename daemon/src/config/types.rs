@@ -1,0 +1,167 @@
+//! Typed, validated configuration. Produced by `validate`, consumed by
+//! `model::compile`. Every object remembers where it was declared.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use serde::Serialize;
+
+use super::error::Origin;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    /// The IP protocol number (IPPROTO_TCP, IPPROTO_UDP).
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => 6,
+            Protocol::Udp => 17,
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        })
+    }
+}
+
+/// `[daemon] connect_time_lb`: which protocols the connect-time programs
+/// handle; the rest goes through the bpfnat veth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum CtlbMode {
+    All,
+    #[default]
+    Tcp,
+    Off,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum MeshBackend {
+    #[default]
+    Auto,
+    SkLookup,
+    Nftables,
+}
+
+pub const DEFAULT_RESYNC_INTERVAL: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DaemonSettings {
+    pub connect_time_lb: CtlbMode,
+    /// `None`: the interfaces holding a default route.
+    pub host_interfaces: Option<Vec<String>>,
+    /// `None`: the cgroup2 root.
+    pub cgroup: Option<PathBuf>,
+    pub mesh_backend: MeshBackend,
+    pub resync_interval: Duration,
+    pub origin: Option<Origin>,
+}
+
+impl Default for DaemonSettings {
+    fn default() -> Self {
+        DaemonSettings {
+            connect_time_lb: CtlbMode::default(),
+            host_interfaces: None,
+            cgroup: None,
+            mesh_backend: MeshBackend::default(),
+            resync_interval: DEFAULT_RESYNC_INTERVAL,
+            origin: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Backend {
+    pub addr: SocketAddr,
+    pub weight: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Service {
+    pub name: String,
+    pub vip: IpAddr,
+    pub port: u16,
+    pub protocol: Protocol,
+    pub backends: Vec<Backend>,
+    pub origin: Origin,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Mesh {
+    pub name: String,
+    pub vip: IpAddr,
+    /// 0: every port of the VIP.
+    pub port: u16,
+    pub protocol: Protocol,
+    pub redirect_port: u16,
+    pub origin: Origin,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GatewayRole {
+    Member,
+    Gateway,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Gateway {
+    pub role: GatewayRole,
+    pub local_ip: IpAddr,
+    pub gateway_ip: Option<IpAddr>,
+    pub vni: u32,
+    pub udp_port: u16,
+    pub origin: Origin,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Peer {
+    pub name: String,
+    pub endpoint: Option<IpAddr>,
+    pub cidrs: Vec<IpNet>,
+    pub origin: Origin,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Member {
+    pub name: String,
+    pub endpoint: IpAddr,
+    pub cidrs: Vec<IpNet>,
+    pub origin: Origin,
+}
+
+/// What one drop-in file declares, validated on its own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FileConfig {
+    pub daemon: Option<DaemonSettings>,
+    pub services: Vec<Service>,
+    pub meshes: Vec<Mesh>,
+    pub gateway: Option<Gateway>,
+    pub peers: Vec<Peer>,
+    pub members: Vec<Member>,
+}
+
+/// The configuration in force: every accepted file merged.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Config {
+    pub daemon: DaemonSettings,
+    pub services: Vec<Service>,
+    pub meshes: Vec<Mesh>,
+    pub gateway: Option<Gateway>,
+    pub peers: Vec<Peer>,
+    pub members: Vec<Member>,
+}

@@ -1,0 +1,448 @@
+//! Validation of one file on its own: every value checked, every error
+//! collected (not just the first), each with its position and key.
+//! Uniqueness (names, VIP:port:protocol, one [daemon]) is checked by
+//! `merge`, within a file and across files alike.
+
+use std::net::{IpAddr, SocketAddr};
+use std::ops::Range;
+use std::path::PathBuf;
+
+use ipnet::IpNet;
+
+use super::duration::parse_duration;
+use super::error::{ConfigError, Origin, Source};
+use super::schema::*;
+use super::types::*;
+
+pub const MAX_NAME_LEN: usize = 63;
+pub const MAX_WEIGHT: i64 = 1000;
+pub const MAX_VNI: i64 = (1 << 24) - 1;
+
+/// Parses and validates one file's text.
+pub fn parse_file(src: &Source<'_>) -> Result<FileConfig, Vec<ConfigError>> {
+    let raw: RawFile = toml::from_str(src.text).map_err(|e| vec![toml_error(src, &e)])?;
+    let mut check = Check { src, errors: Vec::new() };
+    let file = check.file(raw);
+    if check.errors.is_empty() {
+        Ok(file)
+    } else {
+        Err(check.errors)
+    }
+}
+
+fn toml_error(src: &Source<'_>, err: &toml::de::Error) -> ConfigError {
+    let span = err.span().unwrap_or(0..0);
+    let key = src.key_on_line(span.start);
+    let detail = err.message().trim().replace('\n', "; ");
+    let message = match &key {
+        Some(key) => format!("invalid TOML at key `{key}`: {detail}"),
+        _ => format!("invalid TOML: {detail}"),
+    };
+    src.error(&span, key.as_deref(), message)
+}
+
+struct Check<'s, 'a> {
+    src: &'s Source<'a>,
+    errors: Vec<ConfigError>,
+}
+
+impl Check<'_, '_> {
+    fn fail(&mut self, span: &Range<usize>, key: &str, message: String) {
+        let err = self.src.error(span, Some(key), message);
+        self.errors.push(err);
+    }
+
+    fn file(&mut self, raw: RawFile) -> FileConfig {
+        let daemon = raw.daemon.map(|d| {
+            let origin = Origin::at(self.src, &d.span());
+            self.daemon(d.into_inner(), origin)
+        });
+        let services = raw.service.into_iter().filter_map(|s| self.service(s.into_inner())).collect();
+        let meshes = raw.mesh.into_iter().filter_map(|m| self.mesh(m.into_inner())).collect();
+        let gateway = raw.gateway.and_then(|g| {
+            let origin = Origin::at(self.src, &g.span());
+            self.gateway(g.into_inner(), origin)
+        });
+        let peers = raw.peer.into_iter().filter_map(|p| self.peer(p.into_inner())).collect();
+        let members = raw.member.into_iter().filter_map(|m| self.member(m.into_inner())).collect();
+        FileConfig { daemon, services, meshes, gateway, peers, members }
+    }
+
+    fn daemon(&mut self, d: RawDaemon, origin: Origin) -> DaemonSettings {
+        let ctx = "[daemon]";
+        let mut out = DaemonSettings { origin: Some(origin), ..DaemonSettings::default() };
+        if let Some(v) = d.connect_time_lb {
+            match v.get_ref().as_str() {
+                "all" => out.connect_time_lb = CtlbMode::All,
+                "tcp" => out.connect_time_lb = CtlbMode::Tcp,
+                "off" => out.connect_time_lb = CtlbMode::Off,
+                other => self.fail(
+                    &v.span(),
+                    "connect_time_lb",
+                    format!("{ctx}: connect_time_lb \"{other}\" is not one of \"all\", \"tcp\" or \"off\""),
+                ),
+            }
+        }
+        if let Some(list) = d.host_interfaces {
+            let mut names = Vec::new();
+            for ifname in list {
+                let name = ifname.get_ref();
+                if is_interface_name(name) {
+                    names.push(name.clone());
+                } else {
+                    self.fail(
+                        &ifname.span(),
+                        "host_interfaces",
+                        format!("{ctx}: host_interfaces entry \"{name}\" is not a valid interface name"),
+                    );
+                }
+            }
+            out.host_interfaces = Some(names);
+        }
+        if let Some(v) = d.cgroup {
+            let path = PathBuf::from(v.get_ref());
+            if path.is_absolute() {
+                out.cgroup = Some(path);
+            } else {
+                self.fail(&v.span(), "cgroup", format!("{ctx}: cgroup \"{}\" must be an absolute path", v.get_ref()));
+            }
+        }
+        if let Some(v) = d.mesh_backend {
+            match v.get_ref().as_str() {
+                "auto" => out.mesh_backend = MeshBackend::Auto,
+                "sk_lookup" => out.mesh_backend = MeshBackend::SkLookup,
+                "nftables" => out.mesh_backend = MeshBackend::Nftables,
+                other => self.fail(
+                    &v.span(),
+                    "mesh_backend",
+                    format!("{ctx}: mesh_backend \"{other}\" is not one of \"auto\", \"sk_lookup\" or \"nftables\""),
+                ),
+            }
+        }
+        if let Some(v) = d.resync_interval {
+            match parse_duration(v.get_ref()) {
+                Ok(d) if d.as_millis() >= 100 => out.resync_interval = d,
+                Ok(_) => self.fail(
+                    &v.span(),
+                    "resync_interval",
+                    format!("{ctx}: resync_interval \"{}\" is too short; use at least 100ms", v.get_ref()),
+                ),
+                Err(e) => self.fail(&v.span(), "resync_interval", format!("{ctx}: resync_interval {e}")),
+            }
+        }
+        out
+    }
+
+    fn service(&mut self, s: RawService) -> Option<Service> {
+        let before = self.errors.len();
+        let name = self.name("service", &s.name);
+        let ctx = format!("service \"{}\"", s.name.get_ref());
+        let vip = self.vip(&ctx, &s.vip);
+        let port = self.port(&ctx, "port", &s.port, false);
+        let protocol = self.protocol(&ctx, s.protocol.as_ref());
+        let mut backends: Vec<Backend> = Vec::new();
+        for b in &s.backends {
+            if let Some(backend) = self.backend(&ctx, b, vip) {
+                if backends.iter().any(|x| x.addr == backend.addr) {
+                    let span =
+                        if b.get_ref().address.span().is_empty() { b.span() } else { b.get_ref().address.span() };
+                    self.fail(&span, "backends", format!("{ctx}: backend {} is listed twice", backend.addr));
+                } else {
+                    backends.push(backend);
+                }
+            }
+        }
+        for (key, span) in [
+            ("node_port", s.node_port.as_ref().map(|v| v.span())),
+            ("health_check", s.health_check.as_ref().map(|v| v.span())),
+            ("affinity", s.affinity.as_ref().map(|v| v.span())),
+            ("affinity_timeout", s.affinity_timeout.as_ref().map(|v| v.span())),
+        ] {
+            if let Some(span) = span {
+                self.fail(
+                    &span,
+                    key,
+                    format!("{ctx}: `{key}` is not supported by this version of hostmesh yet; remove it"),
+                );
+            }
+        }
+        if self.errors.len() > before {
+            return None;
+        }
+        Some(Service {
+            name: name?,
+            vip: vip?,
+            port: port?,
+            protocol: protocol?,
+            backends,
+            origin: Origin::at(self.src, &s.name.span()),
+        })
+    }
+
+    fn backend(&mut self, ctx: &str, b: &toml::Spanned<RawBackend>, vip: Option<IpAddr>) -> Option<Backend> {
+        let raw = b.get_ref();
+        let span = if raw.address.span().is_empty() { b.span() } else { raw.address.span() };
+        let text = raw.address.get_ref();
+        let addr: SocketAddr = match text.parse() {
+            Ok(a) => a,
+            Err(_) => {
+                self.fail(
+                    &span,
+                    "backends",
+                    format!("{ctx}: backend \"{text}\" is not an address with a port, like \"192.0.2.10:8080\" or \"[2001:db8::10]:8080\""),
+                );
+                return None;
+            }
+        };
+        if addr.port() == 0 {
+            self.fail(&span, "backends", format!("{ctx}: backend {addr} has port 0; use 1 to 65535"));
+            return None;
+        }
+        if !is_unicast(addr.ip()) {
+            self.fail(&span, "backends", format!("{ctx}: backend {addr} is not a unicast address"));
+            return None;
+        }
+        if let Some(vip) = vip {
+            if vip.is_ipv4() != addr.is_ipv4() {
+                let (bf, vf) = if addr.is_ipv4() { ("IPv4", "IPv6") } else { ("IPv6", "IPv4") };
+                self.fail(&span, "backends", format!("{ctx}: backend {addr} is {bf} but the VIP is {vf}"));
+                return None;
+            }
+        }
+        let weight = match &raw.weight {
+            None => 1,
+            Some(w) if (1..=MAX_WEIGHT).contains(w.get_ref()) => *w.get_ref() as u32,
+            Some(w) => {
+                self.fail(
+                    &w.span(),
+                    "weight",
+                    format!(
+                        "{ctx}: backend {addr} has weight {}; use 1 to {MAX_WEIGHT} (remove a backend to stop sending it traffic)",
+                        w.get_ref()
+                    ),
+                );
+                return None;
+            }
+        };
+        Some(Backend { addr, weight })
+    }
+
+    fn mesh(&mut self, m: RawMesh) -> Option<Mesh> {
+        let before = self.errors.len();
+        let name = self.name("mesh", &m.name);
+        let ctx = format!("mesh \"{}\"", m.name.get_ref());
+        let vip = self.vip(&ctx, &m.vip);
+        let port = self.port(&ctx, "port", &m.port, true);
+        let protocol = self.protocol(&ctx, m.protocol.as_ref());
+        let redirect_port = self.port(&ctx, "redirect_port", &m.redirect_port, false);
+        if self.errors.len() > before {
+            return None;
+        }
+        Some(Mesh {
+            name: name?,
+            vip: vip?,
+            port: port?,
+            protocol: protocol?,
+            redirect_port: redirect_port?,
+            origin: Origin::at(self.src, &m.name.span()),
+        })
+    }
+
+    fn gateway(&mut self, g: RawGateway, origin: Origin) -> Option<Gateway> {
+        let before = self.errors.len();
+        let ctx = "[gateway]";
+        let role = match g.role.get_ref().as_str() {
+            "member" => Some(GatewayRole::Member),
+            "gateway" => Some(GatewayRole::Gateway),
+            other => {
+                self.fail(
+                    &g.role.span(),
+                    "role",
+                    format!("{ctx}: role \"{other}\" is not one of \"member\" or \"gateway\""),
+                );
+                None
+            }
+        };
+        let local_ip = self.unicast(ctx, "local_ip", &g.local_ip);
+        let gateway_ip = g.gateway_ip.as_ref().and_then(|v| self.unicast(ctx, "gateway_ip", v));
+        match (role, &g.gateway_ip) {
+            (Some(GatewayRole::Member), None) => self.fail(
+                &g.role.span(),
+                "gateway_ip",
+                format!("{ctx}: a member needs `gateway_ip`, the underlay address of this site's gateway"),
+            ),
+            (Some(GatewayRole::Gateway), Some(v)) => self.fail(
+                &v.span(),
+                "gateway_ip",
+                format!("{ctx}: `gateway_ip` is only for role = \"member\"; a gateway routes to its peers' endpoints"),
+            ),
+            _ => {}
+        }
+        if let (Some(local), Some(gw)) = (local_ip, gateway_ip) {
+            if local.is_ipv4() != gw.is_ipv4() {
+                self.fail(
+                    &g.gateway_ip.as_ref().map(|v| v.span()).unwrap_or_default(),
+                    "gateway_ip",
+                    format!("{ctx}: gateway_ip {gw} and local_ip {local} are not the same address family"),
+                );
+            }
+        }
+        let vni = match *g.vni.get_ref() {
+            v @ 1..=MAX_VNI => Some(v as u32),
+            v => {
+                self.fail(&g.vni.span(), "vni", format!("{ctx}: vni {v} is out of range; use 1 to {MAX_VNI}"));
+                None
+            }
+        };
+        let udp_port = match &g.udp_port {
+            None => Some(4789),
+            Some(p) => self.port(ctx, "udp_port", p, false),
+        };
+        if self.errors.len() > before {
+            return None;
+        }
+        Some(Gateway { role: role?, local_ip: local_ip?, gateway_ip, vni: vni?, udp_port: udp_port?, origin })
+    }
+
+    fn peer(&mut self, p: RawPeer) -> Option<Peer> {
+        let before = self.errors.len();
+        let name = self.name("peer", &p.name);
+        let ctx = format!("peer \"{}\"", p.name.get_ref());
+        let endpoint = p.endpoint.as_ref().and_then(|e| self.unicast(&ctx, "endpoint", e));
+        let cidrs = self.cidrs(&ctx, &p.cidrs);
+        if self.errors.len() > before {
+            return None;
+        }
+        Some(Peer { name: name?, endpoint, cidrs, origin: Origin::at(self.src, &p.name.span()) })
+    }
+
+    fn member(&mut self, m: RawMember) -> Option<Member> {
+        let before = self.errors.len();
+        let name = self.name("member", &m.name);
+        let ctx = format!("member \"{}\"", m.name.get_ref());
+        let endpoint = self.unicast(&ctx, "endpoint", &m.endpoint);
+        let cidrs = self.cidrs(&ctx, &m.cidrs);
+        if self.errors.len() > before {
+            return None;
+        }
+        Some(Member { name: name?, endpoint: endpoint?, cidrs, origin: Origin::at(self.src, &m.name.span()) })
+    }
+
+    fn name(&mut self, kind: &str, v: &toml::Spanned<String>) -> Option<String> {
+        let name = v.get_ref();
+        if is_object_name(name) {
+            Some(name.clone())
+        } else {
+            self.fail(
+                &v.span(),
+                "name",
+                format!(
+                    "{kind} name \"{name}\" is not valid; use 1 to {MAX_NAME_LEN} lowercase letters, digits and '-', starting with a letter or digit"
+                ),
+            );
+            None
+        }
+    }
+
+    fn ip(&mut self, ctx: &str, key: &str, v: &toml::Spanned<String>) -> Option<IpAddr> {
+        match v.get_ref().parse::<IpAddr>() {
+            Ok(ip) => Some(ip),
+            Err(_) => {
+                self.fail(&v.span(), key, format!("{ctx}: {key} \"{}\" is not an IPv4 or IPv6 address", v.get_ref()));
+                None
+            }
+        }
+    }
+
+    fn unicast(&mut self, ctx: &str, key: &str, v: &toml::Spanned<String>) -> Option<IpAddr> {
+        let ip = self.ip(ctx, key, v)?;
+        if is_unicast(ip) {
+            Some(ip)
+        } else {
+            self.fail(&v.span(), key, format!("{ctx}: {key} {ip} is not a unicast address"));
+            None
+        }
+    }
+
+    fn vip(&mut self, ctx: &str, v: &toml::Spanned<String>) -> Option<IpAddr> {
+        let ip = self.ip(ctx, "vip", v)?;
+        if ip.is_loopback() {
+            self.fail(&v.span(), "vip", format!("{ctx}: vip {ip} is a loopback address; a VIP must not be loopback"));
+            None
+        } else if !is_unicast(ip) {
+            self.fail(&v.span(), "vip", format!("{ctx}: vip {ip} is not a unicast address"));
+            None
+        } else {
+            Some(ip)
+        }
+    }
+
+    fn port(&mut self, ctx: &str, key: &str, v: &toml::Spanned<i64>, zero_means_all: bool) -> Option<u16> {
+        let n = *v.get_ref();
+        let low = if zero_means_all { 0 } else { 1 };
+        if (low..=65535).contains(&n) {
+            Some(n as u16)
+        } else {
+            let hint = if zero_means_all { "use 0 (every port) to 65535" } else { "use 1 to 65535" };
+            self.fail(&v.span(), key, format!("{ctx}: {key} {n} is out of range; {hint}"));
+            None
+        }
+    }
+
+    fn protocol(&mut self, ctx: &str, v: Option<&toml::Spanned<String>>) -> Option<Protocol> {
+        let Some(v) = v else { return Some(Protocol::Tcp) };
+        match v.get_ref().as_str() {
+            "tcp" => Some(Protocol::Tcp),
+            "udp" => Some(Protocol::Udp),
+            other => {
+                self.fail(
+                    &v.span(),
+                    "protocol",
+                    format!("{ctx}: protocol \"{other}\" is not one of \"tcp\" or \"udp\""),
+                );
+                None
+            }
+        }
+    }
+
+    fn cidrs(&mut self, ctx: &str, list: &[toml::Spanned<String>]) -> Vec<IpNet> {
+        let mut out: Vec<IpNet> = Vec::new();
+        for v in list {
+            match v.get_ref().parse::<IpNet>() {
+                Ok(net) if net != net.trunc() => self.fail(
+                    &v.span(),
+                    "cidrs",
+                    format!("{ctx}: cidr {net} has host bits set; did you mean {}?", net.trunc()),
+                ),
+                Ok(net) if out.contains(&net) => {
+                    self.fail(&v.span(), "cidrs", format!("{ctx}: cidr {net} is listed twice"))
+                }
+                Ok(net) => out.push(net),
+                Err(_) => self.fail(
+                    &v.span(),
+                    "cidrs",
+                    format!("{ctx}: cidr \"{}\" is not a network like \"10.20.0.0/16\"", v.get_ref()),
+                ),
+            }
+        }
+        out
+    }
+}
+
+pub fn is_object_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_lowercase() || c.is_ascii_digit())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && name.len() <= MAX_NAME_LEN
+}
+
+fn is_interface_name(name: &str) -> bool {
+    !name.is_empty() && name.len() < 16 && !name.contains(['/', ' ', '\0']) && name != "." && name != ".."
+}
+
+pub fn is_unicast(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => !(v4.is_unspecified() || v4.is_multicast() || v4.is_broadcast()),
+        IpAddr::V6(v6) => !(v6.is_unspecified() || v6.is_multicast()),
+    }
+}

@@ -1,0 +1,51 @@
+//! Everything that can wake the sync loop arrives as an `Event` on one
+//! channel: file changes from inotify, and signals. Events only trigger a
+//! sync; the loop does all the work.
+
+use std::path::Path;
+use std::sync::mpsc::Sender;
+use std::thread;
+
+use notify::{RecursiveMode, Watcher};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Something changed in the config dir.
+    ConfigChanged,
+    /// SIGHUP: reload now.
+    Reload,
+    /// SIGTERM or SIGINT.
+    Stop,
+    /// The watcher failed; periodic resync still picks changes up.
+    WatchError(String),
+}
+
+pub fn spawn_signal_thread(tx: Sender<Event>) -> std::io::Result<()> {
+    let mut signals = Signals::new([SIGHUP, SIGTERM, SIGINT])?;
+    thread::Builder::new().name("signals".into()).spawn(move || {
+        for sig in signals.forever() {
+            let event = if sig == SIGHUP { Event::Reload } else { Event::Stop };
+            if tx.send(event).is_err() {
+                return;
+            }
+        }
+    })?;
+    Ok(())
+}
+
+/// Watches the config dir (not recursively: drop-ins live at its top).
+/// The returned watcher must be kept alive.
+pub fn watch_config_dir(dir: &Path, tx: Sender<Event>) -> notify::Result<notify::RecommendedWatcher> {
+    let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        let event = match res {
+            Ok(e) if e.kind.is_access() => return,
+            Ok(_) => Event::ConfigChanged,
+            Err(e) => Event::WatchError(e.to_string()),
+        };
+        let _ = tx.send(event);
+    })?;
+    watcher.watch(dir, RecursiveMode::NonRecursive)?;
+    Ok(watcher)
+}

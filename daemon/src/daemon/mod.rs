@@ -1,0 +1,304 @@
+//! `hostmesh run`: the daemon. One sync loop does all the work; file
+//! events, SIGHUP and the resync timer only wake it (DESIGN.md, "The
+//! pipeline"). Bursts of file events are coalesced: the loop waits for the
+//! config dir to be quiet for a moment, so 1,000 drop-ins written at once
+//! cost one sync.
+
+mod events;
+mod notify;
+pub mod report;
+
+use std::fs;
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use slog::{error, info, warn, Logger};
+
+use crate::backends::bpf::PinnedBpf;
+use crate::backends::netlink::Rtnetlink;
+use crate::backends::sysctl::ProcSys;
+use crate::backends::Backends;
+use crate::config::{ConfigStore, Loaded};
+use crate::paths::Paths;
+use crate::reconcile::{Reconciler, SyncOutcome, SysctlOriginals};
+use crate::state::{Status, SyncSummary, STATUS_VERSION};
+
+use events::Event;
+pub use notify::Notifier;
+
+/// How long the config dir must be quiet before a sync...
+const DEBOUNCE_QUIET: Duration = Duration::from_millis(150);
+/// ...but a steady stream of events never delays a sync longer than this.
+const DEBOUNCE_MAX: Duration = Duration::from_secs(1);
+/// Retry delay when a sync could not even read the kernel.
+const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(1);
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("config dir {0} does not exist; create it (it may be empty) or pass --config-dir")]
+    NoConfigDir(String),
+    #[error("cannot create state dir {dir}: {source}")]
+    StateDir { dir: String, source: std::io::Error },
+    #[error("cannot open rtnetlink: {0}")]
+    Netlink(std::io::Error),
+    #[error("cannot watch signals: {0}")]
+    Signals(std::io::Error),
+    #[error("cannot read sysctl originals in {dir}: {source}")]
+    Originals { dir: String, source: std::io::Error },
+}
+
+/// How a burst of file events ended.
+enum Settled {
+    Quiet,
+    Reload,
+    Stop,
+}
+
+struct Daemon {
+    paths: Paths,
+    log: Logger,
+    notifier: Notifier,
+    store: ConfigStore,
+    reconciler: Reconciler,
+    loaded: Loaded,
+    generation: u64,
+    started_at: u64,
+    ready: bool,
+    last_summary: SyncSummary,
+}
+
+pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
+    if !paths.config_dir.is_dir() {
+        return Err(RunError::NoConfigDir(paths.config_dir.display().to_string()));
+    }
+    fs::create_dir_all(&paths.state_dir)
+        .map_err(|source| RunError::StateDir { dir: paths.state_dir.display().to_string(), source })?;
+    let originals = SysctlOriginals::load(&paths.state_dir)
+        .map_err(|source| RunError::Originals { dir: paths.state_dir.display().to_string(), source })?;
+    let backends = Backends {
+        net: Box::new(Rtnetlink::open().map_err(RunError::Netlink)?),
+        sysctl: Box::new(ProcSys::new()),
+        bpf: Box::new(PinnedBpf::new(&paths.bpffs)),
+    };
+
+    let (tx, rx) = channel();
+    events::spawn_signal_thread(tx.clone()).map_err(RunError::Signals)?;
+    let _watcher = match events::watch_config_dir(&paths.config_dir, tx) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            warn!(log, "cannot watch the config dir; changes apply at the next resync or SIGHUP"; "dir" => paths.config_dir.display().to_string(), "error" => e.to_string());
+            None
+        }
+    };
+
+    info!(log, "starting"; "version" => env!("CARGO_PKG_VERSION"), "config_dir" => paths.config_dir.display().to_string(),
+        "state_dir" => paths.state_dir.display().to_string(), "bpffs" => paths.bpffs.display().to_string());
+    let mut d = Daemon {
+        reconciler: Reconciler::new(backends, originals),
+        store: ConfigStore::new(),
+        loaded: Loaded { config: Default::default(), files: vec![] },
+        notifier: Notifier::from_env(),
+        generation: 0,
+        started_at: report::now_unix(),
+        ready: false,
+        last_summary: SyncSummary::default(),
+        paths,
+        log,
+    };
+    d.run_loop(rx);
+    Ok(())
+}
+
+impl Daemon {
+    fn run_loop(&mut self, rx: Receiver<Event>) {
+        let watchdog = self.notifier.watchdog_interval();
+        let mut next_watchdog = watchdog.map(|w| Instant::now() + w);
+        // The first sync is full and happens right away.
+        let mut next_full = Instant::now();
+        let mut pending_incremental = false;
+
+        loop {
+            let now = Instant::now();
+            if now >= next_full {
+                let ok = self.sync(true);
+                next_full = Instant::now() + if ok { self.resync_interval() } else { RETRY_AFTER_FAILURE };
+                pending_incremental = false;
+                continue;
+            }
+            if pending_incremental {
+                let ok = self.sync(false);
+                pending_incremental = false;
+                if !ok {
+                    next_full = Instant::now() + RETRY_AFTER_FAILURE;
+                }
+                continue;
+            }
+
+            if let (Some(w), Some(at)) = (watchdog, next_watchdog) {
+                if now >= at {
+                    self.notifier.watchdog();
+                    next_watchdog = Some(now + w);
+                }
+            }
+            let mut deadline = next_full;
+            if let Some(at) = next_watchdog {
+                deadline = deadline.min(at);
+            }
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(Event::ConfigChanged) => match self.debounce(&rx) {
+                    Settled::Stop => return self.stop(),
+                    Settled::Reload => next_full = Instant::now(),
+                    Settled::Quiet => pending_incremental = true,
+                },
+                Ok(Event::Reload) => {
+                    info!(self.log, "reload requested (SIGHUP)");
+                    self.notifier.reloading();
+                    // An operator's reload re-reads everything.
+                    next_full = Instant::now();
+                }
+                Ok(Event::Stop) => return self.stop(),
+                Ok(Event::WatchError(e)) => {
+                    warn!(self.log, "config dir watch failed; changes apply at the next resync or SIGHUP"; "error" => e)
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return self.stop(),
+            }
+        }
+    }
+
+    /// Waits until the config dir has been quiet for DEBOUNCE_QUIET (at
+    /// most DEBOUNCE_MAX), noting a stop or reload that arrives meanwhile.
+    fn debounce(&mut self, rx: &Receiver<Event>) -> Settled {
+        let start = Instant::now();
+        let mut settled = Settled::Quiet;
+        loop {
+            let left = DEBOUNCE_MAX.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                return settled;
+            }
+            match rx.recv_timeout(DEBOUNCE_QUIET.min(left)) {
+                Ok(Event::Stop) | Err(RecvTimeoutError::Disconnected) => return Settled::Stop,
+                Ok(Event::Reload) => {
+                    info!(self.log, "reload requested (SIGHUP)");
+                    self.notifier.reloading();
+                    settled = Settled::Reload;
+                }
+                Ok(_) => {}
+                Err(RecvTimeoutError::Timeout) => return settled,
+            }
+        }
+    }
+
+    fn resync_interval(&self) -> Duration {
+        self.loaded.config.daemon.resync_interval
+    }
+
+    /// One sync. Returns false if it could not complete (the kernel could
+    /// not be read), in which case it is retried soon as a full resync.
+    fn sync(&mut self, full: bool) -> bool {
+        match self.store.load(&self.paths.config_dir) {
+            Ok(loaded) => self.loaded = loaded,
+            Err(e) => {
+                // Keep the configuration in force: a vanished dir must not
+                // tear down every service.
+                error!(self.log, "cannot read the config dir; keeping the configuration in force"; "error" => e.to_string());
+            }
+        }
+        for f in self.loaded.rejected() {
+            for e in &f.errors {
+                warn!(self.log, "config file rejected"; "file" => f.path.display().to_string(), "line" => e.line,
+                    "column" => e.column, "key" => e.key.clone().unwrap_or_default(), "error" => e.message.clone(),
+                    "in_force" => if f.state == crate::config::FileState::Rejected { "nothing" } else { "last good version" });
+            }
+        }
+        self.generation += 1;
+        let result = self.reconciler.sync(&self.loaded.config, full);
+        let ok = result.is_ok();
+        match &result {
+            Ok(outcome) => self.log_outcome(outcome),
+            Err(e) => {
+                error!(self.log, "sync failed; retrying"; "generation" => self.generation, "error" => e.to_string())
+            }
+        }
+        self.last_summary = match &result {
+            Ok(o) => SyncSummary {
+                ok: o.errors.is_empty(),
+                full: o.full,
+                at: report::now_unix(),
+                duration_ms: o.duration.as_millis() as u64,
+                steps: o.steps.len(),
+                errors: o.errors.iter().map(|e| format!("{}: {}", e.step, e.error)).collect(),
+            },
+            Err(e) => SyncSummary {
+                ok: false,
+                full,
+                at: report::now_unix(),
+                errors: vec![e.to_string()],
+                ..Default::default()
+            },
+        };
+        let first_ready = ok && !self.ready;
+        self.ready |= ok;
+        let status = self.status(result.as_ref().ok(), false);
+        if let Err(e) = status.write(&self.paths.state_dir) {
+            warn!(self.log, "cannot write the status file"; "error" => e.to_string());
+        }
+        let line = report::status_line(&status);
+        if ok {
+            // READY=1 after every completed sync: the first tells systemd we
+            // started; later ones end a RELOADING=1.
+            self.notifier.ready(&line);
+            if first_ready {
+                info!(self.log, "ready"; "status" => line);
+            }
+        } else {
+            self.notifier.status(&line);
+        }
+        ok
+    }
+
+    fn log_outcome(&self, o: &SyncOutcome) {
+        for step in &o.steps {
+            slog::debug!(self.log, "step"; "step" => step.clone());
+        }
+        for e in &o.errors {
+            error!(self.log, "apply failed"; "step" => e.step.clone(), "objects" => e.owners.iter().cloned().collect::<Vec<_>>().join(","), "error" => e.error.clone());
+        }
+        for w in &o.desired.warnings {
+            warn!(self.log, "config not applied"; "reason" => w.clone());
+        }
+        info!(self.log, "sync done"; "generation" => self.generation, "full" => o.full, "steps" => o.steps.len(),
+            "errors" => o.errors.len(), "duration_ms" => o.duration.as_millis() as u64,
+            "services" => self.loaded.config.services.len(), "rejected_files" => self.loaded.rejected().count());
+    }
+
+    fn status(&self, outcome: Option<&SyncOutcome>, stopped: bool) -> Status {
+        Status {
+            version: STATUS_VERSION,
+            pid: std::process::id(),
+            started_at: self.started_at,
+            updated_at: report::now_unix(),
+            config_dir: self.paths.config_dir.clone(),
+            bpffs: self.paths.bpffs.clone(),
+            generation: self.generation,
+            resync_interval_ms: self.resync_interval().as_millis() as u64,
+            ready: self.ready,
+            stopped,
+            last_sync: self.last_summary.clone(),
+            counts: report::counts(&self.loaded, outcome),
+            files: report::files(&self.loaded),
+            objects: outcome.map(|o| report::objects(&self.loaded, o)).unwrap_or_default(),
+            warnings: outcome.map(|o| o.desired.warnings.clone()).unwrap_or_default(),
+        }
+    }
+
+    fn stop(&mut self) {
+        self.notifier.stopping();
+        info!(self.log, "stopping; programs, maps, routes and links stay in place"; "generation" => self.generation);
+        if let Ok(mut status) = Status::read(&self.paths.state_dir) {
+            status.stopped = true;
+            status.updated_at = report::now_unix();
+            let _ = status.write(&self.paths.state_dir);
+        }
+    }
+}

@@ -1,0 +1,17 @@
+//! hostmesh: service IPs, mesh redirects and gateway peers for VMs and
+//! bare-metal hosts. The pipeline (DESIGN.md):
+//!
+//! config (TOML drop-ins) -> model (Desired) -> reconcile (observe, plan,
+//! apply) -> backends (BPF, netlink, sysctl), driven by `daemon`.
+
+pub mod abi;
+pub mod backends;
+pub mod cli;
+pub mod config;
+pub mod daemon;
+pub mod log;
+pub mod model;
+pub mod paths;
+pub mod reconcile;
+pub mod state;
+pub mod teardown;

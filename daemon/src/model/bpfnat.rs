@@ -1,0 +1,123 @@
+//! The bpfnat veth path for `[[service]]` VIPs (DESIGN.md, Service IPs):
+//! the `hm-natin`/`hm-natout` pair, one host route per VIP via a link-local
+//! gateway on `hm-natin`, a permanent neighbour for that gateway, the RPF
+//! sysctls, the service map, and the TC program on `hm-natout`.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ipnet::IpNet;
+
+use crate::abi::{Pod, SvcKey, SvcValue, MAX_SERVICES};
+use crate::config::{Config, CtlbMode};
+
+use super::ids::{self, ServiceIds};
+use super::state::*;
+use super::HostFacts;
+
+pub const NATIN: &str = "hm-natin";
+pub const NATOUT: &str = "hm-natout";
+/// Locally administered MACs, fixed so compile stays pure and the
+/// neighbour entry is known before the link exists.
+pub const NATIN_MAC: [u8; 6] = [0x02, 0x68, 0x6d, 0x00, 0x00, 0x01];
+pub const NATOUT_MAC: [u8; 6] = [0x02, 0x68, 0x6d, 0x00, 0x00, 0x02];
+pub const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+pub const GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1);
+
+const OWNER: &str = "bpfnat";
+
+pub fn compile(config: &Config, facts: &HostFacts, prior: &ServiceIds, out: &mut Desired) {
+    if config.services.is_empty() || config.daemon.connect_time_lb == CtlbMode::All {
+        return;
+    }
+
+    let keys: BTreeSet<SvcKey> =
+        config.services.iter().map(|s| SvcKey::new(s.vip, s.port, s.protocol.number())).collect();
+    let ids = match ids::assign(&keys, prior, MAX_SERVICES) {
+        Ok(ids) => ids,
+        Err(cap) => {
+            out.warnings.push(format!(
+                "{} services are configured but the service map holds {cap}; no service is applied",
+                keys.len()
+            ));
+            return;
+        }
+    };
+
+    want(
+        &mut out.links,
+        NATIN.to_string(),
+        LinkSpec::Veth { peer: NATOUT.to_string(), mac: NATIN_MAC, peer_mac: NATOUT_MAC, up: true },
+        OWNER,
+    );
+
+    let mut sysctls = vec![("net/ipv4/conf/all/rp_filter".to_string(), "0")];
+    for dev in [NATIN, NATOUT] {
+        sysctls.push((format!("net/ipv4/conf/{dev}/rp_filter"), "0"));
+        sysctls.push((format!("net/ipv4/conf/{dev}/accept_local"), "1"));
+    }
+    for dev in host_interfaces(config, facts, &mut out.warnings) {
+        sysctls.push((format!("net/ipv4/conf/{dev}/rp_filter"), "0"));
+    }
+
+    let any_v6 = config.services.iter().any(|s| s.vip.is_ipv6());
+    if any_v6 {
+        for dev in [NATIN, NATOUT] {
+            sysctls.push((format!("net/ipv6/conf/{dev}/disable_ipv6"), "0"));
+        }
+    }
+    for (path, value) in sysctls {
+        want(&mut out.sysctls, path, value.to_string(), OWNER);
+    }
+
+    let gateways: Vec<IpAddr> =
+        if any_v6 { vec![GATEWAY_V4.into(), GATEWAY_V6.into()] } else { vec![GATEWAY_V4.into()] };
+    for gw in gateways {
+        want(&mut out.neighbours, NeighKey { dev: NATIN.to_string(), ip: gw }, NeighSpec { lladdr: NATOUT_MAC }, OWNER);
+    }
+
+    for svc in &config.services {
+        let owner = format!("service/{}", svc.name);
+        let key = SvcKey::new(svc.vip, svc.port, svc.protocol.number());
+        let value = SvcValue { id: ids[&key], backend_count: svc.backends.len() as u32, flags: 0, pad: 0 };
+        want(
+            &mut out.map_entries,
+            MapEntryKey { map: BpfMap::Services, key: key.to_bytes() },
+            value.to_bytes(),
+            &owner,
+        );
+        let gateway = if svc.vip.is_ipv4() { IpAddr::V4(GATEWAY_V4) } else { IpAddr::V6(GATEWAY_V6) };
+        want(
+            &mut out.routes,
+            RouteKey { table: RT_TABLE_MAIN, dst: IpNet::from(svc.vip) },
+            RouteSpec::Via { gateway, dev: NATIN.to_string(), mtu: None },
+            &owner,
+        );
+    }
+
+    want(
+        &mut out.attachments,
+        Attachment { program: Program::NatOut, hook: Hook::TcIngress(NATOUT.to_string()) },
+        (),
+        OWNER,
+    );
+}
+
+/// `[daemon] host_interfaces`, or the interfaces holding a default route;
+/// names that do not exist are reported and skipped.
+fn host_interfaces(config: &Config, facts: &HostFacts, warnings: &mut Vec<String>) -> Vec<String> {
+    match &config.daemon.host_interfaces {
+        None => facts.default_route_interfaces.clone(),
+        Some(list) => list
+            .iter()
+            .filter(|dev| {
+                let exists = facts.interfaces.contains(*dev);
+                if !exists {
+                    warnings.push(format!("host interface {dev} (from [daemon] host_interfaces) does not exist"));
+                }
+                exists
+            })
+            .cloned()
+            .collect(),
+    }
+}

@@ -1,0 +1,49 @@
+//! The model: a pure `compile(Config) -> Desired`, and the types both
+//! sides of the reconciler speak. No I/O here; facts about the host that
+//! compile needs (which interfaces exist) are passed in.
+
+mod bpfnat;
+pub mod ids;
+mod state;
+
+use std::collections::BTreeSet;
+
+pub use bpfnat::{GATEWAY_V4, GATEWAY_V6, NATIN, NATIN_MAC, NATOUT, NATOUT_MAC};
+pub use ids::ServiceIds;
+pub use state::*;
+
+use crate::config::Config;
+
+/// What compile needs to know about the host.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostFacts {
+    /// Every interface name in the namespace.
+    pub interfaces: BTreeSet<String>,
+    /// Interfaces holding a default route (IPv4 or IPv6).
+    pub default_route_interfaces: Vec<String>,
+}
+
+/// Config -> the kernel state it needs. `prior` keeps service ids stable.
+pub fn compile(config: &Config, facts: &HostFacts, prior: &ServiceIds) -> Desired {
+    let mut out = Desired::default();
+    bpfnat::compile(config, facts, prior, &mut out);
+    note_unimplemented(config, &mut out.warnings);
+    out
+}
+
+/// Sections the contract defines that this build validates but does not
+/// apply yet; said plainly so nobody believes they are in force.
+fn note_unimplemented(config: &Config, warnings: &mut Vec<String>) {
+    for m in &config.meshes {
+        warnings.push(format!(
+            "mesh \"{}\" is valid but mesh redirects are not implemented in this build; not applied",
+            m.name
+        ));
+    }
+    if config.gateway.is_some() || !config.peers.is_empty() || !config.members.is_empty() {
+        warnings.push("[gateway], [[peer]] and [[member]] are valid but gateway peers are not implemented in this build; not applied".to_string());
+    }
+}
+
+#[cfg(test)]
+mod tests;

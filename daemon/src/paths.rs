@@ -1,0 +1,25 @@
+//! Where hostmesh keeps things. Flags with production defaults, so tests
+//! run several daemons side by side.
+
+use std::path::PathBuf;
+
+pub const DEFAULT_CONFIG_DIR: &str = "/etc/hostmesh";
+pub const DEFAULT_STATE_DIR: &str = "/run/hostmesh";
+pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf/hostmesh";
+
+#[derive(Debug, Clone)]
+pub struct Paths {
+    pub config_dir: PathBuf,
+    pub state_dir: PathBuf,
+    pub bpffs: PathBuf,
+}
+
+impl Default for Paths {
+    fn default() -> Self {
+        Paths {
+            config_dir: DEFAULT_CONFIG_DIR.into(),
+            state_dir: DEFAULT_STATE_DIR.into(),
+            bpffs: DEFAULT_BPFFS.into(),
+        }
+    }
+}

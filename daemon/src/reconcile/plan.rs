@@ -1,0 +1,220 @@
+//! `plan(have, want)`: the ordered steps that take the kernel from what is
+//! observed to what is desired, without misrouting traffic on the way.
+//!
+//! Adds go bottom-up: links, sysctls, neighbours, map entries, programs,
+//! and routes last, most specific first — a route only starts steering
+//! traffic once everything behind it is ready. Removals go top-down:
+//! routes first (most general first), then programs, map entries,
+//! neighbours, sysctls, and links last.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use crate::model::*;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Delete a link that is in the way (wrong kind or peer) or unwanted.
+    DeleteLink(String),
+    CreateLink(String, LinkSpec),
+    SetLinkUp(String),
+    /// Set a sysctl; `original` is the value to restore later, recorded
+    /// the first time hostmesh changes it.
+    SetSysctl {
+        path: String,
+        value: String,
+        original: Option<String>,
+    },
+    ReplaceNeighbour(NeighKey, NeighSpec),
+    PutMapEntry(MapEntryKey, Vec<u8>),
+    Attach(Attachment),
+    ReplaceRoute(RouteKey, RouteSpec),
+    DeleteRoute(RouteKey),
+    Detach(Attachment),
+    DeleteMapEntry(MapEntryKey),
+    DeleteNeighbour(NeighKey),
+    /// Put back a sysctl hostmesh no longer needs, if it still exists and
+    /// differs, and forget its original.
+    RestoreSysctl {
+        path: String,
+        original: String,
+        current: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedStep {
+    pub step: Step,
+    /// Config objects affected if the step fails.
+    pub owners: Owners,
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::DeleteLink(n) => write!(f, "delete link {n}"),
+            Step::CreateLink(n, LinkSpec::Veth { peer, .. }) => write!(f, "create veth {n} peer {peer}"),
+            Step::CreateLink(n, LinkSpec::Foreign { link_kind }) => write!(f, "create {link_kind} link {n}"),
+            Step::SetLinkUp(n) => write!(f, "set link {n} up"),
+            Step::SetSysctl { path, value, .. } => write!(f, "set sysctl {} = {value}", path.replace('/', ".")),
+            Step::ReplaceNeighbour(k, s) => {
+                write!(f, "set neighbour {} lladdr {} dev {}", k.ip, fmt_mac(&s.lladdr), k.dev)
+            }
+            Step::PutMapEntry(k, _) => write!(f, "update {} entry", k.map.name()),
+            Step::Attach(a) => write!(f, "attach {a}"),
+            Step::ReplaceRoute(k, RouteSpec::Via { gateway, dev, .. }) => {
+                write!(f, "set route {} via {gateway} dev {dev} table {}", k.dst, k.table)
+            }
+            Step::DeleteRoute(k) => write!(f, "delete route {} table {}", k.dst, k.table),
+            Step::Detach(a) => write!(f, "detach {a}"),
+            Step::DeleteMapEntry(k) => write!(f, "delete {} entry", k.map.name()),
+            Step::DeleteNeighbour(k) => write!(f, "delete neighbour {} dev {}", k.ip, k.dev),
+            Step::RestoreSysctl { path, original, .. } => {
+                write!(f, "restore sysctl {} = {original}", path.replace('/', "."))
+            }
+        }
+    }
+}
+
+/// Links an item depends on, so items on a re-created link are re-added.
+fn route_dev(spec: &RouteSpec) -> &str {
+    match spec {
+        RouteSpec::Via { dev, .. } => dev,
+    }
+}
+
+fn hook_dev(a: &Attachment) -> &str {
+    match &a.hook {
+        Hook::TcIngress(dev) => dev,
+    }
+}
+
+/// `/proc/sys/net/ipv4/conf/<dev>/...` -> dev
+fn sysctl_dev(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix("net/ipv4/conf/").or_else(|| path.strip_prefix("net/ipv6/conf/"))?;
+    rest.split('/').next()
+}
+
+fn link_names(name: &str, spec: &LinkSpec) -> Vec<String> {
+    match spec {
+        LinkSpec::Veth { peer, .. } => vec![name.to_string(), peer.clone()],
+        LinkSpec::Foreign { .. } => vec![name.to_string()],
+    }
+}
+
+pub fn plan(have: &Observed, want: &Desired, sysctl_originals: &BTreeMap<String, String>) -> Vec<PlannedStep> {
+    let mut steps = Vec::new();
+    let mut push = |step: Step, owners: &Owners| steps.push(PlannedStep { step, owners: owners.clone() });
+    let none = Owners::new();
+
+    // Links: decide which are (re)created; everything on them starts over.
+    let mut gone: BTreeSet<String> = BTreeSet::new();
+    let mut create = Vec::new();
+    let mut set_up = Vec::new();
+    for (name, w) in &want.links {
+        match have.links.get(name) {
+            Some(h) if h == &w.spec => {}
+            Some(h) if same_except_up(h, &w.spec) => set_up.push((name, &w.owners)),
+            Some(h) => {
+                push(Step::DeleteLink(name.clone()), &w.owners);
+                gone.extend(link_names(name, h));
+                gone.extend(link_names(name, &w.spec));
+                create.push((name, w));
+            }
+            None => {
+                gone.extend(link_names(name, &w.spec));
+                create.push((name, w));
+            }
+        }
+    }
+    for (name, w) in create {
+        push(Step::CreateLink(name.clone(), w.spec.clone()), &w.owners);
+    }
+    for (name, owners) in set_up {
+        push(Step::SetLinkUp(name.clone()), owners);
+    }
+    let on_gone_link = |dev: &str| gone.contains(dev);
+
+    // Sysctls.
+    for (path, w) in &want.sysctls {
+        let current = if sysctl_dev(path).is_some_and(on_gone_link) { None } else { have.sysctls.get(path) };
+        if current != Some(&w.spec) {
+            let original = if sysctl_originals.contains_key(path) { None } else { current.cloned() };
+            push(Step::SetSysctl { path: path.clone(), value: w.spec.clone(), original }, &w.owners);
+        }
+    }
+
+    // Neighbours, map entries, programs.
+    for (k, w) in &want.neighbours {
+        let current = if on_gone_link(&k.dev) { None } else { have.neighbours.get(k) };
+        if current != Some(&w.spec) {
+            push(Step::ReplaceNeighbour(k.clone(), w.spec.clone()), &w.owners);
+        }
+    }
+    for (k, w) in &want.map_entries {
+        if have.map_entries.get(k) != Some(&w.spec) {
+            push(Step::PutMapEntry(k.clone(), w.spec.clone()), &w.owners);
+        }
+    }
+    for (a, w) in &want.attachments {
+        let current = if on_gone_link(hook_dev(a)) { None } else { have.attachments.get(a) };
+        if current != Some(&AttachStatus::Current) {
+            push(Step::Attach(a.clone()), &w.owners);
+        }
+    }
+
+    // Routes: most specific first.
+    let mut routes: Vec<_> = want
+        .routes
+        .iter()
+        .filter(|(k, w)| {
+            let current = if on_gone_link(route_dev(&w.spec)) { None } else { have.routes.get(*k) };
+            current != Some(&w.spec)
+        })
+        .collect();
+    routes.sort_by_key(|(k, _)| std::cmp::Reverse(k.dst.prefix_len()));
+    for (k, w) in routes {
+        push(Step::ReplaceRoute(k.clone(), w.spec.clone()), &w.owners);
+    }
+
+    // Removals, top-down. Items on links being deleted go with them, but
+    // are removed explicitly first so nothing depends on link teardown.
+    let mut stale_routes: Vec<_> = have.routes.keys().filter(|k| !want.routes.contains_key(*k)).collect();
+    stale_routes.sort_by_key(|k| k.dst.prefix_len());
+    for k in stale_routes {
+        push(Step::DeleteRoute(k.clone()), &none);
+    }
+    for a in have.attachments.keys().filter(|a| !want.attachments.contains_key(*a)) {
+        push(Step::Detach(a.clone()), &none);
+    }
+    for k in have.map_entries.keys().filter(|k| !want.map_entries.contains_key(*k)) {
+        push(Step::DeleteMapEntry(k.clone()), &none);
+    }
+    for k in have.neighbours.keys().filter(|k| !want.neighbours.contains_key(*k)) {
+        push(Step::DeleteNeighbour(k.clone()), &none);
+    }
+    for (path, original) in sysctl_originals.iter().filter(|(p, _)| !want.sysctls.contains_key(*p)) {
+        push(
+            Step::RestoreSysctl {
+                path: path.clone(),
+                original: original.clone(),
+                current: have.sysctls.get(path).cloned(),
+            },
+            &none,
+        );
+    }
+    for name in have.links.keys().filter(|n| !want.links.contains_key(*n)) {
+        push(Step::DeleteLink(name.clone()), &none);
+    }
+    steps
+}
+
+fn same_except_up(have: &LinkSpec, want: &LinkSpec) -> bool {
+    match (have, want) {
+        (
+            LinkSpec::Veth { peer: p1, mac: m1, peer_mac: pm1, .. },
+            LinkSpec::Veth { peer: p2, mac: m2, peer_mac: pm2, .. },
+        ) => p1 == p2 && m1 == m2 && pm1 == pm2,
+        _ => false,
+    }
+}

@@ -1,0 +1,90 @@
+//! The reconciler: one `sync` turns the configuration in force into kernel
+//! state. Incremental syncs diff against what the last successful sync
+//! applied; a full resync (the first, the periodic one, and any after a
+//! failure) re-reads the kernel, adopting what is there and repairing
+//! drift.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use crate::backends::{BackendError, Backends};
+use crate::config::Config;
+use crate::model::{compile, ids, Desired, Observed};
+
+use super::apply::{apply, StepError};
+use super::observe::{observe, observe_sysctls};
+use super::originals::SysctlOriginals;
+use super::plan::plan;
+
+pub struct Reconciler {
+    backends: Backends,
+    originals: SysctlOriginals,
+    /// What the kernel holds after the last successful sync; `None` forces
+    /// the next sync to observe.
+    last_applied: Option<Observed>,
+}
+
+#[derive(Debug)]
+pub struct SyncOutcome {
+    pub full: bool,
+    pub desired: Desired,
+    /// Steps carried out (including failed ones).
+    pub steps: Vec<String>,
+    pub errors: Vec<StepError>,
+    pub duration: Duration,
+}
+
+impl Reconciler {
+    pub fn new(backends: Backends, originals: SysctlOriginals) -> Self {
+        Reconciler { backends, originals, last_applied: None }
+    }
+
+    /// Makes the next sync a full resync.
+    pub fn invalidate(&mut self) {
+        self.last_applied = None;
+    }
+
+    pub fn sync(&mut self, config: &Config, full: bool) -> Result<SyncOutcome, BackendError> {
+        let started = Instant::now();
+        let full = full || self.last_applied.is_none();
+        let result = self.sync_inner(config, full, started);
+        if !matches!(&result, Ok(o) if o.errors.is_empty()) {
+            self.last_applied = None;
+        }
+        result
+    }
+
+    fn sync_inner(&mut self, config: &Config, full: bool, started: Instant) -> Result<SyncOutcome, BackendError> {
+        let facts = self.backends.net.facts()?;
+        let (have, want) = match (&self.last_applied, full) {
+            (Some(last), false) => {
+                let want = compile(config, &facts, &ids::from_entries(last.map_entries.iter()));
+                (last.clone(), want)
+            }
+            _ => {
+                let mut have = observe(&mut self.backends)?;
+                let want = compile(config, &facts, &ids::from_entries(have.map_entries.iter()));
+                let paths: BTreeSet<String> =
+                    want.sysctls.keys().chain(self.originals.values().keys()).cloned().collect();
+                observe_sysctls(&mut self.backends, &paths, &mut have)?;
+                (have, want)
+            }
+        };
+        let steps = plan(&have, &want, self.originals.values());
+        let errors = apply(&mut self.backends, &steps, &mut self.originals);
+        if errors.is_empty() {
+            self.last_applied = Some(want.as_observed());
+        }
+        Ok(SyncOutcome {
+            full,
+            steps: steps.iter().map(|s| s.step.to_string()).collect(),
+            desired: want,
+            errors,
+            duration: started.elapsed(),
+        })
+    }
+
+    pub fn backends(&mut self) -> &mut Backends {
+        &mut self.backends
+    }
+}

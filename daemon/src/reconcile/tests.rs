@@ -1,0 +1,217 @@
+//! plan + apply + sync against the in-memory kernel, without root.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::*;
+use crate::backends::fake::FakeKernel;
+use crate::config::{parse_file, Config, Source};
+use crate::model::*;
+
+fn config(text: &str) -> Config {
+    let f = parse_file(&Source::new(Path::new("t.toml"), text)).expect("valid config");
+    Config { daemon: f.daemon.unwrap_or_default(), services: f.services, ..Config::default() }
+}
+
+const WEB: &str = "[[service]]\nname = \"web\"\nvip = \"10.96.0.10\"\nport = 80\nbackends = [\"192.168.1.1:80\"]\n";
+const API: &str = "[[service]]\nname = \"api\"\nvip = \"10.96.0.20\"\nport = 443\n";
+
+fn kernel() -> FakeKernel {
+    let k = FakeKernel::new();
+    {
+        let mut s = k.state();
+        s.facts.interfaces = ["lo", "eth0"].map(String::from).into();
+        s.facts.default_route_interfaces = vec!["eth0".into()];
+        s.host_sysctls.insert("net/ipv4/conf/all/rp_filter".into(), "2".into());
+        s.host_sysctls.insert("net/ipv4/conf/eth0/rp_filter".into(), "1".into());
+    }
+    k
+}
+
+fn reconciler(k: &FakeKernel) -> Reconciler {
+    Reconciler::new(k.backends(), SysctlOriginals::in_memory())
+}
+
+fn kinds(steps: &[String]) -> Vec<&str> {
+    steps.iter().map(|s| s.split(' ').next().unwrap()).collect()
+}
+
+#[test]
+fn first_sync_builds_bottom_up_and_a_second_sync_does_nothing() {
+    let k = kernel();
+    let mut r = reconciler(&k);
+    let out = r.sync(&config(WEB), false).unwrap();
+    assert!(out.full, "the first sync observes the kernel");
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    assert_eq!(
+        k.state().log,
+        [
+            "create_link hm-natin",
+            "set_sysctl net/ipv4/conf/all/rp_filter=0",
+            "set_sysctl net/ipv4/conf/eth0/rp_filter=0",
+            "set_sysctl net/ipv4/conf/hm-natin/accept_local=1",
+            "set_sysctl net/ipv4/conf/hm-natin/rp_filter=0",
+            "set_sysctl net/ipv4/conf/hm-natout/accept_local=1",
+            "set_sysctl net/ipv4/conf/hm-natout/rp_filter=0",
+            "replace_neighbour hm-natin 169.254.1.1",
+            "put_map_entry HM_SERVICES",
+            "attach hm_natout@tc-ingress@hm-natout",
+            "replace_route 10.96.0.10/32",
+        ]
+    );
+    k.state().log.clear();
+    let again = r.sync(&config(WEB), false).unwrap();
+    assert!(!again.full);
+    assert!(again.steps.is_empty(), "{:?}", again.steps);
+    let full = r.sync(&config(WEB), true).unwrap();
+    assert!(full.steps.is_empty(), "a full resync of a converged kernel changes nothing: {:?}", full.steps);
+    assert!(k.state().log.is_empty());
+}
+
+#[test]
+fn removing_everything_goes_top_down_and_restores_sysctls() {
+    let k = kernel();
+    let mut r = reconciler(&k);
+    r.sync(&config(&format!("{WEB}{API}")), false).unwrap();
+    k.state().log.clear();
+
+    let out = r.sync(&Config::default(), false).unwrap();
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    assert_eq!(
+        kinds(&out.steps),
+        ["delete", "delete", "detach", "delete", "delete", "delete", "restore", "restore", "delete"]
+    );
+    // Only sysctls that existed before hostmesh are restored; the veth's own
+    // go away with it.
+    assert!(out.steps[6].starts_with("restore sysctl net.ipv4.conf.all.rp_filter = 2"), "{:?}", out.steps);
+    assert!(out.steps[0].starts_with("delete route 10.96.0.10/32"));
+    assert_eq!(out.steps.last().unwrap(), "delete link hm-natin");
+    let s = k.state();
+    assert!(s.links.is_empty() && s.routes.is_empty() && s.maps.is_empty() && s.neighbours.is_empty());
+    assert!(s.attachments.is_empty());
+    assert_eq!(s.host_sysctls["net/ipv4/conf/all/rp_filter"], "2", "restored to its original");
+    assert_eq!(s.host_sysctls["net/ipv4/conf/eth0/rp_filter"], "1");
+}
+
+#[test]
+fn a_full_resync_repairs_drift_an_incremental_one_trusts_its_record() {
+    let k = kernel();
+    let mut r = reconciler(&k);
+    r.sync(&config(WEB), false).unwrap();
+    {
+        let mut s = k.state();
+        s.routes.clear();
+        s.host_sysctls.insert("net/ipv4/conf/all/rp_filter".into(), "1".into());
+        s.sysctls.remove("net/ipv4/conf/all/rp_filter");
+    }
+    assert!(r.sync(&config(WEB), false).unwrap().steps.is_empty());
+    let out = r.sync(&config(WEB), true).unwrap();
+    assert_eq!(
+        out.steps,
+        [
+            "set sysctl net.ipv4.conf.all.rp_filter = 0",
+            "set route 10.96.0.10/32 via 169.254.1.1 dev hm-natin table 254"
+        ]
+    );
+    assert_eq!(k.state().routes.len(), 1);
+    // The original recorded at first change (2) is kept, not the drifted 1.
+    r.sync(&Config::default(), false).unwrap();
+    assert_eq!(k.state().host_sysctls["net/ipv4/conf/all/rp_filter"], "2");
+}
+
+#[test]
+fn a_failed_step_is_charged_to_its_owner_and_forces_a_full_resync() {
+    let k = kernel();
+    let mut r = reconciler(&k);
+    k.state().fail_next = Some("replace_route 10.96.0.20".into());
+    let out = r.sync(&config(&format!("{WEB}{API}")), false).unwrap();
+    assert_eq!(out.errors.len(), 1);
+    assert_eq!(out.errors[0].owners, ["service/api".to_string()].into());
+    assert!(out.errors[0].error.contains("Input/output error"), "{}", out.errors[0].error);
+    // Everything else still applied.
+    assert!(k.state().routes.keys().any(|r| r.dst.to_string() == "10.96.0.10/32"));
+
+    let next = r.sync(&config(&format!("{WEB}{API}")), false).unwrap();
+    assert!(next.full, "a failed sync makes the next one full");
+    assert_eq!(next.steps, ["set route 10.96.0.20/32 via 169.254.1.1 dev hm-natin table 254"]);
+    assert!(next.errors.is_empty());
+}
+
+#[test]
+fn a_link_in_the_way_is_recreated_with_everything_on_it() {
+    let k = kernel();
+    let mut r = reconciler(&k);
+    r.sync(&config(WEB), false).unwrap();
+    // Someone replaced our veth with one whose peer is wrong.
+    {
+        let mut s = k.state();
+        s.links.insert(
+            "hm-natin".into(),
+            LinkSpec::Veth { peer: "other".into(), mac: NATIN_MAC, peer_mac: NATOUT_MAC, up: true },
+        );
+    }
+    let out = r.sync(&config(WEB), true).unwrap();
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    assert_eq!(out.steps[0], "delete link hm-natin");
+    assert_eq!(out.steps[1], "create veth hm-natin peer hm-natout");
+    for wanted in ["set neighbour 169.254.1.1", "attach hm_natout", "set route 10.96.0.10/32"] {
+        assert!(out.steps.iter().any(|s| s.starts_with(wanted)), "{wanted} missing from {:?}", out.steps);
+    }
+}
+
+#[test]
+fn a_defunct_or_outdated_program_is_reattached() {
+    let k = kernel();
+    let mut r = reconciler(&k);
+    r.sync(&config(WEB), false).unwrap();
+    for status in [AttachStatus::Outdated, AttachStatus::Defunct] {
+        for v in k.state().attachments.values_mut() {
+            *v = status;
+        }
+        let out = r.sync(&config(WEB), true).unwrap();
+        assert_eq!(out.steps, ["attach hm_natout on tc ingress of hm-natout"]);
+    }
+}
+
+#[test]
+fn routes_are_added_most_specific_first_and_removed_most_general_first() {
+    let owned = |spec: RouteSpec| Owned { spec, owners: Owners::new() };
+    let via = RouteSpec::Via { gateway: GATEWAY_V4.into(), dev: NATIN.into(), mtu: None };
+    let key = |dst: &str| RouteKey { table: RT_TABLE_MAIN, dst: dst.parse().unwrap() };
+    let mut want = Desired::default();
+    for dst in ["10.0.0.0/8", "10.1.0.0/16", "10.1.1.0/24"] {
+        want.routes.insert(key(dst), owned(via.clone()));
+    }
+    let steps: Vec<String> =
+        plan(&Observed::default(), &want, &BTreeMap::new()).iter().map(|s| s.step.to_string()).collect();
+    assert_eq!(
+        steps,
+        [
+            "set route 10.1.1.0/24 via 169.254.1.1 dev hm-natin table 254",
+            "set route 10.1.0.0/16 via 169.254.1.1 dev hm-natin table 254",
+            "set route 10.0.0.0/8 via 169.254.1.1 dev hm-natin table 254",
+        ]
+    );
+    let have = want.as_observed();
+    let steps: Vec<String> =
+        plan(&have, &Desired::default(), &BTreeMap::new()).iter().map(|s| s.step.to_string()).collect();
+    assert_eq!(
+        steps,
+        [
+            "delete route 10.0.0.0/8 table 254",
+            "delete route 10.1.0.0/16 table 254",
+            "delete route 10.1.1.0/24 table 254"
+        ]
+    );
+}
+
+#[test]
+fn a_changed_service_updates_its_entry_in_place() {
+    let k = kernel();
+    let mut r = reconciler(&k);
+    r.sync(&config(WEB), false).unwrap();
+    let out = r
+        .sync(&config(&WEB.replace("[\"192.168.1.1:80\"]", "[\"192.168.1.1:80\", \"192.168.1.2:80\"]")), false)
+        .unwrap();
+    assert_eq!(out.steps, ["update HM_SERVICES entry"]);
+}

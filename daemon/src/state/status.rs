@@ -1,0 +1,105 @@
+//! `status.json`: what the daemon has applied, per object, with errors.
+//! Written after every sync; read by `hostmesh status`.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub const STATUS_FILE: &str = "status.json";
+pub const STATUS_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    pub version: u32,
+    pub pid: u32,
+    /// Unix seconds.
+    pub started_at: u64,
+    pub updated_at: u64,
+    pub config_dir: PathBuf,
+    pub bpffs: PathBuf,
+    /// Number of syncs so far.
+    pub generation: u64,
+    pub resync_interval_ms: u64,
+    pub ready: bool,
+    /// Set when the daemon exits; kernel state stays in place.
+    pub stopped: bool,
+    pub last_sync: SyncSummary,
+    pub counts: Counts,
+    pub files: Vec<FileStatus>,
+    pub objects: Vec<ObjectStatus>,
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncSummary {
+    pub ok: bool,
+    pub full: bool,
+    pub at: u64,
+    pub duration_ms: u64,
+    pub steps: usize,
+    pub errors: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    pub services: usize,
+    pub meshes: usize,
+    pub peers: usize,
+    pub files: usize,
+    pub rejected_files: usize,
+    pub routes: usize,
+    pub links: usize,
+    pub map_entries: usize,
+    pub programs: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileStatus {
+    pub path: PathBuf,
+    /// "applied", "rejected_keeping_last_good" or "rejected".
+    pub state: String,
+    pub errors: Vec<ErrorEntry>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorEntry {
+    pub line: usize,
+    pub column: usize,
+    pub key: Option<String>,
+    pub message: String,
+    /// The full one-line form: `file:line:col: message`.
+    pub text: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectStatus {
+    /// "service", "mesh", "peer", "member", "gateway", "bpfnat".
+    pub kind: String,
+    pub name: String,
+    /// `file:line:col` where it is declared, if it comes from a file.
+    pub origin: Option<String>,
+    /// "applied", "error" or "not_applied".
+    pub state: String,
+    pub detail: String,
+    pub errors: Vec<String>,
+}
+
+impl Status {
+    pub fn path(state_dir: &Path) -> PathBuf {
+        state_dir.join(STATUS_FILE)
+    }
+
+    pub fn write(&self, state_dir: &Path) -> io::Result<()> {
+        let json = serde_json::to_vec_pretty(self).expect("status serialises");
+        super::write_atomic(&Self::path(state_dir), &json)
+    }
+
+    pub fn read(state_dir: &Path) -> io::Result<Status> {
+        let path = Self::path(state_dir);
+        let bytes = fs::read(&path)?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display())))
+    }
+}

@@ -1,0 +1,105 @@
+//! `hostmesh teardown`: remove everything hostmesh owns in this network
+//! namespace — pinned links (which detaches the programs), pinned maps,
+//! routes with hostmesh's protocol, `hm-*` links — and put back the
+//! sysctls it changed. Safe to run twice.
+
+use std::fs;
+use std::io;
+use std::path::Path;
+
+use crate::backends::bpf::pins::is_bpffs;
+use crate::backends::bpf::PinnedBpf;
+use crate::backends::netlink::{owned_links, Rtnetlink};
+use crate::backends::sysctl::ProcSys;
+use crate::backends::{BackendError, NetBackend, SysctlBackend};
+use crate::paths::Paths;
+use crate::reconcile::SysctlOriginals;
+use crate::state::STATUS_FILE;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TeardownError {
+    #[error("{0}")]
+    Backend(#[from] BackendError),
+    #[error("{what}: {source}")]
+    Io { what: String, source: io::Error },
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> TeardownError {
+    let what = what.into();
+    move |source| TeardownError::Io { what, source }
+}
+
+/// Removes everything; returns one line per thing removed or restored.
+pub fn teardown(paths: &Paths) -> Result<Vec<String>, TeardownError> {
+    let mut done = Vec::new();
+
+    // Programs first: unpinning a link detaches its program, so nothing
+    // steers traffic into a veth that is about to go.
+    if paths.bpffs.exists() {
+        let mut bpf = PinnedBpf::new(&paths.bpffs);
+        for removed in bpf.remove_all().map_err(io_err(format!("remove pins in {}", paths.bpffs.display())))? {
+            done.push(format!("unpinned {removed}"));
+        }
+        remove_pin_dir(&paths.bpffs, &mut done)?;
+    }
+
+    let mut net = Rtnetlink::open().map_err(io_err("open rtnetlink"))?;
+    for key in net.owned_routes()? {
+        net.delete_route(&key)?;
+        done.push(format!("deleted route {} table {}", key.dst, key.table));
+    }
+    for (name, _) in owned_links(&net.all_links()?) {
+        net.delete_link(&name)?;
+        done.push(format!("deleted link {name}"));
+    }
+    // Any hm-* link left (a veth end whose peer was foreign).
+    for link in net.all_links()?.into_iter().filter(|l| l.name.starts_with(crate::backends::LINK_PREFIX)) {
+        net.delete_link(&link.name)?;
+        done.push(format!("deleted link {}", link.name));
+    }
+
+    if paths.state_dir.exists() {
+        let mut originals =
+            SysctlOriginals::load(&paths.state_dir).map_err(io_err(format!("read {}", paths.state_dir.display())))?;
+        let mut sysctl = ProcSys::new();
+        let saved: Vec<(String, String)> = originals.values().clone().into_iter().collect();
+        for (path, value) in saved {
+            if let Some(current) = sysctl.get(&path)? {
+                if current != value {
+                    sysctl.set(&path, &value)?;
+                    done.push(format!("restored sysctl {} = {value}", path.replace('/', ".")));
+                }
+            }
+            originals.forget(&path);
+        }
+        for file in [STATUS_FILE, crate::reconcile::originals::FILE_NAME] {
+            let p = paths.state_dir.join(file);
+            if p.exists() {
+                fs::remove_file(&p).map_err(io_err(format!("remove {}", p.display())))?;
+            }
+        }
+    }
+    Ok(done)
+}
+
+/// Removes the pin dir; if hostmesh mounted a bpffs on it, unmounts it.
+fn remove_pin_dir(dir: &Path, done: &mut Vec<String>) -> Result<(), TeardownError> {
+    for sub in ["maps", "links"] {
+        let p = dir.join(sub);
+        if p.exists() {
+            fs::remove_dir(&p).map_err(io_err(format!("remove {}", p.display())))?;
+        }
+    }
+    let own_mount = is_bpffs(dir).unwrap_or(false) && !dir.parent().is_some_and(|p| is_bpffs(p).unwrap_or(false));
+    if own_mount {
+        nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH)
+            .map_err(|e| TeardownError::Io { what: format!("unmount {}", dir.display()), source: e.into() })?;
+        done.push(format!("unmounted bpffs {}", dir.display()));
+    }
+    match fs::remove_dir(dir) {
+        Ok(()) => done.push(format!("removed {}", dir.display())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(TeardownError::Io { what: format!("remove {}", dir.display()), source: e }),
+    }
+    Ok(())
+}

@@ -1,0 +1,38 @@
+//! hostmesh's test harness. Everything a test creates is owned by a guard
+//! that removes it on drop, panics included:
+//!
+//! - `Netns`: a network namespace (`ip netns add`), with helpers to run
+//!   commands and closures inside it and to wire veth pairs between them;
+//! - `TempDir`: a scratch dir; a bpffs mounted under it is unmounted;
+//! - `Cgroup`: a cgroup v2 dir of the test's own;
+//! - `NotifyListener`: an sd_notify socket recording what a daemon says;
+//! - `Daemon`: a hostmesh process in a namespace, ended by PID.
+//!
+//! Tests must run as root: nothing here skips when it is not.
+
+mod cgroup;
+mod daemon;
+mod netns;
+mod notify;
+mod tempdir;
+mod wait;
+
+pub use cgroup::Cgroup;
+pub use daemon::{cli, Daemon, DaemonOptions};
+pub use netns::Netns;
+pub use notify::NotifyListener;
+pub use tempdir::TempDir;
+pub use wait::{wait_until, Waited};
+
+/// A name unique to this process and call, for namespaces and dirs.
+pub fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!("{prefix}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Panics with a clear message unless running as root: kernel tests need
+/// it and must fail, not skip, without it.
+pub fn require_root() {
+    assert!(nix::unistd::geteuid().is_root(), "hostmesh's kernel tests need root (CI runs them as root)");
+}

@@ -1,0 +1,167 @@
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Output};
+
+use nix::sched::{setns, CloneFlags};
+
+/// A network namespace, deleted on drop (with every link in it).
+pub struct Netns {
+    name: String,
+}
+
+impl Netns {
+    pub fn new() -> Netns {
+        crate::require_root();
+        let name = crate::unique("hmt");
+        run_ok(Command::new("ip").args(["netns", "add", &name]));
+        let ns = Netns { name };
+        ns.ip(&["link", "set", "lo", "up"]);
+        ns
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn path(&self) -> String {
+        format!("/run/netns/{}", self.name)
+    }
+
+    fn file(&self) -> File {
+        File::open(self.path()).expect("open netns")
+    }
+
+    /// A command that runs in this namespace. Only the network namespace
+    /// changes (not the mount namespace, unlike `ip netns exec`), so
+    /// bpffs and cgroup paths stay as the test sees them.
+    pub fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new(program);
+        let ns = self.file();
+        // SAFETY: setns is async-signal-safe; the fd stays open until exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                setns(ns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)?;
+                Ok(())
+            });
+        }
+        cmd
+    }
+
+    /// Runs a command in the namespace; panics with its output if it fails.
+    pub fn exec(&self, program: &str, args: &[&str]) -> String {
+        let out = run_ok(self.command(program).args(args));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs a command in the namespace and returns its output, failed or not.
+    pub fn exec_output(&self, program: &str, args: &[&str]) -> Output {
+        self.command(program).args(args).output().expect("spawn command")
+    }
+
+    /// `ip -n <ns> <args>`; panics on failure.
+    pub fn ip(&self, args: &[&str]) -> String {
+        let mut full = vec!["-n", &self.name];
+        full.extend_from_slice(args);
+        let out = run_ok(Command::new("ip").args(&full));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `ip -j -n <ns> <args>` parsed.
+    pub fn ip_json(&self, args: &[&str]) -> Vec<serde_json::Value> {
+        let mut full = vec!["-j"];
+        full.extend_from_slice(args);
+        let text = self.ip(&full);
+        if text.trim().is_empty() {
+            return Vec::new();
+        }
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("ip -j {args:?}: {e}: {text}"))
+    }
+
+    /// Runs `f` on a thread inside this namespace; sockets it creates
+    /// belong to the namespace and may be used from anywhere afterwards.
+    pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let ns = self.file();
+        std::thread::spawn(move || {
+            setns(ns.as_fd(), CloneFlags::CLONE_NEWNET).expect("setns");
+            f()
+        })
+        .join()
+        .expect("thread in netns panicked")
+    }
+
+    /// Reads a sysctl of this namespace (`net/ipv4/conf/all/rp_filter`).
+    pub fn sysctl(&self, path: &str) -> Option<String> {
+        let path = format!("/proc/sys/{path}");
+        self.run(move || std::fs::read_to_string(path).ok().map(|v| v.trim().to_string()))
+    }
+
+    pub fn set_sysctl(&self, path: &str, value: &str) {
+        let (path, value) = (format!("/proc/sys/{path}"), value.to_string());
+        self.run(move || std::fs::write(&path, value).unwrap_or_else(|e| panic!("write {path}: {e}")))
+    }
+
+    /// Link names in the namespace.
+    pub fn links(&self) -> Vec<String> {
+        self.ip_json(&["link", "show"]).iter().filter_map(|l| l["ifname"].as_str().map(str::to_string)).collect()
+    }
+
+    /// `ip route show table all` entries with this protocol (a name from
+    /// rt_protos, or the number).
+    pub fn routes_with_proto(&self, proto: &str) -> Vec<serde_json::Value> {
+        ["-4", "-6"]
+            .iter()
+            .flat_map(|fam| self.ip_json(&[fam, "route", "show", "table", "all"]))
+            .filter(|r| {
+                r["protocol"].as_str() == Some(proto)
+                    || r["protocol"].as_u64().map(|n| n.to_string()).as_deref() == Some(proto)
+            })
+            .collect()
+    }
+
+    /// Connects this namespace to `other` with a veth pair and addresses
+    /// (`10.0.0.1/24` style).
+    pub fn veth_to(&self, other: &Netns, here: (&str, &str), there: (&str, &str)) {
+        run_ok(Command::new("ip").args([
+            "-n",
+            &self.name,
+            "link",
+            "add",
+            here.0,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            there.0,
+            "netns",
+            &other.name,
+        ]));
+        self.ip(&["addr", "add", here.1, "dev", here.0]);
+        self.ip(&["link", "set", here.0, "up"]);
+        other.ip(&["addr", "add", there.1, "dev", there.0]);
+        other.ip(&["link", "set", there.0, "up"]);
+    }
+}
+
+impl Default for Netns {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+    }
+}
+
+fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}

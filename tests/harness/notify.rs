@@ -1,0 +1,77 @@
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// An sd_notify socket: records every datagram a daemon sends, in order.
+pub struct NotifyListener {
+    path: PathBuf,
+    messages: Arc<(Mutex<Vec<String>>, Condvar)>,
+    socket: UnixDatagram,
+}
+
+impl NotifyListener {
+    pub fn bind(path: &Path) -> NotifyListener {
+        let socket = UnixDatagram::bind(path).expect("bind notify socket");
+        let reader = socket.try_clone().expect("clone notify socket");
+        reader.set_read_timeout(Some(Duration::from_millis(200))).expect("timeout");
+        let messages: Arc<(Mutex<Vec<String>>, Condvar)> = Arc::default();
+        let sink = Arc::clone(&messages);
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 8192];
+            loop {
+                match reader.recv(&mut buf) {
+                    Ok(n) => {
+                        let (lock, cv) = &*sink;
+                        lock.lock().unwrap().push(String::from_utf8_lossy(&buf[..n]).into_owned());
+                        cv.notify_all();
+                    }
+                    Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                        // Stop once the listener is dropped (only we hold the Arc then).
+                        if Arc::strong_count(&sink) == 1 {
+                            return;
+                        }
+                    }
+                    Err(_) => return,
+                }
+            }
+        });
+        NotifyListener { path: path.to_path_buf(), messages, socket }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Every message so far.
+    pub fn messages(&self) -> Vec<String> {
+        self.messages.0.lock().unwrap().clone()
+    }
+
+    /// Waits for a message (at index >= `from`) containing the line `line`
+    /// (`READY=1`); returns its index.
+    pub fn wait_for(&self, line: &str, from: usize, timeout: Duration) -> Result<usize, String> {
+        let deadline = Instant::now() + timeout;
+        let (lock, cv) = &*self.messages;
+        let mut msgs = lock.lock().unwrap();
+        loop {
+            if let Some(i) =
+                msgs.iter().enumerate().skip(from).find(|(_, m)| m.lines().any(|l| l == line)).map(|(i, _)| i)
+            {
+                return Ok(i);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(format!("no {line} within {timeout:?}; got {:?}", &msgs[from.min(msgs.len())..]));
+            }
+            msgs = cv.wait_timeout(msgs, deadline - now).unwrap().0;
+        }
+    }
+}
+
+impl Drop for NotifyListener {
+    fn drop(&mut self) {
+        let _ = self.socket.shutdown(std::net::Shutdown::Both);
+        let _ = std::fs::remove_file(&self.path);
+    }
+}

@@ -1,0 +1,98 @@
+//! A test host: a network namespace with a daemon's dirs, and the config
+//! snippets tests share.
+
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use hm_testkit::{cli, Daemon, DaemonOptions, Netns, TempDir};
+use hostmesh::state::Status;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_hostmesh");
+pub const READY_TIMEOUT: Duration = Duration::from_secs(15);
+
+pub const WEB: &str = r#"
+[[service]]
+name = "web"
+vip = "10.96.0.10"
+port = 80
+backends = ["192.168.10.11:8080", { address = "192.168.10.12:8080", weight = 2 }]
+"#;
+
+pub const API: &str = r#"
+[[service]]
+name = "api"
+vip = "10.96.0.20"
+port = 443
+backends = ["192.168.10.21:8443"]
+"#;
+
+/// Fields drop in order: the daemon's dir (unmounting its bpffs, which
+/// releases its pins) before the namespace.
+pub struct Host {
+    pub opts: DaemonOptions,
+    /// Held for its Drop: removes the daemon's files and bpffs.
+    _dir: TempDir,
+    pub ns: Netns,
+}
+
+impl Host {
+    pub fn new() -> Host {
+        let ns = Netns::new();
+        let dir = TempDir::new("hm-it");
+        let opts = DaemonOptions::in_dir(BIN, &dir);
+        Host { opts, _dir: dir, ns }
+    }
+
+    pub fn start(&self) -> Daemon {
+        Daemon::start(&self.ns, &self.opts)
+    }
+
+    /// Starts a daemon and waits for its first READY=1.
+    pub fn start_ready(&self) -> Daemon {
+        let d = self.start();
+        d.wait_ready(READY_TIMEOUT);
+        d
+    }
+
+    pub fn write(&self, name: &str, text: &str) {
+        self.opts.write_config(name, text);
+    }
+
+    pub fn hostmesh(&self, args: &[&str]) -> Output {
+        cli(&self.ns, Path::new(BIN), args)
+    }
+
+    /// `hostmesh status` (text) with this host's state dir.
+    pub fn status_text(&self) -> (String, i32) {
+        let out = self.hostmesh(&["status", "--state-dir", self.opts.state_dir.to_str().unwrap()]);
+        (String::from_utf8_lossy(&out.stdout).into_owned(), out.status.code().unwrap_or(-1))
+    }
+
+    pub fn status(&self) -> Status {
+        Status::read(&self.opts.state_dir).expect("status file")
+    }
+
+    /// Destinations of routes carrying hostmesh's protocol.
+    pub fn owned_routes(&self) -> Vec<String> {
+        let mut v: Vec<String> = ["hostmesh", "104"]
+            .iter()
+            .flat_map(|p| self.ns.routes_with_proto(p))
+            .filter_map(|r| r["dst"].as_str().map(str::to_string))
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    pub fn has_route(&self, dst: &str) -> bool {
+        self.owned_routes().iter().any(|r| r == dst)
+    }
+
+    pub fn teardown(&self) -> Output {
+        let mut args = vec!["teardown".to_string()];
+        args.extend(self.opts.path_args());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.hostmesh(&args)
+    }
+}

@@ -1,0 +1,165 @@
+//! The daemon's life under systemd's protocol: READY after the first sync,
+//! drop-ins applied without signals, SIGHUP reloads, a broken file that
+//! takes nothing down, SIGTERM, and a restart that adopts kernel state.
+
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+use hm_testkit::wait_until;
+use hostmesh::backends::bpf::sys;
+use nix::sys::signal::Signal;
+
+use crate::fixtures::*;
+
+#[test]
+fn ready_comes_after_the_first_sync_has_applied_the_config() {
+    let host = Host::new();
+    host.write("web.toml", WEB);
+    let d = host.start();
+    d.wait_ready(READY_TIMEOUT);
+    // At READY=1 the VIP route and the veth already exist.
+    assert!(host.has_route("10.96.0.10"), "routes at READY: {:?}", host.owned_routes());
+    let links = host.ns.links();
+    assert!(links.contains(&"hm-natin".to_string()) && links.contains(&"hm-natout".to_string()), "{links:?}");
+    let msgs = d.notify.messages();
+    let ready = msgs.iter().find(|m| m.contains("READY=1")).unwrap();
+    assert!(ready.lines().any(|l| l == "STATUS=1 service, 0 mesh redirects, 0 peers"), "{ready:?}");
+}
+
+#[test]
+fn a_new_drop_in_applies_within_two_seconds_without_a_signal() {
+    let host = Host::new();
+    host.write("web.toml", WEB);
+    let _d = host.start_ready();
+    let written = Instant::now();
+    host.write("api.toml", API);
+    let waited = wait_until("the api route", Duration::from_secs(2), || host.has_route("10.96.0.20")).unwrap();
+    assert!(written.elapsed() < Duration::from_secs(2), "took {:?}", waited.0);
+    // Removing a file removes what it declared.
+    std::fs::remove_file(host.opts.config_dir.join("web.toml")).unwrap();
+    wait_until("the web route to go", Duration::from_secs(2), || !host.has_route("10.96.0.10")).unwrap();
+}
+
+#[test]
+fn sighup_reports_reloading_with_a_timestamp_then_ready() {
+    let host = Host::new();
+    host.write("web.toml", WEB);
+    let d = host.start_ready();
+    let before = d.notify.messages().len();
+    host.write("api.toml", API);
+    d.signal(Signal::SIGHUP);
+    let reloading = d.notify.wait_for("RELOADING=1", before, Duration::from_secs(5)).unwrap();
+    let msg = &d.notify.messages()[reloading];
+    let usec = msg
+        .lines()
+        .find_map(|l| l.strip_prefix("MONOTONIC_USEC="))
+        .unwrap_or_else(|| panic!("RELOADING=1 without MONOTONIC_USEC: {msg:?}"));
+    let usec: u64 = usec.parse().expect("MONOTONIC_USEC is a number");
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap();
+    let now_usec = now.tv_sec() as u64 * 1_000_000 + now.tv_nsec() as u64 / 1000;
+    assert!(
+        usec <= now_usec && now_usec - usec < 10_000_000,
+        "MONOTONIC_USEC {usec} is not the reload time (now {now_usec})"
+    );
+    d.notify.wait_for("READY=1", reloading + 1, Duration::from_secs(5)).unwrap();
+    assert!(host.has_route("10.96.0.20"), "the reload applied the new file");
+}
+
+#[test]
+fn a_broken_drop_in_keeps_its_last_good_version_and_everything_else() {
+    let host = Host::new();
+    host.write("a-web.toml", WEB);
+    host.write("b-api.toml", API);
+    let d = host.start_ready();
+    assert!(host.has_route("10.96.0.20"));
+
+    // b breaks (an unterminated string on line 3); a changes its VIP meanwhile.
+    let generation = host.status().generation;
+    host.write("b-api.toml", "[[service]]\nname = \"api\"\nvip = \"10.96.0.21\nport = 443\n");
+    host.write("a-web.toml", &WEB.replace("10.96.0.10", "10.96.0.11"));
+    wait_until("a sync after the edits", Duration::from_secs(5), || host.status().generation > generation).unwrap();
+    wait_until("web's new VIP", Duration::from_secs(2), || host.has_route("10.96.0.11")).unwrap();
+    assert!(host.has_route("10.96.0.20"), "b's last good version stays: {:?}", host.owned_routes());
+    assert!(!host.has_route("10.96.0.21"));
+    assert!(!host.has_route("10.96.0.10"));
+
+    let (text, code) = host.status_text();
+    let bad = host.opts.config_dir.join("b-api.toml");
+    assert!(text.contains(&format!("rejected {}: its last good version stays in force", bad.display())), "{text}");
+    assert!(text.contains(&format!("{}:3:18: invalid TOML at key `vip`", bad.display())), "{text}");
+    assert_eq!(code, 1, "status exits 1 while a file is rejected");
+    let status = host.status();
+    let file = status.files.iter().find(|f| f.path == bad).unwrap();
+    assert_eq!(file.state, "rejected_keeping_last_good");
+    assert_eq!((file.errors[0].line, file.errors[0].column), (3, 18));
+    let last = d.notify.messages().into_iter().rev().find(|m| m.contains("STATUS=")).unwrap();
+    assert!(last.contains("1 file rejected: b-api.toml:3:18"), "{last}");
+}
+
+#[test]
+fn sigterm_says_stopping_exits_zero_and_leaves_the_dataplane() {
+    let host = Host::new();
+    host.write("web.toml", WEB);
+    let mut d = host.start_ready();
+    let status = d.stop(Duration::from_secs(5));
+    assert_eq!(status.code(), Some(0));
+    assert!(d.notify.messages().iter().any(|m| m.lines().any(|l| l == "STOPPING=1")));
+    assert!(host.has_route("10.96.0.10"), "kernel state stays after a stop");
+    let (text, code) = host.status_text();
+    assert!(text.starts_with("hostmesh: not running: stopped"), "{text}");
+    assert_eq!(code, 3);
+}
+
+/// Link id, program id and map ids behind the pinned objects.
+fn pinned_ids(host: &Host) -> (u32, u32, Vec<u32>) {
+    let pins = &host.opts.bpffs;
+    let link = sys::obj_get(&pins.join("links/hm_natout@tc-ingress@hm-natout")).expect("pinned link");
+    let info = sys::link_info(link.as_fd()).unwrap();
+    let maps = ["HM_SERVICES", "HM_SVC_STATS"]
+        .iter()
+        .map(|m| sys::map_info(sys::obj_get(&pins.join("maps").join(m)).unwrap().as_fd()).unwrap().id)
+        .collect();
+    (info.id, info.prog_id, maps)
+}
+
+#[test]
+fn a_restarted_daemon_adopts_pinned_state_without_recreating_it() {
+    let host = Host::new();
+    host.write("web.toml", WEB);
+    let mut d = host.start_ready();
+    let ids = pinned_ids(&host);
+    let ifindex = host.ns.ip_json(&["link", "show", "hm-natout"])[0]["ifindex"].as_u64();
+    d.stop(Duration::from_secs(5));
+    drop(d);
+
+    let _d = host.start_ready();
+    assert_eq!(pinned_ids(&host), ids, "same link, program and maps");
+    assert_eq!(host.ns.ip_json(&["link", "show", "hm-natout"])[0]["ifindex"].as_u64(), ifindex, "same veth");
+    let s = host.status();
+    assert!(s.last_sync.full && s.last_sync.ok);
+    assert_eq!(s.last_sync.steps, 0, "nothing re-created on restart");
+}
+
+#[test]
+fn a_burst_of_a_thousand_drop_ins_costs_one_sync() {
+    let host = Host::new();
+    let d = host.start_ready();
+    let generation = host.status().generation;
+    let before = d.log_text().matches("msg=\"sync done\"").count();
+    for i in 0..1000 {
+        host.write(
+            &format!("svc-{i:04}.toml"),
+            &format!("[[service]]\nname = \"svc-{i}\"\nvip = \"10.97.{}.{}\"\nport = 80\n", i / 250, i % 250 + 1),
+        );
+    }
+    wait_until("1000 services applied", Duration::from_secs(20), || {
+        let s = host.status();
+        s.counts.services == 1000 && s.last_sync.ok
+    })
+    .unwrap();
+    // Let any straggling sync happen before counting.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(host.status().generation, generation + 1, "one sync for the whole burst");
+    assert_eq!(d.log_text().matches("msg=\"sync done\"").count(), before + 1);
+    assert_eq!(host.owned_routes().len(), 1000);
+}

@@ -1,0 +1,8 @@
+//! Integration tests: the real hostmesh binary, run as root, in network
+//! namespaces each test creates (hm-testkit guards remove them).
+
+mod fixtures;
+mod lifecycle;
+mod resync;
+mod service_veth;
+mod teardown;

@@ -1,0 +1,58 @@
+//! `hostmesh teardown` removes every kind of thing hostmesh owns.
+
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use hm_testkit::wait_until;
+use hostmesh::backends::bpf::sys;
+
+use crate::fixtures::*;
+
+#[test]
+fn teardown_leaves_no_link_route_pin_or_program() {
+    let host = Host::new();
+    host.write("web.toml", WEB);
+    host.write("web6.toml", "[[service]]\nname = \"web6\"\nvip = \"fd00::10\"\nport = 80\n");
+    host.ns.set_sysctl("net/ipv4/conf/all/rp_filter", "2");
+    let mut d = host.start_ready();
+    let link = sys::obj_get(&host.opts.bpffs.join("links/hm_natout@tc-ingress@hm-natout")).unwrap();
+    let prog_id = sys::link_info(link.as_fd()).unwrap().prog_id;
+    drop(link);
+    assert!(sys::prog_info_by_id(prog_id).unwrap().is_some());
+
+    // Refused while the daemon runs.
+    let out = host.teardown();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("hostmesh is running"));
+
+    d.stop(Duration::from_secs(5));
+    let out = host.teardown();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let said = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        "unpinned link hm_natout@tc-ingress@hm-natout",
+        "deleted route 10.96.0.10/32",
+        "deleted route fd00::10/128",
+        "deleted link hm-natin",
+        "restored sysctl net.ipv4.conf.all.rp_filter = 2",
+    ] {
+        assert!(said.contains(line), "missing {line:?} in:\n{said}");
+    }
+
+    // Links.
+    assert!(host.ns.links().iter().all(|l| !l.starts_with("hm-")), "{:?}", host.ns.links());
+    // Routes.
+    assert!(host.owned_routes().is_empty(), "{:?}", host.owned_routes());
+    // Pins (and the bpffs hostmesh mounted for them).
+    assert!(!host.opts.bpffs.exists(), "pin dir still there");
+    // Programs: freed once nothing references them.
+    wait_until("the program to be freed", Duration::from_secs(5), || sys::prog_info_by_id(prog_id).unwrap().is_none())
+        .unwrap();
+    // Sysctls put back.
+    assert_eq!(host.ns.sysctl("net/ipv4/conf/all/rp_filter").as_deref(), Some("2"));
+
+    // Idempotent.
+    let again = host.teardown();
+    assert!(again.status.success());
+    assert!(String::from_utf8_lossy(&again.stdout).starts_with("nothing to remove"));
+}
