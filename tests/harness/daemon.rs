@@ -58,6 +58,11 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn start(ns: &Netns, opts: &DaemonOptions) -> Daemon {
+        Self::start_with_env(ns, opts, &[])
+    }
+
+    /// Starts with extra environment variables (`WATCHDOG_USEC`, say).
+    pub fn start_with_env(ns: &Netns, opts: &DaemonOptions, env: &[(&str, &str)]) -> Daemon {
         let sock = opts.state_dir.with_file_name(format!("notify-{}.sock", crate::unique("n")));
         let notify = NotifyListener::bind(&sock);
         let log = fs::OpenOptions::new().create(true).append(true).open(&opts.log).expect("open daemon log");
@@ -68,6 +73,7 @@ impl Daemon {
             .env("NOTIFY_SOCKET", notify.path())
             .env_remove("WATCHDOG_USEC")
             .env_remove("WATCHDOG_PID")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup log"))
             .stderr(log)

@@ -163,3 +163,52 @@ fn a_burst_of_a_thousand_drop_ins_costs_one_sync() {
     assert_eq!(d.log_text().matches("msg=\"sync done\"").count(), before + 1);
     assert_eq!(host.owned_routes().len(), 1000);
 }
+
+#[test]
+fn watchdog_pings_come_at_half_the_interval() {
+    let host = Host::new();
+    let d = hm_testkit::Daemon::start_with_env(&host.ns, &host.opts, &[("WATCHDOG_USEC", "400000")]);
+    d.wait_ready(READY_TIMEOUT);
+    let start = d.notify.messages().len();
+    std::thread::sleep(Duration::from_millis(1100));
+    let pings = d.notify.messages()[start..].iter().filter(|m| m.lines().any(|l| l == "WATCHDOG=1")).count();
+    // Every 200 ms: about five in 1.1 s; allow for a slow machine.
+    assert!((3..=7).contains(&pings), "{pings} WATCHDOG=1 in 1.1 s");
+}
+
+#[test]
+fn status_says_when_the_daemon_died_without_stopping() {
+    let host = Host::new();
+    host.write("web.toml", WEB);
+    let d = host.start_ready();
+    let pid = d.pid();
+    d.signal(Signal::SIGKILL);
+    drop(d);
+    let (text, code) = host.status_text();
+    assert!(text.starts_with(&format!("hostmesh: not running: pid {pid} is gone and did not stop cleanly")), "{text}");
+    assert!(text.contains("service  web"), "the last applied state is still shown: {text}");
+    assert_eq!(code, 3);
+    let out = host.hostmesh(&["status", "--json", "--state-dir", host.opts.state_dir.to_str().unwrap()]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["liveness"], "gone");
+}
+
+#[test]
+fn check_exits_zero_on_a_valid_dir_and_one_with_every_error_printed() {
+    let host = Host::new();
+    let dir = host.opts.config_dir.to_str().unwrap().to_string();
+    host.write("web.toml", WEB);
+    let ok = host.hostmesh(&["check", "--config-dir", &dir]);
+    assert_eq!(ok.status.code(), Some(0), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("1 file(s), 0 rejected; valid: 1 service(s)"));
+
+    host.write("bad.toml", "[[service]]\nname = \"x\"\nvip = \"nope\"\nport = 0\n");
+    host.write("z-dup.toml", "[[service]]\nname = \"web\"\nvip = \"10.96.0.99\"\nport = 1\n");
+    let bad = host.hostmesh(&["check", "--config-dir", &dir]);
+    assert_eq!(bad.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(err.lines().count(), 3, "{err}");
+    assert!(err.contains("bad.toml:3:7: service \"x\": vip \"nope\" is not an IPv4 or IPv6 address"), "{err}");
+    assert!(err.contains("bad.toml:4:8: service \"x\": port 0 is out of range; use 1 to 65535"), "{err}");
+    assert!(err.contains("z-dup.toml:2:8: service name \"web\" is already used at web.toml:3:8"), "{err}");
+}
