@@ -10,7 +10,7 @@ use std::{
 };
 
 /// Every probe the daemon embeds. One C file per feature.
-const PROBES: &[&str] = &["service_nat"];
+const PROBES: &[&str] = &["service_nat", "service_ctlb"];
 
 fn main() {
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
@@ -19,7 +19,9 @@ fn main() {
     let clang = env::var("CLANG").unwrap_or_else(|_| "clang".to_string());
 
     println!("cargo:rerun-if-env-changed=CLANG");
-    println!("cargo:rerun-if-changed={}", probes.join("hostmesh_abi.h").display());
+    for header in ["hostmesh_abi.h", "service_maps.h"] {
+        println!("cargo:rerun-if-changed={}", probes.join(header).display());
+    }
     for probe in PROBES {
         let src = probes.join(format!("{probe}.c"));
         println!("cargo:rerun-if-changed={}", src.display());

@@ -1,38 +1,59 @@
 /* SPDX-License-Identifier: Apache-2.0 OR GPL-2.0 */
 /*
  * The ABI between hostmesh's probes and the daemon: map key/value layouts
- * and constants. daemon/src/dataplane/abi.rs mirrors every struct here with
+ * and constants. daemon/src/abi.rs mirrors every struct here with
  * #[repr(C)] types; both sides assert the sizes so a mismatch fails the
  * build instead of corrupting a map.
  *
  * Addresses are always 16 bytes: IPv4 is stored IPv4-mapped (::ffff:a.b.c.d)
- * so one key type serves both families.
+ * so one key type serves both families. Ports are in network byte order.
  */
 #ifndef HOSTMESH_ABI_H
 #define HOSTMESH_ABI_H
 
 #include <linux/types.h>
 
-/* Bump when a pinned map's layout changes incompatibly. */
-#define HM_ABI_VERSION 1
-
-/* Default capacity; the daemon overrides it from [daemon] max_services. */
+/* Map capacities (daemon/src/backends/bpf/objects.rs repeats them). */
 #define HM_MAX_SERVICES 16384
+#define HM_MAX_BACKENDS 65536
+#define HM_MAX_MAGLEV_CHUNKS 262144
+#define HM_MAX_CONNTRACK 131072
+#define HM_MAX_REVERSE_SOCK 131072
+
+/* A Maglev table is stored in chunks of this many slots. */
+#define HM_MAGLEV_CHUNK 64
+
+/* HM_CONFIG[0]: what the daemon tells every probe. */
+struct hm_config {
+	__u64 netns_cookie;        /* act only in the daemon's namespace */
+	__u32 flags;               /* HM_CFG_* */
+	__u32 tcp_timeout_s;       /* conntrack: established TCP idle */
+	__u32 udp_timeout_s;       /* conntrack: UDP idle */
+	__u32 _pad;
+};
+_Static_assert(sizeof(struct hm_config) == 24, "hm_config layout");
+
+#define HM_CFG_CTLB_TCP (1u << 0) /* connect-time LB handles TCP */
+#define HM_CFG_CTLB_UDP (1u << 1) /* connect-time LB handles UDP */
+
+/* Conntrack timeouts that are not configurable. */
+#define HM_CT_SYN_TIMEOUT_S 60
+#define HM_CT_CLOSING_TIMEOUT_S 10
 
 /* (VIP, port, protocol) -> service. */
 struct hm_svc_key {
-	__u8 addr[16];  /* IPv6, or IPv4-mapped IPv6 */
-	__be16 port;    /* network byte order */
-	__u8 proto;     /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 addr[16];
+	__be16 port;
+	__u8 proto; /* IPPROTO_TCP or IPPROTO_UDP */
 	__u8 _pad;
 };
 _Static_assert(sizeof(struct hm_svc_key) == 20, "hm_svc_key layout");
 
 struct hm_svc_value {
-	__u32 id;            /* stable index into per-service arrays */
-	__u32 backend_count; /* configured backends */
+	__u32 id;            /* stable index into per-service maps */
+	__u32 backend_count; /* 0: refuse connections */
 	__u32 flags;         /* HM_SVC_F_* */
-	__u32 _pad;
+	__u32 table_size;    /* Maglev table size (prime) */
 };
 _Static_assert(sizeof(struct hm_svc_value) == 16, "hm_svc_value layout");
 
@@ -42,5 +63,73 @@ struct hm_svc_stats {
 	__u64 bytes;
 };
 _Static_assert(sizeof(struct hm_svc_stats) == 16, "hm_svc_stats layout");
+
+/* HM_BACKENDS: backend id -> address. */
+struct hm_backend {
+	__u8 addr[16];
+	__be16 port;
+	__u16 _pad;
+};
+_Static_assert(sizeof(struct hm_backend) == 20, "hm_backend layout");
+
+/* HM_MAGLEV: (service id, chunk) -> backend ids of slots
+ * [chunk * HM_MAGLEV_CHUNK, (chunk + 1) * HM_MAGLEV_CHUNK). */
+struct hm_maglev_key {
+	__u32 svc_id;
+	__u32 chunk;
+};
+_Static_assert(sizeof(struct hm_maglev_key) == 8, "hm_maglev_key layout");
+
+struct hm_maglev_chunk {
+	__u32 backend[HM_MAGLEV_CHUNK];
+};
+_Static_assert(sizeof(struct hm_maglev_chunk) == 256, "hm_maglev_chunk layout");
+
+/* HM_CT: conntrack of the bpfnat veth path. Each flow has two entries:
+ * forward (client -> VIP, as seen on hm-natout) holding the backend, and
+ * reverse (backend -> client, as seen on host interfaces) holding the VIP. */
+struct hm_ct_key {
+	__u8 src[16];
+	__u8 dst[16];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 dir; /* HM_CT_FORWARD or HM_CT_REVERSE */
+	__u16 _pad;
+};
+_Static_assert(sizeof(struct hm_ct_key) == 40, "hm_ct_key layout");
+
+#define HM_CT_FORWARD 0
+#define HM_CT_REVERSE 1
+
+struct hm_ct_value {
+	__u8 nat_addr[16]; /* forward: backend; reverse: VIP */
+	__be16 nat_port;
+	__u8 flags;        /* HM_CT_F_* */
+	__u8 _pad;
+	__u32 svc_id;
+	__u64 last_seen_ns; /* bpf_ktime_get_ns() */
+};
+_Static_assert(sizeof(struct hm_ct_value) == 32, "hm_ct_value layout");
+
+#define HM_CT_F_REPLIED (1u << 0) /* the backend answered */
+#define HM_CT_F_CLOSING (1u << 1) /* TCP FIN or RST seen */
+
+/* HM_REVERSE_SOCK: connect-time LB's memory of what a socket asked for,
+ * so getpeername() and recvmsg() show the VIP, not the backend. */
+struct hm_revsk_key {
+	__u64 cookie; /* bpf_get_socket_cookie() */
+	__u8 addr[16]; /* backend */
+	__be16 port;
+	__u16 _pad[3];
+};
+_Static_assert(sizeof(struct hm_revsk_key) == 32, "hm_revsk_key layout");
+
+struct hm_revsk_value {
+	__u8 addr[16]; /* VIP */
+	__be16 port;
+	__u16 _pad;
+};
+_Static_assert(sizeof(struct hm_revsk_value) == 20, "hm_revsk_value layout");
 
 #endif /* HOSTMESH_ABI_H */

@@ -3,14 +3,19 @@
  * Service NAT on the bpfnat veth (DESIGN.md, Service IPs).
  *
  * Every VIP has a host route via hm-natin, so host-originated packets to a
- * VIP leave through hm-natin and arrive here, on hm-natout's TC ingress.
- * This program recognises them by (VIP, port, protocol) and accounts them
- * per service.
+ * VIP leave through hm-natin and arrive at hm-natout's TC ingress, where
+ * hm_natout picks a backend (Maglev, on the flow's hash), records the flow
+ * in HM_CT, rewrites the destination and forwards the packet straight out
+ * of the right interface (FIB lookup + redirect), or lets the stack deliver
+ * it when the backend is a local address. Replies come back on a host
+ * interface (or lo, for local backends), where hm_reply restores the VIP
+ * as the source.
  *
- * A packet to a VIP must never be handed back to the stack here: the
- * stack would route it into hm-natin again and it would loop until its TTL
- * ran out. Until a backend is chosen it is therefore dropped; everything
- * that is not a service packet (neighbour discovery, say) passes untouched.
+ * What must survive the veth crossing lives in HM_CT, not in skb marks
+ * (marks are cleared crossing a veth). A packet to a VIP must never be
+ * handed back to the stack un-NATed: it would be routed into hm-natin again
+ * and loop. So a TCP SYN that no backend can take is answered with a RST
+ * (connect() fails at once with ECONNREFUSED); anything else is dropped.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -23,100 +28,379 @@
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
-#include "hostmesh_abi.h"
+#include "service_maps.h"
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, HM_MAX_SERVICES);
-	__type(key, struct hm_svc_key);
-	__type(value, struct hm_svc_value);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-} HM_SERVICES SEC(".maps");
+#define AF_INET 2
+#define AF_INET6 10
+#define ETH_HLEN 14
+#define OFF(type, field) __builtin_offsetof(type, field)
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, HM_MAX_SERVICES);
-	__type(key, __u32);
-	__type(value, struct hm_svc_stats);
-} HM_SVC_STATS SEC(".maps");
+#define TCP_FIN 0x01
+#define TCP_SYN 0x02
+#define TCP_RST 0x04
+#define TCP_ACK 0x10
 
-/* Fill key with the packet's destination (address, port, protocol).
- * Returns 0 on success, -1 for anything that is not TCP/UDP over IP. */
-static __always_inline int parse_dst(struct __sk_buff *skb, struct hm_svc_key *key)
+#define NS_PER_S 1000000000ULL
+
+/* What hostmesh needs to know about a packet. */
+struct flow {
+	__u8 src[16];
+	__u8 dst[16];
+	__be16 sport;
+	__be16 dport;
+	__u8 v6;
+	__u8 proto;
+	__u8 tcp_flags;
+	__u8 tcp_doff;   /* TCP header length, in bytes */
+	__u16 l4_off;
+	__u16 l4_len;    /* L4 header + payload */
+};
+
+enum parsed { PARSED, NOT_IP, OTHER_IP };
+
+static __always_inline int parse_l4(void *l4, void *end, struct flow *f)
+{
+	if (f->proto == IPPROTO_TCP) {
+		struct tcphdr *tcp = l4;
+
+		if ((void *)(tcp + 1) > end)
+			return OTHER_IP;
+		f->sport = tcp->source;
+		f->dport = tcp->dest;
+		f->tcp_flags = ((__u8 *)tcp)[13];
+		f->tcp_doff = tcp->doff * 4;
+		return PARSED;
+	}
+	if (f->proto == IPPROTO_UDP) {
+		struct udphdr *udp = l4;
+
+		if ((void *)(udp + 1) > end)
+			return OTHER_IP;
+		f->sport = udp->source;
+		f->dport = udp->dest;
+		return PARSED;
+	}
+	return OTHER_IP;
+}
+
+static __always_inline int parse(struct __sk_buff *skb, struct flow *f)
 {
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
-	void *l4;
-	__u8 proto;
 
 	if ((void *)(eth + 1) > end)
-		return -1;
+		return NOT_IP;
 
 	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
 		struct iphdr *ip = (void *)(eth + 1);
+		__u32 hlen;
 
 		if ((void *)(ip + 1) > end || ip->ihl < 5)
-			return -1;
-		/* Fragments after the first carry no ports. */
-		if (ip->frag_off & bpf_htons(0x1fff))
-			return -1;
-		key->addr[10] = 0xff;
-		key->addr[11] = 0xff;
-		__builtin_memcpy(&key->addr[12], &ip->daddr, 4);
-		proto = ip->protocol;
-		l4 = (void *)ip + ip->ihl * 4;
-	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+			return OTHER_IP;
+		/* Fragments carry no (or not all) ports. */
+		if (ip->frag_off & bpf_htons(0x3fff))
+			return OTHER_IP;
+		hlen = ip->ihl * 4;
+		hm_v4_mapped(f->src, ip->saddr);
+		hm_v4_mapped(f->dst, ip->daddr);
+		f->proto = ip->protocol;
+		f->l4_off = ETH_HLEN + hlen;
+		f->l4_len = bpf_ntohs(ip->tot_len) - hlen;
+		return parse_l4((void *)ip + hlen, end, f);
+	}
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = (void *)(eth + 1);
 
 		if ((void *)(ip6 + 1) > end)
-			return -1;
-		__builtin_memcpy(key->addr, &ip6->daddr, 16);
-		proto = ip6->nexthdr;
-		l4 = ip6 + 1;
-	} else {
-		return -1;
+			return OTHER_IP;
+		__builtin_memcpy(f->src, &ip6->saddr, 16);
+		__builtin_memcpy(f->dst, &ip6->daddr, 16);
+		f->v6 = 1;
+		f->proto = ip6->nexthdr;
+		f->l4_off = ETH_HLEN + sizeof(*ip6);
+		f->l4_len = bpf_ntohs(ip6->payload_len);
+		return parse_l4(ip6 + 1, end, f);
 	}
+	return NOT_IP;
+}
 
-	if (proto == IPPROTO_TCP) {
-		struct tcphdr *tcp = l4;
+/* Rewrites the source or destination address and port, fixing checksums. */
+static __always_inline int rewrite(struct __sk_buff *skb, const struct flow *f, int dst, const __u8 addr[16], __be16 port)
+{
+	__u32 csum_off = f->l4_off + (f->proto == IPPROTO_TCP ? OFF(struct tcphdr, check) : OFF(struct udphdr, check));
+	__u64 mangled = f->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	__be16 old_port = dst ? f->dport : f->sport;
+	const __u8 *old = dst ? f->dst : f->src;
 
-		if ((void *)(tcp + 1) > end)
+	if (!f->v6) {
+		__u32 ip_off = ETH_HLEN + (dst ? OFF(struct iphdr, daddr) : OFF(struct iphdr, saddr));
+		__be32 from, to;
+
+		__builtin_memcpy(&from, old + 12, 4);
+		__builtin_memcpy(&to, addr + 12, 4);
+		if (bpf_l4_csum_replace(skb, csum_off, from, to, BPF_F_PSEUDO_HDR | mangled | 4))
 			return -1;
-		key->port = tcp->dest;
-	} else if (proto == IPPROTO_UDP) {
-		struct udphdr *udp = l4;
-
-		if ((void *)(udp + 1) > end)
+		if (bpf_l3_csum_replace(skb, ETH_HLEN + OFF(struct iphdr, check), from, to, 4))
 			return -1;
-		key->port = udp->dest;
+		if (bpf_skb_store_bytes(skb, ip_off, &to, 4, 0))
+			return -1;
 	} else {
-		return -1;
+		__u32 ip_off = ETH_HLEN + (dst ? OFF(struct ipv6hdr, daddr) : OFF(struct ipv6hdr, saddr));
+		__be32 from[4], to[4];
+		__s64 diff;
+
+		__builtin_memcpy(from, old, 16);
+		__builtin_memcpy(to, addr, 16);
+		diff = bpf_csum_diff(from, 16, to, 16, 0);
+		if (bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR | mangled))
+			return -1;
+		if (bpf_skb_store_bytes(skb, ip_off, to, 16, 0))
+			return -1;
 	}
-	key->proto = proto;
+	if (old_port != port) {
+		__u32 port_off = f->l4_off + (dst ? OFF(struct tcphdr, dest) : OFF(struct tcphdr, source));
+
+		if (bpf_l4_csum_replace(skb, csum_off, old_port, port, mangled | 2))
+			return -1;
+		if (bpf_skb_store_bytes(skb, port_off, &port, 2, 0))
+			return -1;
+	}
 	return 0;
+}
+
+/* Sends a (NATed) packet on towards `dst`: out of the interface the FIB
+ * picks, or up the stack when `dst` is a local address. */
+static __always_inline int forward(struct __sk_buff *skb, const struct flow *f, const __u8 dst[16])
+{
+	struct bpf_fib_lookup fib = {};
+	int rc;
+
+	fib.ifindex = skb->ifindex;
+	fib.l4_protocol = f->proto;
+	/* tot_len 0: let the kernel check the MTU, GSO packets included. */
+	fib.tot_len = 0;
+	if (!f->v6) {
+		fib.family = AF_INET;
+		__builtin_memcpy(&fib.ipv4_src, f->src + 12, 4);
+		__builtin_memcpy(&fib.ipv4_dst, dst + 12, 4);
+	} else {
+		fib.family = AF_INET6;
+		__builtin_memcpy(fib.ipv6_src, f->src, 16);
+		__builtin_memcpy(fib.ipv6_dst, dst, 16);
+	}
+	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	switch (rc) {
+	case BPF_FIB_LKUP_RET_SUCCESS:
+		if (bpf_skb_store_bytes(skb, OFF(struct ethhdr, h_dest), fib.dmac, ETH_ALEN, 0) ||
+		    bpf_skb_store_bytes(skb, OFF(struct ethhdr, h_source), fib.smac, ETH_ALEN, 0))
+			return TC_ACT_SHOT;
+		return bpf_redirect(fib.ifindex, 0);
+	case BPF_FIB_LKUP_RET_NO_NEIGH:
+		return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
+	case BPF_FIB_LKUP_RET_NOT_FWDED:
+		/* A local address: the stack delivers it (accept_local=1). */
+		return TC_ACT_OK;
+	default:
+		return TC_ACT_SHOT;
+	}
+}
+
+/* Answers a TCP SYN with a RST from the VIP, sent back into hm-natin, so
+ * connect() fails at once with ECONNREFUSED. Anything else is dropped. */
+static __always_inline int refuse(struct __sk_buff *skb, const struct flow *f)
+{
+	__u32 csum_off = f->l4_off + OFF(struct tcphdr, check);
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	__u8 macs[2 * ETH_ALEN];
+	__be32 old_seq, new_seq, old_ack, new_ack;
+	__be16 old_word, new_word, ports[2];
+	struct tcphdr *tcp;
+
+	if (f->proto != IPPROTO_TCP || !(f->tcp_flags & TCP_SYN) || (f->tcp_flags & TCP_ACK))
+		return TC_ACT_SHOT;
+	if ((void *)(eth + 1) > end)
+		return TC_ACT_SHOT;
+	tcp = data + f->l4_off;
+	if (f->l4_off > ETH_HLEN + 60 || (void *)(tcp + 1) > end)
+		return TC_ACT_SHOT;
+	old_seq = tcp->seq;
+	old_ack = tcp->ack_seq;
+	old_word = ((__be16 *)tcp)[6];
+	/* ack = seq + SYN + any data the SYN carried (TCP Fast Open). */
+	new_ack = bpf_htonl(bpf_ntohl(old_seq) + 1 + (f->l4_len - f->tcp_doff));
+	new_seq = 0;
+	new_word = bpf_htons((bpf_ntohs(old_word) & 0xf000) | TCP_RST | TCP_ACK);
+	__builtin_memcpy(macs, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(macs + ETH_ALEN, eth->h_dest, ETH_ALEN);
+	ports[0] = f->dport;
+	ports[1] = f->sport;
+
+	/* Swapping addresses and ports leaves every checksum as it was. */
+	if (bpf_skb_store_bytes(skb, 0, macs, sizeof(macs), 0))
+		return TC_ACT_SHOT;
+	if (!f->v6) {
+		__u8 addrs[8];
+
+		__builtin_memcpy(addrs, f->dst + 12, 4);
+		__builtin_memcpy(addrs + 4, f->src + 12, 4);
+		if (bpf_skb_store_bytes(skb, ETH_HLEN + OFF(struct iphdr, saddr), addrs, 8, 0))
+			return TC_ACT_SHOT;
+	} else {
+		__u8 addrs[32];
+
+		__builtin_memcpy(addrs, f->dst, 16);
+		__builtin_memcpy(addrs + 16, f->src, 16);
+		if (bpf_skb_store_bytes(skb, ETH_HLEN + OFF(struct ipv6hdr, saddr), addrs, 32, 0))
+			return TC_ACT_SHOT;
+	}
+	if (bpf_skb_store_bytes(skb, f->l4_off, ports, 4, 0) ||
+	    bpf_l4_csum_replace(skb, csum_off, old_seq, new_seq, 4) ||
+	    bpf_skb_store_bytes(skb, f->l4_off + OFF(struct tcphdr, seq), &new_seq, 4, 0) ||
+	    bpf_l4_csum_replace(skb, csum_off, old_ack, new_ack, 4) ||
+	    bpf_skb_store_bytes(skb, f->l4_off + OFF(struct tcphdr, ack_seq), &new_ack, 4, 0) ||
+	    bpf_l4_csum_replace(skb, csum_off, old_word, new_word, 2) ||
+	    bpf_skb_store_bytes(skb, f->l4_off + 12, &new_word, 2, 0))
+		return TC_ACT_SHOT;
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+static __always_inline __u64 ct_timeout_ns(const struct hm_ct_value *ct, __u8 proto, const struct hm_config *cfg)
+{
+	if (ct->flags & HM_CT_F_CLOSING)
+		return HM_CT_CLOSING_TIMEOUT_S * NS_PER_S;
+	if (proto == IPPROTO_UDP)
+		return (cfg ? cfg->udp_timeout_s : 60) * NS_PER_S;
+	if (!(ct->flags & HM_CT_F_REPLIED))
+		return HM_CT_SYN_TIMEOUT_S * NS_PER_S;
+	return (__u64)(cfg ? cfg->tcp_timeout_s : 86400) * NS_PER_S;
+}
+
+static __always_inline __u8 closing(const struct flow *f)
+{
+	return (f->tcp_flags & (TCP_FIN | TCP_RST)) ? HM_CT_F_CLOSING : 0;
+}
+
+static __always_inline void ct_key(struct hm_ct_key *k, const __u8 src[16], const __u8 dst[16], __be16 sport,
+				   __be16 dport, __u8 proto, __u8 dir)
+{
+	__builtin_memcpy(k->src, src, 16);
+	__builtin_memcpy(k->dst, dst, 16);
+	k->sport = sport;
+	k->dport = dport;
+	k->proto = proto;
+	k->dir = dir;
 }
 
 SEC("classifier")
 int hm_natout(struct __sk_buff *skb)
 {
-	struct hm_svc_key key = {};
-	struct hm_svc_value *svc;
-	struct hm_svc_stats *stats;
+	struct flow f = {};
+	struct hm_ct_key fk = {};
+	struct hm_ct_value *ct;
+	struct hm_config *cfg = hm_config();
+	__u8 backend[16];
+	__be16 backend_port;
+	__u64 now = bpf_ktime_get_ns();
+	int parsed = parse(skb, &f);
 
-	if (parse_dst(skb, &key) < 0)
+	if (parsed == NOT_IP)
 		return TC_ACT_OK;
+	if (parsed == OTHER_IP)
+		/* Neighbour discovery on the veth itself is fine; anything else
+		 * here came through a VIP route and would loop. */
+		return (f.v6 && f.proto == IPPROTO_ICMPV6) ? TC_ACT_OK : TC_ACT_SHOT;
 
-	svc = bpf_map_lookup_elem(&HM_SERVICES, &key);
-	if (!svc)
-		return TC_ACT_OK;
+	ct_key(&fk, f.src, f.dst, f.sport, f.dport, f.proto, HM_CT_FORWARD);
+	ct = bpf_map_lookup_elem(&HM_CT, &fk);
+	if (ct && now - ct->last_seen_ns < ct_timeout_ns(ct, f.proto, cfg) &&
+	    !((ct->flags & HM_CT_F_CLOSING) && (f.tcp_flags & TCP_SYN))) {
+		ct->last_seen_ns = now;
+		ct->flags |= closing(&f);
+		__builtin_memcpy(backend, ct->nat_addr, 16);
+		backend_port = ct->nat_port;
+		hm_count(ct->svc_id, skb->len);
+	} else {
+		struct hm_svc_key sk = {};
+		struct hm_svc_value *svc;
+		struct hm_backend *be;
+		struct hm_ct_value fv = {}, rv = {};
+		struct hm_ct_key rk = {};
 
-	stats = bpf_map_lookup_elem(&HM_SVC_STATS, &svc->id);
-	if (stats) {
-		stats->packets++;
-		stats->bytes += skb->len;
+		__builtin_memcpy(sk.addr, f.dst, 16);
+		sk.port = f.dport;
+		sk.proto = f.proto;
+		svc = bpf_map_lookup_elem(&HM_SERVICES, &sk);
+		if (!svc)
+			return refuse(skb, &f);
+		hm_count(svc->id, skb->len);
+		if (svc->backend_count == 0)
+			return refuse(skb, &f);
+		/* The flow hash: a flow whose entry was lost (evicted, expired)
+		 * gets the same backend again while the table is unchanged. */
+		be = hm_pick_backend(svc, bpf_get_hash_recalc(skb));
+		if (!be)
+			return refuse(skb, &f);
+		__builtin_memcpy(backend, be->addr, 16);
+		backend_port = be->port;
+
+		__builtin_memcpy(fv.nat_addr, backend, 16);
+		fv.nat_port = backend_port;
+		fv.svc_id = svc->id;
+		fv.flags = closing(&f);
+		fv.last_seen_ns = now;
+		__builtin_memcpy(rv.nat_addr, f.dst, 16);
+		rv.nat_port = f.dport;
+		rv.svc_id = svc->id;
+		rv.flags = fv.flags;
+		rv.last_seen_ns = now;
+		ct_key(&rk, backend, f.src, backend_port, f.sport, f.proto, HM_CT_REVERSE);
+		if (bpf_map_update_elem(&HM_CT, &rk, &rv, BPF_ANY) || bpf_map_update_elem(&HM_CT, &fk, &fv, BPF_ANY))
+			return TC_ACT_SHOT;
 	}
-	return TC_ACT_SHOT;
+
+	if (rewrite(skb, &f, 1, backend, backend_port))
+		return TC_ACT_SHOT;
+	return forward(skb, &f, backend);
+}
+
+/* TC ingress on host interfaces and lo: replies from backends get their
+ * VIP back as the source. Everything else passes untouched. */
+SEC("classifier")
+int hm_reply(struct __sk_buff *skb)
+{
+	struct flow f = {};
+	struct hm_ct_key rk = {}, fk = {};
+	struct hm_ct_value *rev, *fwd;
+	__u8 vip[16];
+	__be16 vport;
+	__u64 now;
+
+	if (parse(skb, &f) != PARSED)
+		return TC_ACT_OK;
+	ct_key(&rk, f.src, f.dst, f.sport, f.dport, f.proto, HM_CT_REVERSE);
+	rev = bpf_map_lookup_elem(&HM_CT, &rk);
+	if (!rev)
+		return TC_ACT_OK;
+	now = bpf_ktime_get_ns();
+	rev->last_seen_ns = now;
+	rev->flags |= HM_CT_F_REPLIED | closing(&f);
+	__builtin_memcpy(vip, rev->nat_addr, 16);
+	vport = rev->nat_port;
+
+	/* The forward entry's state decides when the flow expires. */
+	ct_key(&fk, f.dst, vip, f.dport, vport, f.proto, HM_CT_FORWARD);
+	fwd = bpf_map_lookup_elem(&HM_CT, &fk);
+	if (fwd) {
+		fwd->flags |= HM_CT_F_REPLIED | closing(&f);
+		fwd->last_seen_ns = now;
+	}
+
+	if (rewrite(skb, &f, 0, vip, vport))
+		return TC_ACT_SHOT;
+	return TC_ACT_OK;
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

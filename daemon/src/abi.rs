@@ -20,9 +20,11 @@ pub struct SvcKey {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SvcValue {
     pub id: u32,
+    /// 0: the service refuses connections.
     pub backend_count: u32,
     pub flags: u32,
-    pub pad: u32,
+    /// Maglev table size (prime).
+    pub table_size: u32,
 }
 
 /// One CPU's counters in `HM_SVC_STATS`.
@@ -33,12 +35,92 @@ pub struct SvcStats {
     pub bytes: u64,
 }
 
+/// `HM_CONFIG[0]`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HmConfig {
+    pub netns_cookie: u64,
+    pub flags: u32,
+    pub tcp_timeout_s: u32,
+    pub udp_timeout_s: u32,
+    pub pad: u32,
+}
+
+pub const CFG_CTLB_TCP: u32 = 1 << 0;
+pub const CFG_CTLB_UDP: u32 = 1 << 1;
+
+/// `HM_BACKENDS`: backend id -> address.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BackendValue {
+    pub addr: [u8; 16],
+    pub port_be: u16,
+    pub pad: u16,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct MaglevKey {
+    pub svc_id: u32,
+    pub chunk: u32,
+}
+
+pub const MAGLEV_CHUNK: usize = 64;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaglevChunk {
+    pub backend: [u32; MAGLEV_CHUNK],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CtKey {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub sport_be: u16,
+    pub dport_be: u16,
+    pub proto: u8,
+    pub dir: u8,
+    pub pad: u16,
+}
+
+pub const CT_FORWARD: u8 = 0;
+pub const CT_REVERSE: u8 = 1;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CtValue {
+    pub nat_addr: [u8; 16],
+    pub nat_port_be: u16,
+    pub flags: u8,
+    pub pad: u8,
+    pub svc_id: u32,
+    pub last_seen_ns: u64,
+}
+
+pub const CT_F_REPLIED: u8 = 1 << 0;
+pub const CT_F_CLOSING: u8 = 1 << 1;
+/// Conntrack timeouts fixed in the probes.
+pub const CT_SYN_TIMEOUT_S: u64 = 60;
+pub const CT_CLOSING_TIMEOUT_S: u64 = 10;
+
 const _: () = assert!(std::mem::size_of::<SvcKey>() == 20);
 const _: () = assert!(std::mem::size_of::<SvcValue>() == 16);
 const _: () = assert!(std::mem::size_of::<SvcStats>() == 16);
+const _: () = assert!(std::mem::size_of::<HmConfig>() == 24);
+const _: () = assert!(std::mem::size_of::<BackendValue>() == 20);
+const _: () = assert!(std::mem::size_of::<MaglevKey>() == 8);
+const _: () = assert!(std::mem::size_of::<MaglevChunk>() == 256);
+const _: () = assert!(std::mem::size_of::<CtKey>() == 40);
+const _: () = assert!(std::mem::size_of::<CtValue>() == 32);
 
-/// Default capacity of per-service maps (`HM_MAX_SERVICES`).
+/// Map capacities (`HM_MAX_*` in the header).
 pub const MAX_SERVICES: u32 = 16384;
+pub const MAX_BACKENDS: u32 = 65536;
+pub const MAX_MAGLEV_CHUNKS: u32 = 262144;
+pub const MAX_CONNTRACK: u32 = 131072;
+pub const MAX_REVERSE_SOCK: u32 = 131072;
 
 /// An address as the probes store it: IPv6, or IPv4-mapped.
 pub fn addr16(ip: IpAddr) -> [u8; 16] {
@@ -95,6 +177,13 @@ pub trait Pod: Copy + 'static {
 impl Pod for SvcKey {}
 impl Pod for SvcValue {}
 impl Pod for SvcStats {}
+impl Pod for HmConfig {}
+impl Pod for BackendValue {}
+impl Pod for MaglevKey {}
+impl Pod for MaglevChunk {}
+impl Pod for CtKey {}
+impl Pod for CtValue {}
+impl Pod for u32 {}
 
 #[cfg(test)]
 mod tests {

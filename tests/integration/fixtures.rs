@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
-use hm_testkit::{cli, Daemon, DaemonOptions, Netns, TempDir};
+use hm_testkit::{cli, Cgroup, Daemon, DaemonOptions, Netns, TempDir};
 use hostmesh::state::Status;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_hostmesh");
@@ -27,21 +27,38 @@ port = 443
 backends = ["192.168.10.21:8443"]
 "#;
 
-/// Fields drop in order: the daemon's dir (unmounting its bpffs, which
-/// releases its pins) before the namespace.
+/// A namespace with a daemon's dirs and a cgroup of its own for the
+/// connect-time programs (`00-daemon.toml` points there: tests never attach
+/// to the machine's cgroups). Fields drop in order: the daemon's dir
+/// (unmounting its bpffs, which releases pins and programs), the cgroup,
+/// then the namespace.
 pub struct Host {
     pub opts: DaemonOptions,
     /// Held for its Drop: removes the daemon's files and bpffs.
     _dir: TempDir,
+    pub cgroup: Cgroup,
     pub ns: Netns,
 }
 
 impl Host {
     pub fn new() -> Host {
+        Self::with_daemon_config("")
+    }
+
+    /// A host whose `[daemon]` section has these extra lines.
+    pub fn with_daemon_config(extra: &str) -> Host {
         let ns = Netns::new();
+        let cgroup = Cgroup::new();
         let dir = TempDir::new("hm-it");
         let opts = DaemonOptions::in_dir(BIN, &dir);
-        Host { opts, _dir: dir, ns }
+        let host = Host { opts, _dir: dir, cgroup, ns };
+        host.set_daemon_config(extra);
+        host
+    }
+
+    /// Rewrites `00-daemon.toml`: the test cgroup plus `extra` lines.
+    pub fn set_daemon_config(&self, extra: &str) {
+        self.write("00-daemon.toml", &format!("[daemon]\ncgroup = \"{}\"\n{extra}\n", self.cgroup.path().display()));
     }
 
     pub fn start(&self) -> Daemon {

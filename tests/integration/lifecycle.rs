@@ -23,7 +23,9 @@ fn ready_comes_after_the_first_sync_has_applied_the_config() {
     assert!(links.contains(&"hm-natin".to_string()) && links.contains(&"hm-natout".to_string()), "{links:?}");
     let msgs = d.notify.messages();
     let ready = msgs.iter().find(|m| m.contains("READY=1")).unwrap();
-    assert!(ready.lines().any(|l| l == "STATUS=1 service, 0 mesh redirects, 0 peers"), "{ready:?}");
+    // (This namespace has no default route, so the status also carries a
+    // warning about host interfaces.)
+    assert!(ready.lines().any(|l| l.starts_with("STATUS=1 service, 0 mesh redirects, 0 peers")), "{ready:?}");
 }
 
 #[test]
@@ -200,7 +202,7 @@ fn check_exits_zero_on_a_valid_dir_and_one_with_every_error_printed() {
     host.write("web.toml", WEB);
     let ok = host.hostmesh(&["check", "--config-dir", &dir]);
     assert_eq!(ok.status.code(), Some(0), "{}", String::from_utf8_lossy(&ok.stderr));
-    assert!(String::from_utf8_lossy(&ok.stdout).contains("1 file(s), 0 rejected; valid: 1 service(s)"));
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("2 file(s), 0 rejected; valid: 1 service(s)"));
 
     host.write("bad.toml", "[[service]]\nname = \"x\"\nvip = \"nope\"\nport = 0\n");
     host.write("z-dup.toml", "[[service]]\nname = \"web\"\nvip = \"10.96.0.99\"\nport = 1\n");

@@ -8,8 +8,7 @@ use crate::fixtures::*;
 
 #[test]
 fn the_periodic_resync_restores_a_deleted_route_and_a_reset_sysctl() {
-    let host = Host::new();
-    host.write("00-daemon.toml", "[daemon]\nresync_interval = \"1s\"\n");
+    let host = Host::with_daemon_config("resync_interval = \"1s\"");
     host.write("web.toml", WEB);
     let _d = host.start_ready();
     assert_eq!(host.ns.sysctl("net/ipv4/conf/hm-natout/accept_local").as_deref(), Some("1"));

@@ -36,7 +36,12 @@ impl FakeKernel {
     }
 
     pub fn backends(&self) -> Backends {
-        Backends { net: Box::new(self.clone()), sysctl: Box::new(self.clone()), bpf: Box::new(self.clone()) }
+        Backends {
+            host: Box::new(self.clone()),
+            net: Box::new(self.clone()),
+            sysctl: Box::new(self.clone()),
+            bpf: Box::new(self.clone()),
+        }
     }
 
     pub fn state(&self) -> std::sync::MutexGuard<'_, KernelState> {
@@ -60,8 +65,10 @@ fn missing(op: String, errno: i32) -> BackendError {
     BackendError::Netlink { op, source: io::Error::from_raw_os_error(errno) }
 }
 
+/// A link hostmesh made, or one of the host's (from the facts).
 fn link_exists(s: &KernelState, dev: &str) -> bool {
-    s.links.iter().any(|(name, spec)| name == dev || matches!(spec, LinkSpec::Veth { peer, .. } if peer == dev))
+    s.facts.interfaces.contains(dev)
+        || s.links.iter().any(|(name, spec)| name == dev || matches!(spec, LinkSpec::Veth { peer, .. } if peer == dev))
 }
 
 fn sysctl_dev(path: &str) -> Option<&str> {
@@ -69,11 +76,13 @@ fn sysctl_dev(path: &str) -> Option<&str> {
     rest.split('/').next()
 }
 
-impl NetBackend for FakeKernel {
+impl HostBackend for FakeKernel {
     fn facts(&mut self) -> Result<HostFacts> {
         Ok(self.state().facts.clone())
     }
+}
 
+impl NetBackend for FakeKernel {
     fn links(&mut self) -> Result<BTreeMap<String, LinkSpec>> {
         Ok(self.state().links.clone())
     }
@@ -111,8 +120,7 @@ impl NetBackend for FakeKernel {
         s.neighbours.retain(|k, _| !devs.contains(&k.dev));
         s.sysctls.retain(|p, _| !sysctl_dev(p).is_some_and(|d| devs.iter().any(|x| x == d)));
         for (a, status) in s.attachments.iter_mut() {
-            let Hook::TcIngress(dev) = &a.hook;
-            if devs.contains(dev) {
+            if a.device().is_some_and(|d| devs.iter().any(|x| x == d)) {
                 *status = AttachStatus::Defunct;
             }
         }
@@ -205,7 +213,7 @@ impl BpfBackend for FakeKernel {
 
     fn attach(&mut self, a: &Attachment) -> Result<()> {
         let mut s = self.mutate(format!("attach {}", a.pin_name()))?;
-        if !link_exists(&s, hook_dev(a)) {
+        if a.device().is_some_and(|d| !link_exists(&s, d)) {
             return Err(BackendError::Bpf { op: format!("attach {a}"), detail: "no such device".into() });
         }
         s.attachments.insert(a.clone(), AttachStatus::Current);
@@ -216,10 +224,8 @@ impl BpfBackend for FakeKernel {
         self.mutate(format!("detach {}", a.pin_name()))?.attachments.remove(a);
         Ok(())
     }
-}
 
-fn hook_dev(a: &Attachment) -> &str {
-    match &a.hook {
-        Hook::TcIngress(dev) => dev,
+    fn expire_flows(&mut self) -> Result<usize> {
+        Ok(0)
     }
 }

@@ -11,6 +11,7 @@
 
 pub mod bpf;
 pub mod fake;
+pub mod host;
 pub mod netlink;
 pub mod sysctl;
 
@@ -42,8 +43,11 @@ pub type Result<T> = std::result::Result<T, BackendError>;
 /// Owned link names start with this.
 pub const LINK_PREFIX: &str = "hm-";
 
-pub trait NetBackend {
+pub trait HostBackend {
     fn facts(&mut self) -> Result<HostFacts>;
+}
+
+pub trait NetBackend {
     fn links(&mut self) -> Result<BTreeMap<String, LinkSpec>>;
     fn create_link(&mut self, name: &str, spec: &LinkSpec) -> Result<()>;
     fn set_link_up(&mut self, name: &str) -> Result<()>;
@@ -72,10 +76,14 @@ pub trait BpfBackend {
     /// Attaches, or atomically replaces what is attached at the hook.
     fn attach(&mut self, attachment: &Attachment) -> Result<()>;
     fn detach(&mut self, attachment: &Attachment) -> Result<()>;
+    /// Removes flows idle past their timeout from the conntrack map;
+    /// returns how many. (The map is bounded anyway; this keeps it lean.)
+    fn expire_flows(&mut self) -> Result<usize>;
 }
 
 /// The three backends together, as the reconciler uses them.
 pub struct Backends {
+    pub host: Box<dyn HostBackend + Send>,
     pub net: Box<dyn NetBackend + Send>,
     pub sysctl: Box<dyn SysctlBackend + Send>,
     pub bpf: Box<dyn BpfBackend + Send>,

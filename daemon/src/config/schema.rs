@@ -33,6 +33,11 @@ pub struct RawDaemon {
     pub mesh_backend: Option<S<String>>,
     /// hostmesh extension: how often kernel state is re-read and repaired.
     pub resync_interval: Option<S<String>>,
+    /// hostmesh extension: default Maglev table size (prime).
+    pub maglev_table_size: Option<S<i64>>,
+    /// hostmesh extension: idle timeouts of flows on the bpfnat veth path.
+    pub conntrack_tcp_timeout: Option<S<String>>,
+    pub conntrack_udp_timeout: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -48,6 +53,8 @@ pub struct RawService {
     pub health_check: Option<S<toml::Table>>,
     pub affinity: Option<S<String>>,
     pub affinity_timeout: Option<S<String>>,
+    /// hostmesh extension: this service's Maglev table size (prime).
+    pub maglev_table_size: Option<S<i64>>,
 }
 
 /// A backend is either `"ip:port"` or `{ address = "ip:port", weight = N }`.

@@ -58,6 +58,8 @@ pub enum MeshBackend {
 }
 
 pub const DEFAULT_RESYNC_INTERVAL: Duration = Duration::from_secs(30);
+pub const DEFAULT_CONNTRACK_TCP_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+pub const DEFAULT_CONNTRACK_UDP_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DaemonSettings {
@@ -68,6 +70,10 @@ pub struct DaemonSettings {
     pub cgroup: Option<PathBuf>,
     pub mesh_backend: MeshBackend,
     pub resync_interval: Duration,
+    /// Maglev table size for services that do not set their own.
+    pub maglev_table_size: u32,
+    pub conntrack_tcp_timeout: Duration,
+    pub conntrack_udp_timeout: Duration,
     pub origin: Option<Origin>,
 }
 
@@ -79,6 +85,9 @@ impl Default for DaemonSettings {
             cgroup: None,
             mesh_backend: MeshBackend::default(),
             resync_interval: DEFAULT_RESYNC_INTERVAL,
+            maglev_table_size: crate::model::maglev::DEFAULT_TABLE_SIZE,
+            conntrack_tcp_timeout: DEFAULT_CONNTRACK_TCP_TIMEOUT,
+            conntrack_udp_timeout: DEFAULT_CONNTRACK_UDP_TIMEOUT,
             origin: None,
         }
     }
@@ -97,6 +106,8 @@ pub struct Service {
     pub port: u16,
     pub protocol: Protocol,
     pub backends: Vec<Backend>,
+    /// `None`: `[daemon] maglev_table_size`.
+    pub maglev_table_size: Option<u32>,
     pub origin: Origin,
 }
 

@@ -13,6 +13,7 @@ use super::duration::parse_duration;
 use super::error::{ConfigError, Origin, Source};
 use super::schema::*;
 use super::types::*;
+use crate::model::maglev::{is_prime, MAX_TABLE_SIZE, MIN_TABLE_SIZE};
 
 pub const MAX_NAME_LEN: usize = 63;
 pub const MAX_WEIGHT: i64 = 1000;
@@ -130,7 +131,42 @@ impl Check<'_, '_> {
                 Err(e) => self.fail(&v.span(), "resync_interval", format!("{ctx}: resync_interval {e}")),
             }
         }
+        if let Some(v) = d.maglev_table_size {
+            if let Some(n) = self.table_size(ctx, &v) {
+                out.maglev_table_size = n;
+            }
+        }
+        for (key, value, slot) in [
+            ("conntrack_tcp_timeout", d.conntrack_tcp_timeout, &mut out.conntrack_tcp_timeout),
+            ("conntrack_udp_timeout", d.conntrack_udp_timeout, &mut out.conntrack_udp_timeout),
+        ] {
+            let Some(v) = value else { continue };
+            match parse_duration(v.get_ref()) {
+                Ok(d) if d.as_secs() >= 1 && d.as_secs() <= u64::from(u32::MAX) => *slot = d,
+                Ok(_) => self.fail(
+                    &v.span(),
+                    key,
+                    format!("{ctx}: {key} \"{}\" is out of range; use 1s to 136y", v.get_ref()),
+                ),
+                Err(e) => self.fail(&v.span(), key, format!("{ctx}: {key} {e}")),
+            }
+        }
         out
+    }
+
+    fn table_size(&mut self, ctx: &str, v: &toml::Spanned<i64>) -> Option<u32> {
+        let n = *v.get_ref();
+        let (min, max) = (i64::from(MIN_TABLE_SIZE), i64::from(MAX_TABLE_SIZE));
+        if (min..=max).contains(&n) && is_prime(n as u32) {
+            Some(n as u32)
+        } else {
+            self.fail(
+                &v.span(),
+                "maglev_table_size",
+                format!("{ctx}: maglev_table_size {n} must be a prime number from {min} to {max} (for example 251, 1021 or 4093)"),
+            );
+            None
+        }
     }
 
     fn service(&mut self, s: RawService) -> Option<Service> {
@@ -166,6 +202,7 @@ impl Check<'_, '_> {
                 );
             }
         }
+        let maglev_table_size = s.maglev_table_size.as_ref().and_then(|v| self.table_size(&ctx, v));
         if self.errors.len() > before {
             return None;
         }
@@ -175,6 +212,7 @@ impl Check<'_, '_> {
             port: port?,
             protocol: protocol?,
             backends,
+            maglev_table_size,
             origin: Origin::at(self.src, &s.name.span()),
         })
     }

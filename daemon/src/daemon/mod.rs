@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use slog::{error, info, warn, Logger};
 
 use crate::backends::bpf::PinnedBpf;
+use crate::backends::host::LiveHost;
 use crate::backends::netlink::Rtnetlink;
 use crate::backends::sysctl::ProcSys;
 use crate::backends::Backends;
@@ -76,6 +77,7 @@ pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
     let originals = SysctlOriginals::load(&paths.state_dir)
         .map_err(|source| RunError::Originals { dir: paths.state_dir.display().to_string(), source })?;
     let backends = Backends {
+        host: Box::new(LiveHost::new(&paths.state_dir).map_err(RunError::Netlink)?),
         net: Box::new(Rtnetlink::open().map_err(RunError::Netlink)?),
         sysctl: Box::new(ProcSys::new()),
         bpf: Box::new(PinnedBpf::new(&paths.bpffs)),
@@ -121,6 +123,7 @@ impl Daemon {
             let now = Instant::now();
             if now >= next_full {
                 let ok = self.sync(true);
+                self.expire_flows();
                 next_full = Instant::now() + if ok { self.resync_interval() } else { RETRY_AFTER_FAILURE };
                 pending_incremental = false;
                 continue;
@@ -186,6 +189,15 @@ impl Daemon {
                 Ok(_) => {}
                 Err(RecvTimeoutError::Timeout) => return settled,
             }
+        }
+    }
+
+    /// Conntrack housekeeping, done with every full resync.
+    fn expire_flows(&mut self) {
+        match self.reconciler.expire_flows() {
+            Ok(0) => {}
+            Ok(n) => slog::debug!(self.log, "expired idle flows"; "flows" => n),
+            Err(e) => warn!(self.log, "cannot expire idle flows"; "error" => e.to_string()),
         }
     }
 

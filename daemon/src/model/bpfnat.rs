@@ -1,17 +1,16 @@
 //! The bpfnat veth path for `[[service]]` VIPs (DESIGN.md, Service IPs):
 //! the `hm-natin`/`hm-natout` pair, one host route per VIP via a link-local
 //! gateway on `hm-natin`, a permanent neighbour for that gateway, the RPF
-//! sysctls, the service map, and the TC program on `hm-natout`.
+//! and forwarding sysctls, the NAT program on `hm-natout` and the reply
+//! program on host interfaces and lo. The service maps both paths read are
+//! `services.rs`.
 
-use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 
-use crate::abi::{Pod, SvcKey, SvcValue, MAX_SERVICES};
 use crate::config::{Config, CtlbMode};
 
-use super::ids::{self, ServiceIds};
 use super::state::*;
 use super::HostFacts;
 
@@ -26,23 +25,11 @@ pub const GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1);
 
 const OWNER: &str = "bpfnat";
 
-pub fn compile(config: &Config, facts: &HostFacts, prior: &ServiceIds, out: &mut Desired) {
+pub fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
+    // With connect-time LB for every protocol, nothing needs the veth.
     if config.services.is_empty() || config.daemon.connect_time_lb == CtlbMode::All {
         return;
     }
-
-    let keys: BTreeSet<SvcKey> =
-        config.services.iter().map(|s| SvcKey::new(s.vip, s.port, s.protocol.number())).collect();
-    let ids = match ids::assign(&keys, prior, MAX_SERVICES) {
-        Ok(ids) => ids,
-        Err(cap) => {
-            out.warnings.push(format!(
-                "{} services are configured but the service map holds {cap}; no service is applied",
-                keys.len()
-            ));
-            return;
-        }
-    };
 
     want(
         &mut out.links,
@@ -51,20 +38,26 @@ pub fn compile(config: &Config, facts: &HostFacts, prior: &ServiceIds, out: &mut
         OWNER,
     );
 
+    let host = host_interfaces(config, facts, &mut out.warnings);
+    let any_v6 = config.services.iter().any(|s| s.vip.is_ipv6());
+    // RPF: packets cross the veth with a host source address, and replies
+    // come back to a VIP routed elsewhere; accept_local lets hm-natout take
+    // host-sourced packets; forwarding on hm-natout is what bpf_fib_lookup
+    // checks before it forwards.
     let mut sysctls = vec![("net/ipv4/conf/all/rp_filter".to_string(), "0")];
     for dev in [NATIN, NATOUT] {
         sysctls.push((format!("net/ipv4/conf/{dev}/rp_filter"), "0"));
         sysctls.push((format!("net/ipv4/conf/{dev}/accept_local"), "1"));
     }
-    for dev in host_interfaces(config, facts, &mut out.warnings) {
+    sysctls.push((format!("net/ipv4/conf/{NATOUT}/forwarding"), "1"));
+    for dev in &host {
         sysctls.push((format!("net/ipv4/conf/{dev}/rp_filter"), "0"));
     }
-
-    let any_v6 = config.services.iter().any(|s| s.vip.is_ipv6());
     if any_v6 {
         for dev in [NATIN, NATOUT] {
             sysctls.push((format!("net/ipv6/conf/{dev}/disable_ipv6"), "0"));
         }
+        sysctls.push((format!("net/ipv6/conf/{NATOUT}/forwarding"), "1"));
     }
     for (path, value) in sysctls {
         want(&mut out.sysctls, path, value.to_string(), OWNER);
@@ -77,21 +70,12 @@ pub fn compile(config: &Config, facts: &HostFacts, prior: &ServiceIds, out: &mut
     }
 
     for svc in &config.services {
-        let owner = format!("service/{}", svc.name);
-        let key = SvcKey::new(svc.vip, svc.port, svc.protocol.number());
-        let value = SvcValue { id: ids[&key], backend_count: svc.backends.len() as u32, flags: 0, pad: 0 };
-        want(
-            &mut out.map_entries,
-            MapEntryKey { map: BpfMap::Services, key: key.to_bytes() },
-            value.to_bytes(),
-            &owner,
-        );
         let gateway = if svc.vip.is_ipv4() { IpAddr::V4(GATEWAY_V4) } else { IpAddr::V6(GATEWAY_V6) };
         want(
             &mut out.routes,
             RouteKey { table: RT_TABLE_MAIN, dst: IpNet::from(svc.vip) },
             RouteSpec::Via { gateway, dev: NATIN.to_string(), mtu: None },
-            &owner,
+            &format!("service/{}", svc.name),
         );
     }
 
@@ -101,6 +85,22 @@ pub fn compile(config: &Config, facts: &HostFacts, prior: &ServiceIds, out: &mut
         (),
         OWNER,
     );
+    // Replies come back on host interfaces, or on lo from local backends.
+    if host.is_empty() {
+        out.warnings.push(
+            "no host interface (no default route, none configured): replies from remote backends on the bpfnat veth \
+             path will not be translated; set [daemon] host_interfaces"
+                .to_string(),
+        );
+    }
+    for dev in host.iter().map(String::as_str).chain(["lo"]) {
+        want(
+            &mut out.attachments,
+            Attachment { program: Program::Reply, hook: Hook::TcIngress(dev.to_string()) },
+            (),
+            OWNER,
+        );
+    }
 }
 
 /// `[daemon] host_interfaces`, or the interfaces holding a default route;

@@ -1,23 +1,66 @@
-//! Stable service ids. A service's id indexes the per-service BPF arrays,
-//! so it must not move when other services come and go: ids in use are
-//! kept, new services get the lowest free id.
+//! Stable ids. A service's id indexes the per-service BPF maps and a
+//! backend's id is what Maglev tables hold, so neither may move when other
+//! services or backends come and go: ids in use are kept, new ones get the
+//! lowest free id. The ids in use are read back from the kernel (or the
+//! last sync), so they survive daemon restarts.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 
-use crate::abi::{Pod, SvcKey, SvcValue};
+use crate::abi::{ip_from16, BackendValue, Pod, SvcKey, SvcValue};
 
 use super::state::{BpfMap, MapEntryKey};
 
 pub type ServiceIds = BTreeMap<SvcKey, u32>;
+pub type BackendIds = BTreeMap<SocketAddr, u32>;
 
-/// Assigns ids to `keys`, keeping those in `prior`.
-pub fn assign(keys: &BTreeSet<SvcKey>, prior: &ServiceIds, capacity: u32) -> Result<ServiceIds, u32> {
-    let mut out = ServiceIds::new();
+/// The ids the kernel holds now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Prior {
+    pub services: ServiceIds,
+    pub backends: BackendIds,
+}
+
+impl Prior {
+    /// Reads ids from `HM_SERVICES` and `HM_BACKENDS` entries (observed, or
+    /// desired by the last sync).
+    pub fn from_entries<'a, V: 'a + AsRef<[u8]>>(entries: impl IntoIterator<Item = (&'a MapEntryKey, &'a V)>) -> Prior {
+        let mut prior = Prior::default();
+        for (k, v) in entries {
+            match k.map {
+                BpfMap::Services => {
+                    if let (Some(key), Some(value)) = (SvcKey::from_bytes(&k.key), SvcValue::from_bytes(v.as_ref())) {
+                        prior.services.insert(key, value.id);
+                    }
+                }
+                BpfMap::Backends => {
+                    if let (Some(id), Some(b)) = (u32::from_bytes(&k.key), BackendValue::from_bytes(v.as_ref())) {
+                        prior.backends.insert(SocketAddr::new(ip_from16(b.addr), u16::from_be(b.port_be)), id);
+                    }
+                }
+                _ => {}
+            }
+        }
+        prior
+    }
+}
+
+/// Assigns ids below `capacity` to `keys`, keeping those in `prior`.
+/// Fails with the capacity when there are more keys than ids.
+pub fn assign<K: Ord + Clone>(
+    keys: &BTreeSet<K>,
+    prior: &BTreeMap<K, u32>,
+    capacity: u32,
+) -> Result<BTreeMap<K, u32>, u32> {
+    if keys.len() as u64 > u64::from(capacity) {
+        return Err(capacity);
+    }
+    let mut out = BTreeMap::new();
     let mut used = BTreeSet::new();
     for k in keys {
         if let Some(&id) = prior.get(k) {
             if id < capacity && used.insert(id) {
-                out.insert(*k, id);
+                out.insert(k.clone(), id);
             }
         }
     }
@@ -29,24 +72,10 @@ pub fn assign(keys: &BTreeSet<SvcKey>, prior: &ServiceIds, capacity: u32) -> Res
         while used.contains(&next) {
             next += 1;
         }
-        if next >= capacity {
-            return Err(capacity);
-        }
         used.insert(next);
-        out.insert(*k, next);
+        out.insert(k.clone(), next);
     }
     Ok(out)
-}
-
-/// The ids recorded in `HM_SERVICES` entries (observed or desired).
-pub fn from_entries<'a, V: 'a + AsRef<[u8]>>(
-    entries: impl IntoIterator<Item = (&'a MapEntryKey, &'a V)>,
-) -> ServiceIds {
-    entries
-        .into_iter()
-        .filter(|(k, _)| k.map == BpfMap::Services)
-        .filter_map(|(k, v)| Some((SvcKey::from_bytes(&k.key)?, SvcValue::from_bytes(v.as_ref())?.id)))
-        .collect()
 }
 
 #[cfg(test)]

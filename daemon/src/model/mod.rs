@@ -4,12 +4,14 @@
 
 mod bpfnat;
 pub mod ids;
+pub mod maglev;
+mod services;
 mod state;
 
 use std::collections::BTreeSet;
 
 pub use bpfnat::{GATEWAY_V4, GATEWAY_V6, NATIN, NATIN_MAC, NATOUT, NATOUT_MAC};
-pub use ids::ServiceIds;
+pub use ids::{Prior, ServiceIds};
 pub use state::*;
 
 use crate::config::Config;
@@ -21,12 +23,19 @@ pub struct HostFacts {
     pub interfaces: BTreeSet<String>,
     /// Interfaces holding a default route (IPv4 or IPv6).
     pub default_route_interfaces: Vec<String>,
+    /// The daemon's network namespace (SO_NETNS_COOKIE): connect-time
+    /// programs act only there.
+    pub netns_cookie: u64,
+    /// Where cgroup2 is mounted: the default attach point of the
+    /// connect-time programs.
+    pub cgroup2_root: Option<std::path::PathBuf>,
 }
 
-/// Config -> the kernel state it needs. `prior` keeps service ids stable.
-pub fn compile(config: &Config, facts: &HostFacts, prior: &ServiceIds) -> Desired {
+/// Config -> the kernel state it needs. `prior` keeps ids stable.
+pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior) -> Desired {
     let mut out = Desired::default();
-    bpfnat::compile(config, facts, prior, &mut out);
+    services::compile(config, facts, prior, &mut out);
+    bpfnat::compile(config, facts, &mut out);
     note_unimplemented(config, &mut out.warnings);
     out
 }

@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
+use std::path::PathBuf;
 
 use ipnet::IpNet;
 use serde::Serialize;
@@ -67,17 +68,27 @@ pub enum RouteSpec {
 
 /// The BPF maps whose contents are configuration (reconciled). Runtime
 /// maps (counters, conntrack) are not listed: the probes own those.
+///
+/// The order is the order entries are written in: what an entry refers to
+/// (a backend, a Maglev chunk) exists before the entry that refers to it
+/// (the service); deletions go the other way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub enum BpfMap {
+    Config,
+    Backends,
+    Maglev,
     Services,
 }
 
 impl BpfMap {
-    pub const ALL: [BpfMap; 1] = [BpfMap::Services];
+    pub const ALL: [BpfMap; 4] = [BpfMap::Config, BpfMap::Backends, BpfMap::Maglev, BpfMap::Services];
 
-    /// The map's name in the probe object, which is also its pin name.
+    /// The map's name in the probe objects, which is also its pin name.
     pub fn name(self) -> &'static str {
         match self {
+            BpfMap::Config => "HM_CONFIG",
+            BpfMap::Backends => "HM_BACKENDS",
+            BpfMap::Maglev => "HM_MAGLEV",
             BpfMap::Services => "HM_SERVICES",
         }
     }
@@ -94,14 +105,56 @@ pub struct MapEntryKey {
 pub enum Program {
     /// TC ingress on hm-natout: service NAT for the bpfnat veth path.
     NatOut,
+    /// TC ingress on host interfaces and lo: reverse NAT of replies.
+    Reply,
+    Connect4,
+    Connect6,
+    Sendmsg4,
+    Sendmsg6,
+    Recvmsg4,
+    Recvmsg6,
+    Getpeername4,
+    Getpeername6,
 }
 
 impl Program {
-    pub const ALL: [Program; 1] = [Program::NatOut];
+    pub const ALL: [Program; 10] = [
+        Program::NatOut,
+        Program::Reply,
+        Program::Connect4,
+        Program::Connect6,
+        Program::Sendmsg4,
+        Program::Sendmsg6,
+        Program::Recvmsg4,
+        Program::Recvmsg6,
+        Program::Getpeername4,
+        Program::Getpeername6,
+    ];
+
+    /// The connect-time programs, attached together to one cgroup.
+    pub const CONNECT_TIME: [Program; 8] = [
+        Program::Connect4,
+        Program::Connect6,
+        Program::Sendmsg4,
+        Program::Sendmsg6,
+        Program::Recvmsg4,
+        Program::Recvmsg6,
+        Program::Getpeername4,
+        Program::Getpeername6,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Program::NatOut => "hm_natout",
+            Program::Reply => "hm_reply",
+            Program::Connect4 => "hm_connect4",
+            Program::Connect6 => "hm_connect6",
+            Program::Sendmsg4 => "hm_sendmsg4",
+            Program::Sendmsg6 => "hm_sendmsg6",
+            Program::Recvmsg4 => "hm_recvmsg4",
+            Program::Recvmsg6 => "hm_recvmsg6",
+            Program::Getpeername4 => "hm_getpeername4",
+            Program::Getpeername6 => "hm_getpeername6",
         }
     }
 
@@ -113,7 +166,10 @@ impl Program {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(tag = "kind", content = "target", rename_all = "snake_case")]
 pub enum Hook {
+    /// TC ingress of an interface (TCX).
     TcIngress(String),
+    /// A cgroup v2 dir, for the program's own attach type.
+    Cgroup(PathBuf),
 }
 
 /// A program attached at a hook.
@@ -123,22 +179,42 @@ pub struct Attachment {
     pub hook: Hook,
 }
 
+/// '/' cannot appear in a pin name: paths are percent-escaped.
+fn escape(path: &std::path::Path) -> String {
+    path.to_string_lossy().replace('%', "%25").replace('/', "%2F")
+}
+
+fn unescape(s: &str) -> PathBuf {
+    PathBuf::from(s.replace("%2F", "/").replace("%25", "%"))
+}
+
 impl Attachment {
-    /// A file name for the pinned link: `hm_natout@tc-ingress@hm-natout`.
+    /// A file name for the pinned link: `hm_natout@tc-ingress@hm-natout`,
+    /// `hm_connect4@cgroup@%2Fsys%2Ffs%2Fcgroup`.
     pub fn pin_name(&self) -> String {
         match &self.hook {
             Hook::TcIngress(dev) => format!("{}@tc-ingress@{dev}", self.program.name()),
+            Hook::Cgroup(path) => format!("{}@cgroup@{}", self.program.name(), escape(path)),
         }
     }
 
     pub fn from_pin_name(name: &str) -> Option<Attachment> {
-        let mut parts = name.split('@');
+        let mut parts = name.splitn(3, '@');
         let program = Program::from_name(parts.next()?)?;
         let hook = match (parts.next()?, parts.next()?) {
-            ("tc-ingress", dev) if !dev.is_empty() => Hook::TcIngress(dev.to_string()),
+            ("tc-ingress", dev) if !dev.is_empty() && !dev.contains('@') => Hook::TcIngress(dev.to_string()),
+            ("cgroup", path) if path.starts_with("%2F") => Hook::Cgroup(unescape(path)),
             _ => return None,
         };
-        parts.next().is_none().then_some(Attachment { program, hook })
+        Some(Attachment { program, hook })
+    }
+
+    /// The interface a TC attachment depends on.
+    pub fn device(&self) -> Option<&str> {
+        match &self.hook {
+            Hook::TcIngress(dev) => Some(dev),
+            Hook::Cgroup(_) => None,
+        }
     }
 }
 
@@ -146,6 +222,7 @@ impl fmt::Display for Attachment {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.hook {
             Hook::TcIngress(dev) => write!(f, "{} on tc ingress of {dev}", self.program.name()),
+            Hook::Cgroup(path) => write!(f, "{} on cgroup {}", self.program.name(), path.display()),
         }
     }
 }
@@ -200,23 +277,6 @@ impl Desired {
             attachments: self.attachments.keys().map(|a| (a.clone(), AttachStatus::Current)).collect(),
             routes: specs(&self.routes),
         }
-    }
-
-    pub fn owners_of_all(&self) -> Owners {
-        let mut all = Owners::new();
-        for o in self
-            .links
-            .values()
-            .map(|o| &o.owners)
-            .chain(self.sysctls.values().map(|o| &o.owners))
-            .chain(self.neighbours.values().map(|o| &o.owners))
-            .chain(self.map_entries.values().map(|o| &o.owners))
-            .chain(self.attachments.values().map(|o| &o.owners))
-            .chain(self.routes.values().map(|o| &o.owners))
-        {
-            all.extend(o.iter().cloned());
-        }
-        all
     }
 }
 

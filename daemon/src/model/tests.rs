@@ -1,9 +1,10 @@
 //! compile: Config -> Desired, without root.
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use super::*;
-use crate::abi::{Pod, SvcKey, SvcValue};
+use crate::abi::{self, BackendValue, HmConfig, MaglevChunk, MaglevKey, Pod, SvcKey, SvcValue};
 use crate::config::{parse_file, Config, Source};
 
 fn config(text: &str) -> Config {
@@ -22,7 +23,21 @@ fn facts() -> HostFacts {
     HostFacts {
         interfaces: ["lo", "eth0", "eth1"].map(String::from).into(),
         default_route_interfaces: vec!["eth0".into()],
+        netns_cookie: 4242,
+        cgroup2_root: Some(PathBuf::from("/sys/fs/cgroup")),
     }
+}
+
+fn compile_new(c: &Config) -> Desired {
+    compile(c, &facts(), &Prior::default())
+}
+
+fn entries(d: &Desired, map: BpfMap) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    d.map_entries.iter().filter(|(k, _)| k.map == map).map(|(k, v)| (k.key.clone(), v.spec.clone())).collect()
+}
+
+fn attached(d: &Desired) -> Vec<String> {
+    d.attachments.keys().map(|a| a.pin_name()).collect()
 }
 
 const TWO: &str = r#"
@@ -30,7 +45,7 @@ const TWO: &str = r#"
 name = "web"
 vip = "10.96.0.10"
 port = 80
-backends = ["192.168.10.11:8080", "192.168.10.12:8080"]
+backends = ["192.168.10.11:8080", { address = "192.168.10.12:8080", weight = 2 }]
 
 [[service]]
 name = "dns"
@@ -40,18 +55,112 @@ protocol = "udp"
 backends = ["192.168.10.11:53"]
 "#;
 
+fn mode(m: &str) -> Config {
+    config(&format!("[daemon]\nconnect_time_lb = \"{m}\"\n{TWO}"))
+}
+
 #[test]
 fn no_services_no_state() {
-    let d = compile(&Config::default(), &facts(), &ServiceIds::new());
-    assert_eq!(d, Desired::default());
+    assert_eq!(compile_new(&Config::default()), Desired::default());
+}
+
+#[test]
+fn services_fill_the_service_maps() {
+    let d = compile_new(&config(TWO));
+
+    let cfg = HmConfig::from_bytes(&entries(&d, BpfMap::Config)[&0u32.to_bytes()]).unwrap();
+    assert_eq!(cfg.netns_cookie, 4242);
+    assert_eq!(cfg.flags, abi::CFG_CTLB_TCP, "the default mode hands TCP to connect-time LB");
+    assert_eq!((cfg.tcp_timeout_s, cfg.udp_timeout_s), (86_400, 60));
+
+    let services = entries(&d, BpfMap::Services);
+    let web = SvcValue::from_bytes(&services[&SvcKey::new("10.96.0.10".parse().unwrap(), 80, 6).to_bytes()]).unwrap();
+    assert_eq!((web.backend_count, web.table_size), (2, maglev::DEFAULT_TABLE_SIZE));
+
+    // Three backend entries for three distinct addresses... two here: .11:8080,
+    // .12:8080 and .11:53.
+    let backends: Vec<BackendValue> =
+        entries(&d, BpfMap::Backends).values().map(|v| BackendValue::from_bytes(v).unwrap()).collect();
+    assert_eq!(backends.len(), 3);
+
+    // web's Maglev table: 16 chunks of 64 for 1021 slots, in a 1:2 split.
+    let chunks: Vec<MaglevChunk> = entries(&d, BpfMap::Maglev)
+        .iter()
+        .filter(|(k, _)| MaglevKey::from_bytes(k).unwrap().svc_id == web.id)
+        .map(|(_, v)| MaglevChunk::from_bytes(v).unwrap())
+        .collect();
+    assert_eq!(chunks.len(), 16);
+    let slots: Vec<u32> = chunks.iter().flat_map(|c| c.backend).take(1021).collect();
+    let ids = ids::Prior::from_entries(d.map_entries.iter().map(|(k, v)| (k, &v.spec))).backends;
+    let b12 = ids[&"192.168.10.12:8080".parse().unwrap()];
+    let share = slots.iter().filter(|&&b| b == b12).count() as f64 / 1021.0;
+    assert!((share - 2.0 / 3.0).abs() < 0.01, "weight 2 of 3: {share}");
+
+    // Every entry is owned by its service (the config by "services").
+    let owners: Vec<&str> = d.map_entries.values().flat_map(|v| v.owners.iter().map(String::as_str)).collect();
+    assert!(owners.contains(&"service/web") && owners.contains(&"service/dns") && owners.contains(&"services"));
+}
+
+#[test]
+fn a_service_without_backends_refuses() {
+    let d = compile_new(&config("[[service]]\nname = \"x\"\nvip = \"10.0.0.1\"\nport = 1\n"));
+    let v = SvcValue::from_bytes(entries(&d, BpfMap::Services).values().next().unwrap()).unwrap();
+    assert_eq!(v.backend_count, 0);
+    assert!(entries(&d, BpfMap::Maglev).is_empty());
+}
+
+#[test]
+fn the_table_size_is_configurable_per_service_and_by_default() {
+    let d = compile_new(&config(
+        "[daemon]\nmaglev_table_size = 251\n[[service]]\nname = \"a\"\nvip = \"10.0.0.1\"\nport = 1\nbackends = [\"10.1.0.1:1\"]\n\
+         [[service]]\nname = \"b\"\nvip = \"10.0.0.2\"\nport = 1\nbackends = [\"10.1.0.1:1\"]\nmaglev_table_size = 4093\n",
+    ));
+    let sizes: Vec<u32> =
+        entries(&d, BpfMap::Services).values().map(|v| SvcValue::from_bytes(v).unwrap().table_size).collect();
+    assert_eq!(sizes, [251, 4093]);
+    assert_eq!(entries(&d, BpfMap::Maglev).len(), 4 + 64, "251 slots in 4 chunks, 4093 in 64");
+}
+
+#[test]
+fn mode_tcp_has_connect_time_programs_and_the_veth() {
+    let d = compile_new(&mode("tcp"));
+    let pins = attached(&d);
+    assert_eq!(pins.iter().filter(|p| p.contains("@cgroup@%2Fsys%2Ffs%2Fcgroup")).count(), 8, "{pins:?}");
+    assert!(pins.contains(&"hm_natout@tc-ingress@hm-natout".to_string()));
+    assert!(pins.contains(&"hm_reply@tc-ingress@eth0".to_string()));
+    assert!(pins.contains(&"hm_reply@tc-ingress@lo".to_string()), "local backends reply over lo");
+    assert!(d.links.contains_key(NATIN));
+}
+
+#[test]
+fn mode_all_needs_no_veth_and_off_no_connect_time_programs() {
+    let all = compile_new(&mode("all"));
+    assert!(all.links.is_empty() && all.routes.is_empty() && all.sysctls.is_empty());
+    assert_eq!(attached(&all).len(), 8);
+    let cfg = HmConfig::from_bytes(&entries(&all, BpfMap::Config)[&0u32.to_bytes()]).unwrap();
+    assert_eq!(cfg.flags, abi::CFG_CTLB_TCP | abi::CFG_CTLB_UDP);
+
+    let off = compile_new(&mode("off"));
+    assert!(attached(&off).iter().all(|p| p.contains("@tc-ingress@")));
+    assert_eq!(HmConfig::from_bytes(&entries(&off, BpfMap::Config)[&0u32.to_bytes()]).unwrap().flags, 0);
+    assert_eq!(off.routes.len(), 1);
+}
+
+#[test]
+fn the_connect_time_cgroup_is_configurable() {
+    let d = compile_new(&config(&format!("[daemon]\ncgroup = \"/sys/fs/cgroup/vms\"\n{TWO}")));
+    assert!(attached(&d).iter().any(|p| p == "hm_connect4@cgroup@%2Fsys%2Ffs%2Fcgroup%2Fvms"));
+    let no_cgroup = compile(&config(TWO), &HostFacts { cgroup2_root: None, ..facts() }, &Prior::default());
+    assert!(no_cgroup.warnings.iter().any(|w| w.starts_with("no cgroup2 mount found")), "{:?}", no_cgroup.warnings);
 }
 
 #[test]
 fn services_compile_to_the_bpfnat_veth() {
-    let d = compile(&config(TWO), &facts(), &ServiceIds::new());
-
-    let veth = &d.links[NATIN];
-    assert_eq!(veth.spec, LinkSpec::Veth { peer: NATOUT.into(), mac: NATIN_MAC, peer_mac: NATOUT_MAC, up: true });
+    let d = compile_new(&config(TWO));
+    assert_eq!(
+        d.links[NATIN].spec,
+        LinkSpec::Veth { peer: NATOUT.into(), mac: NATIN_MAC, peer_mac: NATOUT_MAC, up: true }
+    );
 
     // One route per VIP, owned by every service on it.
     assert_eq!(d.routes.len(), 1);
@@ -60,14 +169,11 @@ fn services_compile_to_the_bpfnat_veth() {
     assert_eq!(route.spec, RouteSpec::Via { gateway: GATEWAY_V4.into(), dev: NATIN.into(), mtu: None });
     assert_eq!(route.owners, ["service/dns", "service/web"].map(String::from).into());
 
-    // The gateway's neighbour points at hm-natout's fixed MAC.
-    assert_eq!(d.neighbours.len(), 1);
     assert_eq!(
         d.neighbours[&NeighKey { dev: NATIN.into(), ip: GATEWAY_V4.into() }].spec,
         NeighSpec { lladdr: NATOUT_MAC }
     );
 
-    // RPF sysctls: all, both veth ends, the default-route interface.
     let sysctls: Vec<(&str, &str)> = d.sysctls.iter().map(|(k, v)| (k.as_str(), v.spec.as_str())).collect();
     assert_eq!(
         sysctls,
@@ -77,63 +183,39 @@ fn services_compile_to_the_bpfnat_veth() {
             ("net/ipv4/conf/hm-natin/accept_local", "1"),
             ("net/ipv4/conf/hm-natin/rp_filter", "0"),
             ("net/ipv4/conf/hm-natout/accept_local", "1"),
+            ("net/ipv4/conf/hm-natout/forwarding", "1"),
             ("net/ipv4/conf/hm-natout/rp_filter", "0"),
         ]
-    );
-
-    // One service map entry per (VIP, port, protocol).
-    assert_eq!(d.map_entries.len(), 2);
-    let web = SvcKey::new("10.96.0.10".parse().unwrap(), 80, 6);
-    let entry = &d.map_entries[&MapEntryKey { map: BpfMap::Services, key: web.to_bytes() }];
-    let value = SvcValue::from_bytes(&entry.spec).unwrap();
-    assert_eq!(value.backend_count, 2);
-    assert_eq!(entry.owners, ["service/web".to_string()].into());
-
-    assert_eq!(
-        d.attachments.keys().collect::<Vec<_>>(),
-        [&Attachment { program: Program::NatOut, hook: Hook::TcIngress(NATOUT.into()) }]
     );
     assert!(d.warnings.is_empty(), "{:?}", d.warnings);
 }
 
 #[test]
 fn ipv6_vips_route_via_the_v6_gateway() {
-    let d = compile(
-        &config("[[service]]\nname = \"w6\"\nvip = \"fd00::10\"\nport = 80\nbackends = [\"[fd00::1:1]:80\"]\n"),
-        &facts(),
-        &ServiceIds::new(),
-    );
+    let d = compile_new(&config(
+        "[[service]]\nname = \"w6\"\nvip = \"fd00::10\"\nport = 80\nbackends = [\"[fd00::1:1]:80\"]\n",
+    ));
     let route = &d.routes[&RouteKey { table: RT_TABLE_MAIN, dst: "fd00::10/128".parse().unwrap() }];
     assert_eq!(route.spec, RouteSpec::Via { gateway: GATEWAY_V6.into(), dev: NATIN.into(), mtu: None });
     assert!(d.neighbours.contains_key(&NeighKey { dev: NATIN.into(), ip: GATEWAY_V6.into() }));
     assert_eq!(d.sysctls["net/ipv6/conf/hm-natin/disable_ipv6"].spec, "0");
-}
-
-#[test]
-fn connect_time_lb_all_needs_no_veth() {
-    let d = compile(&config(&format!("[daemon]\nconnect_time_lb = \"all\"\n{TWO}")), &facts(), &ServiceIds::new());
-    assert!(d.links.is_empty() && d.routes.is_empty() && d.sysctls.is_empty());
+    assert_eq!(d.sysctls["net/ipv6/conf/hm-natout/forwarding"].spec, "1");
 }
 
 #[test]
 fn configured_host_interfaces_replace_the_default_and_missing_ones_are_reported() {
-    let d = compile(
-        &config(&format!("[daemon]\nhost_interfaces = [\"eth1\", \"eth9\"]\n{TWO}")),
-        &facts(),
-        &ServiceIds::new(),
-    );
+    let d = compile_new(&config(&format!("[daemon]\nhost_interfaces = [\"eth1\", \"eth9\"]\n{TWO}")));
     assert!(d.sysctls.contains_key("net/ipv4/conf/eth1/rp_filter"));
     assert!(!d.sysctls.contains_key("net/ipv4/conf/eth0/rp_filter"));
-    assert!(!d.sysctls.contains_key("net/ipv4/conf/eth9/rp_filter"));
+    assert!(attached(&d).contains(&"hm_reply@tc-ingress@eth1".to_string()));
     assert_eq!(d.warnings, ["host interface eth9 (from [daemon] host_interfaces) does not exist"]);
 }
 
 #[test]
-fn service_ids_survive_unrelated_changes() {
-    let first = compile(&config(TWO), &facts(), &ServiceIds::new());
-    let prior = ids::from_entries(first.map_entries.iter().map(|(k, v)| (k, &v.spec)));
+fn ids_survive_unrelated_changes() {
+    let first = compile_new(&config(TWO));
+    let prior = Prior::from_entries(first.map_entries.iter().map(|(k, v)| (k, &v.spec)));
     let web = SvcKey::new("10.96.0.10".parse().unwrap(), 80, 6);
-    let web_id = prior[&web];
 
     // Remove "dns" (which sorts first) and add two others.
     let text = r#"
@@ -141,6 +223,7 @@ fn service_ids_survive_unrelated_changes() {
 name = "web"
 vip = "10.96.0.10"
 port = 80
+backends = ["192.168.10.12:8080", "192.168.10.13:8080"]
 [[service]]
 name = "a"
 vip = "10.96.0.1"
@@ -151,20 +234,18 @@ vip = "10.96.0.2"
 port = 2
 "#;
     let second = compile(&config(text), &facts(), &prior);
-    let ids = ids::from_entries(second.map_entries.iter().map(|(k, v)| (k, &v.spec)));
-    assert_eq!(ids[&web], web_id);
-    let mut all: Vec<u32> = ids.values().copied().collect();
+    let now = Prior::from_entries(second.map_entries.iter().map(|(k, v)| (k, &v.spec)));
+    assert_eq!(now.services[&web], prior.services[&web]);
+    let mut all: Vec<u32> = now.services.values().copied().collect();
     all.sort();
     assert_eq!(all, [0, 1, 2], "ids stay dense");
+    let b12: std::net::SocketAddr = "192.168.10.12:8080".parse().unwrap();
+    assert_eq!(now.backends[&b12], prior.backends[&b12], "a kept backend keeps its id");
 }
 
 #[test]
 fn unimplemented_sections_are_reported_not_silently_dropped() {
-    let d = compile(
-        &config("[[mesh]]\nname = \"m\"\nvip = \"10.0.0.1\"\nport = 80\nredirect_port = 15001\n"),
-        &facts(),
-        &ServiceIds::new(),
-    );
+    let d = compile_new(&config("[[mesh]]\nname = \"m\"\nvip = \"10.0.0.1\"\nport = 80\nredirect_port = 15001\n"));
     assert_eq!(d.warnings.len(), 1);
     assert!(d.warnings[0].starts_with("mesh \"m\" is valid but"), "{:?}", d.warnings);
 }

@@ -83,12 +83,6 @@ fn route_dev(spec: &RouteSpec) -> &str {
     }
 }
 
-fn hook_dev(a: &Attachment) -> &str {
-    match &a.hook {
-        Hook::TcIngress(dev) => dev,
-    }
-}
-
 /// `/proc/sys/net/ipv4/conf/<dev>/...` -> dev
 fn sysctl_dev(path: &str) -> Option<&str> {
     let rest = path.strip_prefix("net/ipv4/conf/").or_else(|| path.strip_prefix("net/ipv6/conf/"))?;
@@ -157,7 +151,7 @@ pub fn plan(have: &Observed, want: &Desired, sysctl_originals: &BTreeMap<String,
         }
     }
     for (a, w) in &want.attachments {
-        let current = if on_gone_link(hook_dev(a)) { None } else { have.attachments.get(a) };
+        let current = if a.device().is_some_and(on_gone_link) { None } else { have.attachments.get(a) };
         if current != Some(&AttachStatus::Current) {
             push(Step::Attach(a.clone()), &w.owners);
         }
@@ -187,7 +181,8 @@ pub fn plan(have: &Observed, want: &Desired, sysctl_originals: &BTreeMap<String,
     for a in have.attachments.keys().filter(|a| !want.attachments.contains_key(*a)) {
         push(Step::Detach(a.clone()), &none);
     }
-    for k in have.map_entries.keys().filter(|k| !want.map_entries.contains_key(*k)) {
+    // Reverse order: a service goes before the table and backends it uses.
+    for k in have.map_entries.keys().rev().filter(|k| !want.map_entries.contains_key(*k)) {
         push(Step::DeleteMapEntry(k.clone()), &none);
     }
     for k in have.neighbours.keys().filter(|k| !want.neighbours.contains_key(*k)) {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::backends::{BackendError, Backends};
 use crate::config::Config;
-use crate::model::{compile, ids, Desired, Observed};
+use crate::model::{compile, Desired, Observed, Prior};
 
 use super::apply::{apply, StepError};
 use super::observe::{observe, observe_sysctls};
@@ -55,15 +55,15 @@ impl Reconciler {
     }
 
     fn sync_inner(&mut self, config: &Config, full: bool, started: Instant) -> Result<SyncOutcome, BackendError> {
-        let facts = self.backends.net.facts()?;
+        let facts = self.backends.host.facts()?;
         let (have, want) = match (&self.last_applied, full) {
             (Some(last), false) => {
-                let want = compile(config, &facts, &ids::from_entries(last.map_entries.iter()));
+                let want = compile(config, &facts, &Prior::from_entries(last.map_entries.iter()));
                 (last.clone(), want)
             }
             _ => {
                 let mut have = observe(&mut self.backends)?;
-                let want = compile(config, &facts, &ids::from_entries(have.map_entries.iter()));
+                let want = compile(config, &facts, &Prior::from_entries(have.map_entries.iter()));
                 let paths: BTreeSet<String> =
                     want.sysctls.keys().chain(self.originals.values().keys()).cloned().collect();
                 observe_sysctls(&mut self.backends, &paths, &mut have)?;
@@ -84,7 +84,8 @@ impl Reconciler {
         })
     }
 
-    pub fn backends(&mut self) -> &mut Backends {
-        &mut self.backends
+    /// Housekeeping between syncs: expire idle flows from conntrack.
+    pub fn expire_flows(&mut self) -> Result<usize, BackendError> {
+        self.backends.bpf.expire_flows()
     }
 }

@@ -22,6 +22,8 @@ fn kernel() -> FakeKernel {
         let mut s = k.state();
         s.facts.interfaces = ["lo", "eth0"].map(String::from).into();
         s.facts.default_route_interfaces = vec!["eth0".into()];
+        s.facts.netns_cookie = 7;
+        s.facts.cgroup2_root = Some("/sys/fs/cgroup".into());
         s.host_sysctls.insert("net/ipv4/conf/all/rp_filter".into(), "2".into());
         s.host_sysctls.insert("net/ipv4/conf/eth0/rp_filter".into(), "1".into());
     }
@@ -32,10 +34,6 @@ fn reconciler(k: &FakeKernel) -> Reconciler {
     Reconciler::new(k.backends(), SysctlOriginals::in_memory())
 }
 
-fn kinds(steps: &[String]) -> Vec<&str> {
-    steps.iter().map(|s| s.split(' ').next().unwrap()).collect()
-}
-
 #[test]
 fn first_sync_builds_bottom_up_and_a_second_sync_does_nothing() {
     let k = kernel();
@@ -43,22 +41,29 @@ fn first_sync_builds_bottom_up_and_a_second_sync_does_nothing() {
     let out = r.sync(&config(WEB), false).unwrap();
     assert!(out.full, "the first sync observes the kernel");
     assert!(out.errors.is_empty(), "{:?}", out.errors);
-    assert_eq!(
-        k.state().log,
-        [
-            "create_link hm-natin",
-            "set_sysctl net/ipv4/conf/all/rp_filter=0",
-            "set_sysctl net/ipv4/conf/eth0/rp_filter=0",
-            "set_sysctl net/ipv4/conf/hm-natin/accept_local=1",
-            "set_sysctl net/ipv4/conf/hm-natin/rp_filter=0",
-            "set_sysctl net/ipv4/conf/hm-natout/accept_local=1",
-            "set_sysctl net/ipv4/conf/hm-natout/rp_filter=0",
-            "replace_neighbour hm-natin 169.254.1.1",
-            "put_map_entry HM_SERVICES",
-            "attach hm_natout@tc-ingress@hm-natout",
-            "replace_route 10.96.0.10/32",
-        ]
-    );
+    // Bottom-up: links, sysctls, neighbours, map entries, programs, routes.
+    let log = k.state().log.clone();
+    let phase = |line: &str| match line.split(' ').next().unwrap() {
+        "create_link" => 0,
+        "set_sysctl" => 1,
+        "replace_neighbour" => 2,
+        "put_map_entry" => 3,
+        "attach" => 4,
+        "replace_route" => 5,
+        other => panic!("unexpected step {other}"),
+    };
+    let phases: Vec<u8> = log.iter().map(|l| phase(l)).collect();
+    assert!(phases.windows(2).all(|w| w[0] <= w[1]), "out of order: {log:?}");
+    assert_eq!(log.first().unwrap(), "create_link hm-natin");
+    assert_eq!(log.last().unwrap(), "replace_route 10.96.0.10/32");
+    // Within the maps: the config, backends and Maglev chunks before the
+    // service that refers to them.
+    let maps: Vec<&String> = log.iter().filter(|l| l.starts_with("put_map_entry")).collect();
+    assert_eq!(maps.first().unwrap().as_str(), "put_map_entry HM_CONFIG");
+    assert_eq!(maps.last().unwrap().as_str(), "put_map_entry HM_SERVICES");
+    assert!(log.contains(&"attach hm_natout@tc-ingress@hm-natout".to_string()));
+    assert!(log.contains(&"attach hm_reply@tc-ingress@eth0".to_string()));
+    assert!(log.contains(&"attach hm_connect4@cgroup@%2Fsys%2Ffs%2Fcgroup".to_string()));
     k.state().log.clear();
     let again = r.sync(&config(WEB), false).unwrap();
     assert!(!again.full);
@@ -77,15 +82,29 @@ fn removing_everything_goes_top_down_and_restores_sysctls() {
 
     let out = r.sync(&Config::default(), false).unwrap();
     assert!(out.errors.is_empty(), "{:?}", out.errors);
-    assert_eq!(
-        kinds(&out.steps),
-        ["delete", "delete", "detach", "delete", "delete", "delete", "restore", "restore", "delete"]
-    );
+    // Top-down: routes, programs, map entries (services first), neighbour,
+    // sysctls, link.
+    let order: Vec<&str> = out
+        .steps
+        .iter()
+        .map(|s| match s.as_str() {
+            x if x.starts_with("delete route") => "route",
+            x if x.starts_with("detach") => "program",
+            x if x.starts_with("delete HM_") => "map",
+            x if x.starts_with("delete neighbour") => "neighbour",
+            x if x.starts_with("restore sysctl") => "sysctl",
+            x if x.starts_with("delete link") => "link",
+            x => panic!("unexpected step {x}"),
+        })
+        .collect();
+    let mut dedup = order.clone();
+    dedup.dedup();
+    assert_eq!(dedup, ["route", "program", "map", "neighbour", "sysctl", "link"], "{:?}", out.steps);
+    let first_map = out.steps.iter().find(|s| s.starts_with("delete HM_")).unwrap();
+    assert_eq!(first_map, "delete HM_SERVICES entry");
     // Only sysctls that existed before hostmesh are restored; the veth's own
     // go away with it.
-    assert!(out.steps[6].starts_with("restore sysctl net.ipv4.conf.all.rp_filter = 2"), "{:?}", out.steps);
-    assert!(out.steps[0].starts_with("delete route 10.96.0.10/32"));
-    assert_eq!(out.steps.last().unwrap(), "delete link hm-natin");
+    assert_eq!(order.iter().filter(|k| **k == "sysctl").count(), 2);
     let s = k.state();
     assert!(s.links.is_empty() && s.routes.is_empty() && s.maps.is_empty() && s.neighbours.is_empty());
     assert!(s.attachments.is_empty());
@@ -104,7 +123,8 @@ fn a_full_resync_repairs_drift_an_incremental_one_trusts_its_record() {
         s.host_sysctls.insert("net/ipv4/conf/all/rp_filter".into(), "1".into());
         s.sysctls.remove("net/ipv4/conf/all/rp_filter");
     }
-    assert!(r.sync(&config(WEB), false).unwrap().steps.is_empty());
+    let trusted = r.sync(&config(WEB), false).unwrap();
+    assert!(trusted.steps.is_empty(), "{:?}", trusted.steps);
     let out = r.sync(&config(WEB), true).unwrap();
     assert_eq!(
         out.steps,
@@ -125,7 +145,7 @@ fn a_failed_step_is_charged_to_its_owner_and_forces_a_full_resync() {
     let mut r = reconciler(&k);
     k.state().fail_next = Some("replace_route 10.96.0.20".into());
     let out = r.sync(&config(&format!("{WEB}{API}")), false).unwrap();
-    assert_eq!(out.errors.len(), 1);
+    assert_eq!(out.errors.len(), 1, "{:?}", out.errors);
     assert_eq!(out.errors[0].owners, ["service/api".to_string()].into());
     assert!(out.errors[0].error.contains("Input/output error"), "{}", out.errors[0].error);
     // Everything else still applied.
@@ -164,10 +184,9 @@ fn a_defunct_or_outdated_program_is_reattached() {
     let k = kernel();
     let mut r = reconciler(&k);
     r.sync(&config(WEB), false).unwrap();
+    let natout = Attachment { program: Program::NatOut, hook: Hook::TcIngress(NATOUT.into()) };
     for status in [AttachStatus::Outdated, AttachStatus::Defunct] {
-        for v in k.state().attachments.values_mut() {
-            *v = status;
-        }
+        k.state().attachments.insert(natout.clone(), status);
         let out = r.sync(&config(WEB), true).unwrap();
         assert_eq!(out.steps, ["attach hm_natout on tc ingress of hm-natout"]);
     }
@@ -213,5 +232,8 @@ fn a_changed_service_updates_its_entry_in_place() {
     let out = r
         .sync(&config(&WEB.replace("[\"192.168.1.1:80\"]", "[\"192.168.1.1:80\", \"192.168.1.2:80\"]")), false)
         .unwrap();
-    assert_eq!(out.steps, ["update HM_SERVICES entry"]);
+    // A new backend, web's Maglev chunks, then web's entry: updated in place.
+    assert_eq!(out.steps.first().unwrap(), "update HM_BACKENDS entry");
+    assert_eq!(out.steps.last().unwrap(), "update HM_SERVICES entry");
+    assert!(out.steps.iter().all(|s| s.starts_with("update HM_")), "{:?}", out.steps);
 }

@@ -1,26 +1,31 @@
 //! The BPF backend: maps pinned under hostmesh's bpffs dir (adopted on
 //! restart, checked for layout first), programs attached through pinned
-//! TCX links, and byte-level map access for the reconciler.
+//! links (TCX for TC, bpf links for cgroups), and byte-level map access
+//! for the reconciler.
 //!
-//! The object is loaded lazily, the first time a map or program is needed:
-//! a host with nothing configured gets no BPF state at all.
+//! The objects are loaded lazily, the first time a map or program is
+//! needed: a host with nothing configured gets no BPF state at all.
 
+mod conntrack;
 pub mod objects;
 pub mod pins;
 pub mod sys;
 
 use std::collections::BTreeMap;
+use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use aya::programs::links::{FdLink, PinnedLink};
-use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
-use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
+use aya::programs::links::FdLink;
+use aya::programs::tc::TcAttachOptions;
+use aya::programs::{CgroupAttachMode, LinkOrder, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
 
-use self::objects::{def_of, MapDef, MAPS};
+use self::objects::{def_of, MapDef, BPF_MAP_TYPE_ARRAY, MAPS, OBJECTS};
 use self::pins::{unpin, PinDir};
+use self::sys::ProgInfo;
 use super::{BackendError, BpfBackend, Result};
 use crate::model::*;
 
@@ -33,13 +38,27 @@ pub struct PinnedBpf {
 }
 
 struct Loaded {
-    ebpf: Ebpf,
-    tags: BTreeMap<Program, [u8; 8]>,
+    objects: Vec<Ebpf>,
+    /// Our loaded copy of each program: its tag and maps say whether what
+    /// is attached is this build's program.
+    programs: BTreeMap<Program, ProgInfo>,
     maps: BTreeMap<&'static str, OwnedFd>,
 }
 
 fn bpf_err(op: impl Into<String>, detail: impl ToString) -> BackendError {
     BackendError::Bpf { op: op.into(), detail: detail.to_string() }
+}
+
+/// aya errors nest their cause (the verifier log among them); show it all.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    s
 }
 
 impl PinnedBpf {
@@ -51,7 +70,7 @@ impl PinnedBpf {
         &self.pins
     }
 
-    /// Whether any map is pinned (nothing to observe otherwise).
+    /// Whether anything is pinned (nothing to observe otherwise).
     fn has_pins(&self) -> bool {
         MAPS.iter().any(|m| self.pins.map(m.name).exists()) || !self.pins.link_names().unwrap_or_default().is_empty()
     }
@@ -68,25 +87,21 @@ impl PinnedBpf {
         for def in MAPS {
             self.retire_incompatible(def)?;
         }
-        let mut loader = EbpfLoader::new();
         let paths: Vec<(&'static str, std::path::PathBuf)> =
             MAPS.iter().map(|m| (m.name, self.pins.map(m.name))).collect();
-        for (name, path) in &paths {
-            loader.map_pin_path(name, path.as_path());
-        }
-        let mut ebpf =
-            loader.load(objects::SERVICE_NAT).map_err(|e| bpf_err("load probes/service_nat.c", error_chain(&e)))?;
-        let mut tags = BTreeMap::new();
-        for program in Program::ALL {
-            let prog: &mut SchedClassifier = ebpf
-                .program_mut(program.name())
-                .ok_or_else(|| bpf_err(format!("find program {}", program.name()), "not in the object"))?
-                .try_into()
-                .map_err(|e| bpf_err(format!("program {}", program.name()), error_chain(&e)))?;
-            prog.load().map_err(|e| bpf_err(format!("verify program {}", program.name()), error_chain(&e)))?;
-            let fd = prog.fd().map_err(|e| bpf_err(program.name(), e))?;
-            let info = sys::prog_info(fd.as_fd()).map_err(|e| bpf_err(format!("info of {}", program.name()), e))?;
-            tags.insert(program, info.tag);
+        let mut objects = Vec::new();
+        let mut programs = BTreeMap::new();
+        for (index, (source, bytes)) in OBJECTS.iter().enumerate() {
+            let mut loader = EbpfLoader::new();
+            for (name, path) in &paths {
+                loader.map_pin_path(name, path.as_path());
+            }
+            let mut ebpf = loader.load(bytes).map_err(|e| bpf_err(format!("load {source}"), chain(&e)))?;
+            for program in Program::ALL.into_iter().filter(|p| objects::object_of(*p) == index) {
+                let info = load_program(&mut ebpf, program)?;
+                programs.insert(program, info);
+            }
+            objects.push(ebpf);
         }
         let mut maps = BTreeMap::new();
         for def in MAPS {
@@ -94,12 +109,13 @@ impl PinnedBpf {
                 .map_err(|e| bpf_err(format!("open pinned map {}", def.name), e))?;
             maps.insert(def.name, fd);
         }
-        Ok(Loaded { ebpf, tags, maps })
+        Ok(Loaded { objects, programs, maps })
     }
 
     /// A pinned map with another layout (an upgrade changed it) is unpinned
     /// so a new one is created. Programs still attached keep using the old
-    /// map until the new programs replace them, so traffic keeps flowing.
+    /// map until this build's programs replace them (they show as
+    /// outdated: their maps differ), so traffic keeps flowing.
     fn retire_incompatible(&mut self, def: &MapDef) -> Result<()> {
         let path = self.pins.map(def.name);
         let fd = match sys::obj_get(&path) {
@@ -115,33 +131,52 @@ impl PinnedBpf {
             && info.flags == def.flags;
         if !same {
             self.notes.push(format!(
-                "pinned map {} has another layout (type {} key {} value {} entries {}); replacing it with this build's (type {} key {} value {} entries {})",
-                def.name, info.map_type, info.key_size, info.value_size, info.max_entries,
-                def.map_type, def.key_size, def.value_size, def.max_entries
+                "pinned map {} has another layout (type {} key {} value {} entries {}); replacing it with this build's \
+                 (type {} key {} value {} entries {})",
+                def.name,
+                info.map_type,
+                info.key_size,
+                info.value_size,
+                info.max_entries,
+                def.map_type,
+                def.key_size,
+                def.value_size,
+                def.max_entries
             ));
             unpin(&path).map_err(|e| bpf_err(format!("unpin {}", path.display()), e))?;
         }
         Ok(())
     }
 
-    fn map_fd(&mut self, map: BpfMap) -> Result<&OwnedFd> {
+    fn map_fd(&mut self, name: &'static str) -> Result<&OwnedFd> {
         let loaded = self.ensure_loaded()?;
-        Ok(&loaded.maps[map.name()])
+        Ok(&loaded.maps[name])
     }
 
-    /// Status of the pinned link for `a`: attached to the right interface,
-    /// and running this build's program?
+    /// Is the pinned link for `a` attached where it should be, running
+    /// this build's program with this build's maps?
     fn link_status(&mut self, a: &Attachment, pin: &Path) -> Result<AttachStatus> {
         let fd = sys::obj_get(pin).map_err(|e| bpf_err(format!("open pinned link {}", pin.display()), e))?;
         let info = sys::link_info(fd.as_fd()).map_err(|e| bpf_err(format!("info of {}", pin.display()), e))?;
-        let Hook::TcIngress(dev) = &a.hook;
-        if info.link_type != sys::BPF_LINK_TYPE_TCX || info.tcx_ifindex == 0 || ifindex(dev) != Some(info.tcx_ifindex) {
+        let attached = match &a.hook {
+            Hook::TcIngress(dev) => {
+                info.link_type == sys::BPF_LINK_TYPE_TCX
+                    && info.tcx_ifindex != 0
+                    && ifindex(dev) == Some(info.tcx_ifindex)
+            }
+            Hook::Cgroup(path) => {
+                info.link_type == sys::BPF_LINK_TYPE_CGROUP
+                    && info.cgroup_id != 0
+                    && cgroup_id(path) == Some(info.cgroup_id)
+            }
+        };
+        if !attached {
             return Ok(AttachStatus::Defunct);
         }
-        let want = self.ensure_loaded()?.tags[&a.program];
+        let want = self.ensure_loaded()?.programs[&a.program].clone();
         let have = sys::prog_info_by_id(info.prog_id).map_err(|e| bpf_err(format!("program {}", info.prog_id), e))?;
         Ok(match have {
-            Some(p) if p.tag == want => AttachStatus::Current,
+            Some(p) if p.tag == want.tag && p.map_ids == want.map_ids => AttachStatus::Current,
             Some(_) => AttachStatus::Outdated,
             None => AttachStatus::Defunct,
         })
@@ -164,6 +199,32 @@ impl PinnedBpf {
         }
         Ok(removed)
     }
+
+    /// The conntrack map, if anything is pinned yet.
+    fn conntrack_fd(&mut self) -> Result<Option<&OwnedFd>> {
+        if self.loaded.is_none() && !self.has_pins() {
+            return Ok(None);
+        }
+        self.map_fd("HM_CT").map(Some)
+    }
+}
+
+/// Loads (verifies) one program of an object and returns its info.
+fn load_program(ebpf: &mut Ebpf, program: Program) -> Result<ProgInfo> {
+    let name = program.name();
+    let fd = match ebpf.program_mut(name) {
+        Some(aya::programs::Program::SchedClassifier(p)) => {
+            p.load().map_err(|e| bpf_err(format!("verify program {name}"), chain(&e)))?;
+            p.fd().map_err(|e| bpf_err(name, chain(&e)))?.try_clone().map_err(|e| bpf_err(name, e))?
+        }
+        Some(aya::programs::Program::CgroupSockAddr(p)) => {
+            p.load().map_err(|e| bpf_err(format!("verify program {name}"), chain(&e)))?;
+            p.fd().map_err(|e| bpf_err(name, chain(&e)))?.try_clone().map_err(|e| bpf_err(name, e))?
+        }
+        Some(_) => return Err(bpf_err(format!("load program {name}"), "unexpected program type")),
+        None => return Err(bpf_err(format!("load program {name}"), "not in the object")),
+    };
+    sys::prog_info(fd.as_fd()).map_err(|e| bpf_err(format!("info of {name}"), e))
 }
 
 /// TCX (BPF links for TC) arrived in Linux 6.6.
@@ -176,16 +237,9 @@ fn ifindex(dev: &str) -> Option<u32> {
     nix::net::if_::if_nametoindex(dev).ok()
 }
 
-/// aya errors nest their cause (the verifier log among them); show it all.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    s
+/// A cgroup's id is its inode number in cgroupfs.
+fn cgroup_id(path: &Path) -> Option<u64> {
+    std::fs::metadata(path).ok().map(|m| m.ino())
 }
 
 impl BpfBackend for PinnedBpf {
@@ -196,10 +250,14 @@ impl BpfBackend for PinnedBpf {
         }
         for map in BpfMap::ALL {
             let def = def_of(map);
-            let fd = self.map_fd(map)?;
+            let fd = self.map_fd(def.name)?;
             let entries = sys::map_dump(fd.as_fd(), def.key_size as usize, def.value_size as usize)
                 .map_err(|e| bpf_err(format!("read map {}", def.name), e))?;
             for (key, value) in entries {
+                // An array always has every key; all-zero values are unset.
+                if def.map_type == BPF_MAP_TYPE_ARRAY && value.iter().all(|b| *b == 0) {
+                    continue;
+                }
                 out.insert(MapEntryKey { map, key }, value);
             }
         }
@@ -207,24 +265,29 @@ impl BpfBackend for PinnedBpf {
     }
 
     fn put_map_entry(&mut self, key: &MapEntryKey, value: &[u8]) -> Result<()> {
-        let fd = self.map_fd(key.map)?;
+        let fd = self.map_fd(key.map.name())?;
         sys::map_update(fd.as_fd(), &key.key, value).map_err(|e| bpf_err(format!("update {}", key.map.name()), e))
     }
 
     fn delete_map_entry(&mut self, key: &MapEntryKey) -> Result<()> {
-        let fd = self.map_fd(key.map)?;
-        sys::map_delete(fd.as_fd(), &key.key).map_err(|e| bpf_err(format!("delete from {}", key.map.name()), e))
+        let def = def_of(key.map);
+        let fd = self.map_fd(def.name)?;
+        let result = if def.map_type == BPF_MAP_TYPE_ARRAY {
+            sys::map_update(fd.as_fd(), &key.key, &vec![0u8; def.value_size as usize])
+        } else {
+            sys::map_delete(fd.as_fd(), &key.key)
+        };
+        result.map_err(|e| bpf_err(format!("delete from {}", def.name), e))
     }
 
     fn attachments(&mut self) -> Result<BTreeMap<Attachment, AttachStatus>> {
         let mut out = BTreeMap::new();
         let names = self.pins.link_names().map_err(|e| bpf_err("list pinned links", e))?;
         for name in names {
-            let pin = self.pins.link(&name);
             // A name this build does not write (another build's) is left
             // alone rather than guessed at.
             if let Some(a) = Attachment::from_pin_name(&name) {
-                let status = self.link_status(&a, &pin)?;
+                let status = self.link_status(&a, &self.pins.link(&name))?;
                 out.insert(a, status);
             }
         }
@@ -234,43 +297,48 @@ impl BpfBackend for PinnedBpf {
     fn attach(&mut self, a: &Attachment) -> Result<()> {
         let pin = self.pins.link(&a.pin_name());
         let status = if pin.exists() { Some(self.link_status(a, &pin)?) } else { None };
-        let Hook::TcIngress(dev) = &a.hook;
         let loaded = self.ensure_loaded()?;
-        let prog: &mut SchedClassifier = loaded
-            .ebpf
-            .program_mut(a.program.name())
-            .expect("loaded programs are in the object")
-            .try_into()
-            .map_err(|e| bpf_err(format!("attach {a}"), error_chain(&e)))?;
 
         if matches!(status, Some(AttachStatus::Current) | Some(AttachStatus::Outdated)) {
             // Swap the program behind the existing link atomically: no
-            // packet sees the hook empty.
-            let link =
-                PinnedLink::from_pin(&pin).map_err(|e| bpf_err(format!("open {}", pin.display()), error_chain(&e)))?;
-            let link = SchedClassifierLink::try_from(FdLink::from(link))
-                .map_err(|e| bpf_err(format!("open {}", pin.display()), error_chain(&e)))?;
-            let id = prog.attach_to_link(link).map_err(|e| bpf_err(format!("replace {a}"), error_chain(&e)))?;
-            // The link stays pinned; drop our handle without detaching.
-            let link = prog.take_link(id).map_err(|e| bpf_err(format!("replace {a}"), error_chain(&e)))?;
-            drop(FdLink::try_from(link).map_err(|e| bpf_err(format!("replace {a}"), error_chain(&e)))?);
-            return Ok(());
+            // packet or connect() sees the hook empty.
+            let link = sys::obj_get(&pin).map_err(|e| bpf_err(format!("open {}", pin.display()), e))?;
+            let prog = program_fd(loaded, a.program)?;
+            return sys::link_update(link.as_fd(), prog.as_fd()).map_err(|e| bpf_err(format!("replace {a}"), e));
         }
         if status == Some(AttachStatus::Defunct) {
             unpin(&pin).map_err(|e| bpf_err(format!("unpin {}", pin.display()), e))?;
         }
-        if !has_tcx() {
-            return Err(bpf_err(
-                format!("attach {a}"),
-                "hostmesh attaches TC programs with TCX, which needs Linux 6.6 or newer",
-            ));
-        }
-        let id = prog
-            .attach_with_options(dev, TcAttachType::Ingress, TcAttachOptions::TcxOrder(LinkOrder::default()))
-            .map_err(|e| bpf_err(format!("attach {a}"), error_chain(&e)))?;
-        let link = prog.take_link(id).map_err(|e| bpf_err(format!("attach {a}"), error_chain(&e)))?;
-        let link = FdLink::try_from(link).map_err(|e| bpf_err(format!("attach {a}"), error_chain(&e)))?;
-        link.pin(&pin).map_err(|e| bpf_err(format!("pin {}", pin.display()), error_chain(&e)))?;
+        let ebpf = &mut loaded.objects[objects::object_of(a.program)];
+        let link: FdLink = match (&a.hook, ebpf.program_mut(a.program.name())) {
+            (Hook::TcIngress(dev), Some(aya::programs::Program::SchedClassifier(p))) => {
+                if !has_tcx() {
+                    return Err(bpf_err(
+                        format!("attach {a}"),
+                        "hostmesh attaches TC programs with TCX, which needs Linux 6.6 or newer",
+                    ));
+                }
+                let id = p
+                    .attach_with_options(dev, TcAttachType::Ingress, TcAttachOptions::TcxOrder(LinkOrder::default()))
+                    .map_err(|e| bpf_err(format!("attach {a}"), chain(&e)))?;
+                let link = p.take_link(id).map_err(|e| bpf_err(format!("attach {a}"), chain(&e)))?;
+                FdLink::try_from(link).map_err(|e| bpf_err(format!("attach {a}"), chain(&e)))?
+            }
+            (Hook::Cgroup(path), Some(aya::programs::Program::CgroupSockAddr(p))) => {
+                let cgroup = File::open(path).map_err(|e| bpf_err(format!("attach {a}: open the cgroup"), e))?;
+                // A bpf link: it takes no flags (the kernel rejects
+                // BPF_F_ALLOW_MULTI here) and always runs next to other
+                // programs on the cgroup.
+                let id = p
+                    .attach(&cgroup, CgroupAttachMode::Single)
+                    .map_err(|e| bpf_err(format!("attach {a}"), chain(&e)))?;
+                let link = p.take_link(id).map_err(|e| bpf_err(format!("attach {a}"), chain(&e)))?;
+                FdLink::try_from(link)
+                    .map_err(|e| bpf_err(format!("attach {a} (needs Linux 5.7 or newer)"), chain(&e)))?
+            }
+            _ => return Err(bpf_err(format!("attach {a}"), "the program does not fit the hook")),
+        };
+        link.pin(&pin).map_err(|e| bpf_err(format!("pin {}", pin.display()), chain(&e)))?;
         Ok(())
     }
 
@@ -278,4 +346,25 @@ impl BpfBackend for PinnedBpf {
         let pin = self.pins.link(&a.pin_name());
         unpin(&pin).map_err(|e| bpf_err(format!("unpin {}", pin.display()), e))
     }
+
+    fn expire_flows(&mut self) -> Result<usize> {
+        let Some(fd) = self.conntrack_fd()? else { return Ok(0) };
+        let fd = fd.try_clone().map_err(|e| bpf_err("HM_CT", e))?;
+        let config =
+            match self.map_entries()?.get(&MapEntryKey { map: BpfMap::Config, key: 0u32.to_ne_bytes().to_vec() }) {
+                Some(bytes) => crate::abi::Pod::from_bytes(bytes),
+                None => None,
+            };
+        conntrack::expire(fd.as_fd(), config, conntrack::now_ns()).map_err(|e| bpf_err("expire flows in HM_CT", e))
+    }
+}
+
+fn program_fd(loaded: &Loaded, program: Program) -> Result<aya::programs::ProgramFd> {
+    let ebpf = &loaded.objects[objects::object_of(program)];
+    let fd = match ebpf.program(program.name()) {
+        Some(aya::programs::Program::SchedClassifier(p)) => p.fd().map_err(|e| bpf_err(program.name(), chain(&e)))?,
+        Some(aya::programs::Program::CgroupSockAddr(p)) => p.fd().map_err(|e| bpf_err(program.name(), chain(&e)))?,
+        _ => return Err(bpf_err(program.name(), "not loaded")),
+    };
+    fd.try_clone().map_err(|e| bpf_err(program.name(), e))
 }

@@ -1,15 +1,22 @@
 //! The probes this binary carries (compiled by build.rs) and the layout of
 //! every map they declare. The table is checked against the compiled
-//! object by a kernel test, and against pinned maps before adopting them.
+//! objects by a kernel test, and against pinned maps before adopting them.
 
-use crate::abi::MAX_SERVICES;
+use crate::abi;
 use crate::model::{BpfMap, Program};
 
-/// probes/service_nat.c
+/// probes/service_nat.c: the bpfnat veth path.
 pub static SERVICE_NAT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/service_nat.o"));
+/// probes/service_ctlb.c: connect-time load balancing.
+pub static SERVICE_CTLB: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/service_ctlb.o"));
+
+/// Every object, with a name for errors. All share one set of pinned maps.
+pub const OBJECTS: &[(&str, &[u8])] = &[("probes/service_nat.c", SERVICE_NAT), ("probes/service_ctlb.c", SERVICE_CTLB)];
 
 pub const BPF_MAP_TYPE_HASH: u32 = 1;
+pub const BPF_MAP_TYPE_ARRAY: u32 = 2;
 pub const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
+pub const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
 pub const BPF_F_NO_PREALLOC: u32 = 1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,28 +29,46 @@ pub struct MapDef {
     pub flags: u32,
 }
 
-/// Every map in SERVICE_NAT, as the probes define it.
+const fn def(
+    name: &'static str,
+    map_type: u32,
+    key_size: usize,
+    value_size: usize,
+    max_entries: u32,
+    flags: u32,
+) -> MapDef {
+    MapDef { name, map_type, key_size: key_size as u32, value_size: value_size as u32, max_entries, flags }
+}
+
+use std::mem::size_of;
+
+/// Every map in the objects, as the probes define them.
 pub const MAPS: &[MapDef] = &[
-    MapDef {
-        name: "HM_SERVICES",
-        map_type: BPF_MAP_TYPE_HASH,
-        key_size: 20,
-        value_size: 16,
-        max_entries: MAX_SERVICES,
-        flags: BPF_F_NO_PREALLOC,
-    },
-    MapDef {
-        name: "HM_SVC_STATS",
-        map_type: BPF_MAP_TYPE_PERCPU_ARRAY,
-        key_size: 4,
-        value_size: 16,
-        max_entries: MAX_SERVICES,
-        flags: 0,
-    },
+    def("HM_CONFIG", BPF_MAP_TYPE_ARRAY, 4, size_of::<abi::HmConfig>(), 1, 0),
+    def(
+        "HM_SERVICES",
+        BPF_MAP_TYPE_HASH,
+        size_of::<abi::SvcKey>(),
+        size_of::<abi::SvcValue>(),
+        abi::MAX_SERVICES,
+        BPF_F_NO_PREALLOC,
+    ),
+    def("HM_SVC_STATS", BPF_MAP_TYPE_PERCPU_ARRAY, 4, size_of::<abi::SvcStats>(), abi::MAX_SERVICES, 0),
+    def("HM_BACKENDS", BPF_MAP_TYPE_HASH, 4, size_of::<abi::BackendValue>(), abi::MAX_BACKENDS, BPF_F_NO_PREALLOC),
+    def(
+        "HM_MAGLEV",
+        BPF_MAP_TYPE_HASH,
+        size_of::<abi::MaglevKey>(),
+        size_of::<abi::MaglevChunk>(),
+        abi::MAX_MAGLEV_CHUNKS,
+        BPF_F_NO_PREALLOC,
+    ),
+    def("HM_CT", BPF_MAP_TYPE_LRU_HASH, size_of::<abi::CtKey>(), size_of::<abi::CtValue>(), abi::MAX_CONNTRACK, 0),
+    def("HM_REVERSE_SOCK", BPF_MAP_TYPE_LRU_HASH, 32, 20, abi::MAX_REVERSE_SOCK, 0),
 ];
 
 pub fn map_def(name: &str) -> &'static MapDef {
-    MAPS.iter().find(|m| m.name == name).expect("every reconciled map is in MAPS")
+    MAPS.iter().find(|m| m.name == name).expect("every map hostmesh touches is in MAPS")
 }
 
 pub fn def_of(map: BpfMap) -> &'static MapDef {
@@ -51,8 +76,9 @@ pub fn def_of(map: BpfMap) -> &'static MapDef {
 }
 
 /// The object holding each program.
-pub fn object_of(program: Program) -> &'static [u8] {
+pub fn object_of(program: Program) -> usize {
     match program {
-        Program::NatOut => SERVICE_NAT,
+        Program::NatOut | Program::Reply => 0,
+        _ => 1,
     }
 }

@@ -14,7 +14,9 @@ const BPF_MAP_GET_NEXT_KEY: i64 = 4;
 const BPF_OBJ_GET: i64 = 7;
 const BPF_PROG_GET_FD_BY_ID: i64 = 13;
 const BPF_OBJ_GET_INFO_BY_FD: i64 = 15;
+const BPF_LINK_UPDATE: i64 = 29;
 
+pub const BPF_LINK_TYPE_CGROUP: u32 = 3;
 pub const BPF_LINK_TYPE_TCX: u32 = 11;
 
 /// bpf_attr is a union of at most 144 bytes here; commands read a prefix.
@@ -148,24 +150,48 @@ pub struct LinkInfo {
     pub prog_id: u32,
     /// TCX links: the interface, 0 once it is gone.
     pub tcx_ifindex: u32,
+    /// Cgroup links: the cgroup's id (its inode number), 0 once detached.
+    pub cgroup_id: u64,
 }
 
 pub fn link_info(fd: BorrowedFd<'_>) -> io::Result<LinkInfo> {
     let mut b = [0u8; 64];
     info_by_fd(fd, &mut b)?;
-    Ok(LinkInfo { link_type: rd32(&b, 0), id: rd32(&b, 4), prog_id: rd32(&b, 8), tcx_ifindex: rd32(&b, 16) })
+    Ok(LinkInfo {
+        link_type: rd32(&b, 0),
+        id: rd32(&b, 4),
+        prog_id: rd32(&b, 8),
+        tcx_ifindex: rd32(&b, 16),
+        cgroup_id: u64::from_ne_bytes(b[16..24].try_into().expect("8 bytes")),
+    })
+}
+
+/// Atomically replaces the program behind a link.
+pub fn link_update(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()> {
+    let mut attr = Attr::new().u32(0, link.as_raw_fd() as u32).u32(4, prog.as_raw_fd() as u32);
+    bpf(BPF_LINK_UPDATE, &mut attr).map(|_| ())
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProgInfo {
     pub id: u32,
     pub tag: [u8; 8],
+    /// The maps the program uses, sorted.
+    pub map_ids: Vec<u32>,
 }
 
 pub fn prog_info(fd: BorrowedFd<'_>) -> io::Result<ProgInfo> {
+    let mut ids = [0u32; 64];
+    // bpf_prog_info: nr_map_ids at 52, map_ids (a pointer) at 56; the
+    // kernel fills as many ids as we make room for.
     let mut b = [0u8; 80];
+    b[52..56].copy_from_slice(&(ids.len() as u32).to_ne_bytes());
+    b[56..64].copy_from_slice(&(ids.as_mut_ptr() as u64).to_ne_bytes());
     info_by_fd(fd, &mut b)?;
-    Ok(ProgInfo { id: rd32(&b, 4), tag: b[8..16].try_into().expect("8 bytes") })
+    let n = (rd32(&b, 52) as usize).min(ids.len());
+    let mut map_ids = ids[..n].to_vec();
+    map_ids.sort_unstable();
+    Ok(ProgInfo { id: rd32(&b, 4), tag: b[8..16].try_into().expect("8 bytes"), map_ids })
 }
 
 /// The info of a loaded program by id; `None` once it has been freed.

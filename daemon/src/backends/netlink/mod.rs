@@ -93,8 +93,9 @@ pub fn owned_links(links: &[Link]) -> BTreeMap<String, LinkSpec> {
     out
 }
 
-impl NetBackend for Rtnetlink {
-    fn facts(&mut self) -> Result<HostFacts> {
+impl Rtnetlink {
+    /// Interfaces and default-route interfaces.
+    pub fn link_facts(&mut self) -> Result<HostFacts> {
         let links = self.all_links()?;
         let routes = route::dump(&mut self.sock).map_err(err("dump routes"))?;
         let names: BTreeMap<u32, String> = links.iter().map(|l| (l.index, l.name.clone())).collect();
@@ -105,9 +106,12 @@ impl NetBackend for Rtnetlink {
                 .filter_map(|i| names.get(&i).cloned())
                 .filter(|n| !n.starts_with(LINK_PREFIX))
                 .collect(),
+            ..HostFacts::default()
         })
     }
+}
 
+impl NetBackend for Rtnetlink {
     fn links(&mut self) -> Result<BTreeMap<String, LinkSpec>> {
         Ok(owned_links(&self.all_links()?))
     }

@@ -1,0 +1,80 @@
+//! Facts about the host that compile needs: interfaces, default-route
+//! interfaces, the network namespace's cookie and the cgroup2 mount.
+
+use std::fs;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use super::netlink::Rtnetlink;
+use super::{BackendError, HostBackend, Result};
+use crate::model::HostFacts;
+
+const SO_NETNS_COOKIE: libc::c_int = 71;
+
+pub struct LiveHost {
+    net: Rtnetlink,
+    cgroup2_root: Option<PathBuf>,
+}
+
+impl LiveHost {
+    /// `state_dir` is where cgroup2 gets mounted on a host that has none.
+    pub fn new(state_dir: &Path) -> io::Result<Self> {
+        Ok(LiveHost { net: Rtnetlink::open()?, cgroup2_root: ensure_cgroup2(state_dir)? })
+    }
+}
+
+impl HostBackend for LiveHost {
+    fn facts(&mut self) -> Result<HostFacts> {
+        let mut facts = self.net.link_facts()?;
+        facts.netns_cookie =
+            netns_cookie().map_err(|source| BackendError::Netlink { op: "read the netns cookie".into(), source })?;
+        facts.cgroup2_root = self.cgroup2_root.clone();
+        Ok(facts)
+    }
+}
+
+/// The cookie of the calling thread's network namespace.
+pub fn netns_cookie() -> io::Result<u64> {
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").or_else(|_| std::net::UdpSocket::bind("[::1]:0"))?;
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: a valid socket, and a buffer of the size we pass.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            &mut cookie as *mut u64 as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        Ok(cookie)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Where cgroup2 is mounted. When nothing is, mounts it under the state dir
+/// (DESIGN.md: "mount cgroup2 when the host has none").
+pub fn ensure_cgroup2(state_dir: &Path) -> io::Result<Option<PathBuf>> {
+    if let Some(root) = cgroup2_mount()? {
+        return Ok(Some(root));
+    }
+    let dir = state_dir.join("cgroup2");
+    fs::create_dir_all(&dir)?;
+    match nix::mount::mount(Some("cgroup2"), &dir, Some("cgroup2"), nix::mount::MsFlags::empty(), None::<&str>) {
+        Ok(()) => Ok(Some(dir)),
+        Err(_) => Ok(None),
+    }
+}
+
+fn cgroup2_mount() -> io::Result<Option<PathBuf>> {
+    let mounts = fs::read_to_string("/proc/self/mounts")?;
+    Ok(mounts
+        .lines()
+        .map(|l| l.split(' ').collect::<Vec<_>>())
+        .find(|f| f.len() > 2 && f[2] == "cgroup2")
+        .map(|f| PathBuf::from(f[1].replace("\\040", " "))))
+}

@@ -1,0 +1,130 @@
+//! `[[service]]` -> the service maps every path reads (HM_CONFIG,
+//! HM_BACKENDS, HM_MAGLEV, HM_SERVICES) and the connect-time programs on
+//! the configured cgroup (DESIGN.md, Service IPs). The bpfnat veth is
+//! `bpfnat.rs`.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+
+use crate::abi::{self, BackendValue, HmConfig, MaglevChunk, MaglevKey, Pod, SvcKey, SvcValue, MAGLEV_CHUNK};
+use crate::config::{Config, CtlbMode, Service};
+
+use super::ids::{self, Prior};
+use super::maglev::{self, Entry};
+use super::state::*;
+use super::HostFacts;
+
+const OWNER: &str = "services";
+
+pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &mut Desired) {
+    if config.services.is_empty() {
+        return;
+    }
+    let d = &config.daemon;
+
+    let keys: BTreeSet<SvcKey> = config.services.iter().map(key_of).collect();
+    let backends: BTreeSet<SocketAddr> =
+        config.services.iter().flat_map(|s| s.backends.iter().map(|b| b.addr)).collect();
+    let (svc_ids, backend_ids) = match (
+        ids::assign(&keys, &prior.services, abi::MAX_SERVICES),
+        ids::assign(&backends, &prior.backends, abi::MAX_BACKENDS),
+    ) {
+        (Ok(s), Ok(b)) => (s, b),
+        (Err(cap), _) => {
+            out.warnings.push(format!(
+                "{} services are configured but hostmesh holds at most {cap}; no service is applied",
+                keys.len()
+            ));
+            return;
+        }
+        (_, Err(cap)) => {
+            out.warnings.push(format!(
+                "{} distinct backends are configured but hostmesh holds at most {cap}; no service is applied",
+                backends.len()
+            ));
+            return;
+        }
+    };
+
+    let flags = match d.connect_time_lb {
+        CtlbMode::All => abi::CFG_CTLB_TCP | abi::CFG_CTLB_UDP,
+        CtlbMode::Tcp => abi::CFG_CTLB_TCP,
+        CtlbMode::Off => 0,
+    };
+    let cfg = HmConfig {
+        netns_cookie: facts.netns_cookie,
+        flags,
+        tcp_timeout_s: d.conntrack_tcp_timeout.as_secs().min(u64::from(u32::MAX)) as u32,
+        udp_timeout_s: d.conntrack_udp_timeout.as_secs().min(u64::from(u32::MAX)) as u32,
+        pad: 0,
+    };
+    want(&mut out.map_entries, MapEntryKey { map: BpfMap::Config, key: 0u32.to_bytes() }, cfg.to_bytes(), OWNER);
+
+    let mut chunks_left = abi::MAX_MAGLEV_CHUNKS as usize;
+    for svc in &config.services {
+        let owner = format!("service/{}", svc.name);
+        let key = key_of(svc);
+        let table_size = svc.maglev_table_size.unwrap_or(d.maglev_table_size);
+        let chunks = (table_size as usize).div_ceil(MAGLEV_CHUNK);
+        if !svc.backends.is_empty() {
+            if chunks > chunks_left {
+                out.warnings.push(format!(
+                    "service \"{}\" not applied: Maglev tables are full ({} chunks of {MAGLEV_CHUNK}); use a smaller maglev_table_size",
+                    svc.name,
+                    abi::MAX_MAGLEV_CHUNKS
+                ));
+                continue;
+            }
+            chunks_left -= chunks;
+        }
+        let id = svc_ids[&key];
+        for b in &svc.backends {
+            let value = BackendValue { addr: abi::addr16(b.addr.ip()), port_be: b.addr.port().to_be(), pad: 0 };
+            want(
+                &mut out.map_entries,
+                MapEntryKey { map: BpfMap::Backends, key: backend_ids[&b.addr].to_bytes() },
+                value.to_bytes(),
+                &owner,
+            );
+        }
+        let entries: Vec<Entry> = svc.backends.iter().map(|b| Entry { addr: b.addr, weight: b.weight }).collect();
+        let table = maglev::build(&entries, table_size);
+        for (c, slots) in table.chunks(MAGLEV_CHUNK).enumerate() {
+            let mut chunk = MaglevChunk { backend: [0; MAGLEV_CHUNK] };
+            for (i, &b) in slots.iter().enumerate() {
+                chunk.backend[i] = backend_ids[&svc.backends[b as usize].addr];
+            }
+            let k = MaglevKey { svc_id: id, chunk: c as u32 };
+            want(
+                &mut out.map_entries,
+                MapEntryKey { map: BpfMap::Maglev, key: k.to_bytes() },
+                chunk.to_bytes(),
+                &owner,
+            );
+        }
+        let value = SvcValue { id, backend_count: svc.backends.len() as u32, flags: 0, table_size };
+        want(
+            &mut out.map_entries,
+            MapEntryKey { map: BpfMap::Services, key: key.to_bytes() },
+            value.to_bytes(),
+            &owner,
+        );
+    }
+
+    if d.connect_time_lb != CtlbMode::Off {
+        match d.cgroup.clone().or_else(|| facts.cgroup2_root.clone()) {
+            Some(cgroup) => {
+                for program in Program::CONNECT_TIME {
+                    want(&mut out.attachments, Attachment { program, hook: Hook::Cgroup(cgroup.clone()) }, (), OWNER);
+                }
+            }
+            None => out
+                .warnings
+                .push("no cgroup2 mount found: connect-time load balancing is off; set [daemon] cgroup".to_string()),
+        }
+    }
+}
+
+fn key_of(s: &Service) -> SvcKey {
+    SvcKey::new(s.vip, s.port, s.protocol.number())
+}

@@ -1,0 +1,187 @@
+// SPDX-License-Identifier: Apache-2.0 OR GPL-2.0
+/*
+ * Connect-time load balancing (DESIGN.md, Service IPs): cgroup sock_addr
+ * programs rewrite a socket's destination from a VIP to a backend at
+ * connect() (TCP, connected UDP) or sendmsg() (unconnected UDP), so every
+ * packet goes straight to the backend with no NAT at all.
+ *
+ * - The backend is picked from the service's Maglev table by the socket's
+ *   cookie: one socket sticks to one backend.
+ * - What the socket asked for is remembered in HM_REVERSE_SOCK, so that
+ *   getpeername() and recvmsg() show the VIP, not the backend.
+ * - A VIP with no backends refuses at once: connect() fails with
+ *   ECONNREFUSED.
+ * - The programs act only in the daemon's network namespace (netns
+ *   cookie), so daemons in two namespaces never see each other's services,
+ *   even when attached to the same cgroup; and only for the protocols the
+ *   configured mode gives them (HM_CFG_CTLB_*).
+ */
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#include "service_maps.h"
+
+#define ECONNREFUSED 111
+
+static __always_inline struct hm_config *ours(struct bpf_sock_addr *ctx)
+{
+	struct hm_config *cfg = hm_config();
+
+	if (!cfg || !cfg->netns_cookie || bpf_get_netns_cookie(ctx) != cfg->netns_cookie)
+		return NULL;
+	return cfg;
+}
+
+static __always_inline void read_addr(struct bpf_sock_addr *ctx, int v6, __u8 addr[16])
+{
+	if (v6) {
+		__u32 w[4];
+
+		w[0] = ctx->user_ip6[0];
+		w[1] = ctx->user_ip6[1];
+		w[2] = ctx->user_ip6[2];
+		w[3] = ctx->user_ip6[3];
+		__builtin_memcpy(addr, w, 16);
+	} else {
+		hm_v4_mapped(addr, ctx->user_ip4);
+	}
+}
+
+static __always_inline void write_addr(struct bpf_sock_addr *ctx, int v6, const __u8 addr[16], __be16 port)
+{
+	if (v6) {
+		__u32 w[4];
+
+		__builtin_memcpy(w, addr, 16);
+		ctx->user_ip6[0] = w[0];
+		ctx->user_ip6[1] = w[1];
+		ctx->user_ip6[2] = w[2];
+		ctx->user_ip6[3] = w[3];
+	} else {
+		__u32 v4;
+
+		__builtin_memcpy(&v4, addr + 12, 4);
+		ctx->user_ip4 = v4;
+	}
+	ctx->user_port = (__u32)port;
+}
+
+static __always_inline int refuse(void)
+{
+	bpf_set_retval(-ECONNREFUSED);
+	return 0;
+}
+
+/* connect() and sendmsg(): VIP -> backend. Returns 1 to let the call go
+ * on, 0 to refuse it. */
+static __always_inline int to_backend(struct bpf_sock_addr *ctx, int v6)
+{
+	struct hm_config *cfg = ours(ctx);
+	struct hm_svc_key key = {};
+	struct hm_revsk_key rk = {};
+	struct hm_revsk_value rv = {};
+	struct hm_svc_value *svc;
+	struct hm_backend *be;
+	__u32 proto;
+	__u64 cookie;
+
+	if (!cfg)
+		return 1;
+	proto = ctx->protocol;
+	if (!((proto == IPPROTO_TCP && (cfg->flags & HM_CFG_CTLB_TCP)) ||
+	      (proto == IPPROTO_UDP && (cfg->flags & HM_CFG_CTLB_UDP))))
+		return 1;
+
+	read_addr(ctx, v6, key.addr);
+	key.port = (__be16)ctx->user_port;
+	key.proto = proto;
+	svc = bpf_map_lookup_elem(&HM_SERVICES, &key);
+	if (!svc)
+		return 1;
+	hm_count(svc->id, 0);
+	if (svc->backend_count == 0)
+		return refuse();
+	cookie = bpf_get_socket_cookie(ctx);
+	be = hm_pick_backend(svc, hm_mix64(cookie));
+	if (!be)
+		return refuse();
+
+	rk.cookie = cookie;
+	__builtin_memcpy(rk.addr, be->addr, 16);
+	rk.port = be->port;
+	__builtin_memcpy(rv.addr, key.addr, 16);
+	rv.port = key.port;
+	bpf_map_update_elem(&HM_REVERSE_SOCK, &rk, &rv, BPF_ANY);
+
+	write_addr(ctx, v6, be->addr, be->port);
+	return 1;
+}
+
+/* recvmsg() and getpeername(): backend -> the VIP the socket asked for. */
+static __always_inline int to_vip(struct bpf_sock_addr *ctx, int v6)
+{
+	struct hm_revsk_key rk = {};
+	struct hm_revsk_value *rv;
+
+	if (!ours(ctx))
+		return 1;
+	rk.cookie = bpf_get_socket_cookie(ctx);
+	read_addr(ctx, v6, rk.addr);
+	rk.port = (__be16)ctx->user_port;
+	rv = bpf_map_lookup_elem(&HM_REVERSE_SOCK, &rk);
+	if (rv)
+		write_addr(ctx, v6, rv->addr, rv->port);
+	return 1;
+}
+
+SEC("cgroup/connect4")
+int hm_connect4(struct bpf_sock_addr *ctx)
+{
+	return to_backend(ctx, 0);
+}
+
+SEC("cgroup/connect6")
+int hm_connect6(struct bpf_sock_addr *ctx)
+{
+	return to_backend(ctx, 1);
+}
+
+SEC("cgroup/sendmsg4")
+int hm_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	return to_backend(ctx, 0);
+}
+
+SEC("cgroup/sendmsg6")
+int hm_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	return to_backend(ctx, 1);
+}
+
+SEC("cgroup/recvmsg4")
+int hm_recvmsg4(struct bpf_sock_addr *ctx)
+{
+	return to_vip(ctx, 0);
+}
+
+SEC("cgroup/recvmsg6")
+int hm_recvmsg6(struct bpf_sock_addr *ctx)
+{
+	return to_vip(ctx, 1);
+}
+
+SEC("cgroup/getpeername4")
+int hm_getpeername4(struct bpf_sock_addr *ctx)
+{
+	return to_vip(ctx, 0);
+}
+
+SEC("cgroup/getpeername6")
+int hm_getpeername6(struct bpf_sock_addr *ctx)
+{
+	return to_vip(ctx, 1);
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -1,0 +1,123 @@
+/* SPDX-License-Identifier: Apache-2.0 OR GPL-2.0 */
+/*
+ * The maps of the service feature. Both service objects (service_nat.c,
+ * service_ctlb.c) declare them; the daemon pins each under its bpffs dir
+ * and loads both objects against the same pins, so they share one set.
+ */
+#ifndef HOSTMESH_SERVICE_MAPS_H
+#define HOSTMESH_SERVICE_MAPS_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#include "hostmesh_abi.h"
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct hm_config);
+} HM_CONFIG SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, HM_MAX_SERVICES);
+	__type(key, struct hm_svc_key);
+	__type(value, struct hm_svc_value);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} HM_SERVICES SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, HM_MAX_SERVICES);
+	__type(key, __u32);
+	__type(value, struct hm_svc_stats);
+} HM_SVC_STATS SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, HM_MAX_BACKENDS);
+	__type(key, __u32);
+	__type(value, struct hm_backend);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} HM_BACKENDS SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, HM_MAX_MAGLEV_CHUNKS);
+	__type(key, struct hm_maglev_key);
+	__type(value, struct hm_maglev_chunk);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} HM_MAGLEV SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, HM_MAX_CONNTRACK);
+	__type(key, struct hm_ct_key);
+	__type(value, struct hm_ct_value);
+} HM_CT SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, HM_MAX_REVERSE_SOCK);
+	__type(key, struct hm_revsk_key);
+	__type(value, struct hm_revsk_value);
+} HM_REVERSE_SOCK SEC(".maps");
+
+static __always_inline struct hm_config *hm_config(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&HM_CONFIG, &zero);
+}
+
+static __always_inline void hm_count(__u32 svc_id, __u32 bytes)
+{
+	struct hm_svc_stats *stats = bpf_map_lookup_elem(&HM_SVC_STATS, &svc_id);
+
+	if (stats) {
+		stats->packets++;
+		stats->bytes += bytes;
+	}
+}
+
+/* The backend a hash selects from the service's Maglev table. */
+static __always_inline struct hm_backend *hm_pick_backend(const struct hm_svc_value *svc, __u32 hash)
+{
+	struct hm_maglev_key key = {};
+	struct hm_maglev_chunk *chunk;
+	__u32 size = svc->table_size;
+	__u32 slot, id;
+
+	if (size == 0)
+		return NULL;
+	slot = hash % size;
+	key.svc_id = svc->id;
+	key.chunk = slot / HM_MAGLEV_CHUNK;
+	chunk = bpf_map_lookup_elem(&HM_MAGLEV, &key);
+	if (!chunk)
+		return NULL;
+	id = chunk->backend[slot & (HM_MAGLEV_CHUNK - 1)];
+	return bpf_map_lookup_elem(&HM_BACKENDS, &id);
+}
+
+/* A 64-bit mix (splitmix64's finaliser) folded to 32 bits. */
+static __always_inline __u32 hm_mix64(__u64 x)
+{
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ULL;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebULL;
+	x ^= x >> 31;
+	return (__u32)(x ^ (x >> 32));
+}
+
+static __always_inline void hm_v4_mapped(__u8 addr[16], __be32 v4)
+{
+	__builtin_memset(addr, 0, 10);
+	addr[10] = 0xff;
+	addr[11] = 0xff;
+	__builtin_memcpy(&addr[12], &v4, 4);
+}
+
+#endif /* HOSTMESH_SERVICE_MAPS_H */
