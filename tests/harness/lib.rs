@@ -6,7 +6,8 @@
 //! - `TempDir`: a scratch dir; a bpffs mounted under it is unmounted;
 //! - `Cgroup`: a cgroup v2 dir of the test's own;
 //! - `NotifyListener`: an sd_notify socket recording what a daemon says;
-//! - `Daemon`: a hostmesh process in a namespace, ended by PID.
+//! - `Daemon`: a hostmesh process in a namespace, ended by PID;
+//! - `Servers`: echo servers naming themselves, stopped on drop.
 //!
 //! Tests must run as root: nothing here skips when it is not.
 
@@ -14,6 +15,7 @@ mod cgroup;
 mod daemon;
 mod netns;
 mod notify;
+mod servers;
 mod tempdir;
 mod wait;
 
@@ -21,6 +23,7 @@ pub use cgroup::Cgroup;
 pub use daemon::{cli, Daemon, DaemonOptions};
 pub use netns::Netns;
 pub use notify::NotifyListener;
+pub use servers::{Proto, Servers};
 pub use tempdir::TempDir;
 pub use wait::{wait_until, Waited};
 

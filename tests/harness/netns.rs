@@ -48,6 +48,33 @@ impl Netns {
         cmd
     }
 
+    /// A command that runs in this namespace and in `cgroup` (a cgroup v2
+    /// dir), where a test's connect-time programs are attached.
+    pub fn command_in_cgroup(&self, program: &str, cgroup: &std::path::Path) -> Command {
+        let mut cmd = self.command(program);
+        // Built before fork: the child must not allocate (another thread of
+        // the test may hold the allocator's lock at fork time).
+        let procs = std::ffi::CString::new(cgroup.join("cgroup.procs").into_os_string().into_encoded_bytes())
+            .expect("cgroup path without NUL");
+        // SAFETY: open(2), write(2) and close(2) are async-signal-safe; "0"
+        // names the calling process.
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let written = libc::write(fd, b"0".as_ptr() as *const libc::c_void, 1);
+                libc::close(fd);
+                if written != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd
+    }
+
     /// Runs a command in the namespace; panics with its output if it fails.
     pub fn exec(&self, program: &str, args: &[&str]) -> String {
         let out = run_ok(self.command(program).args(args));

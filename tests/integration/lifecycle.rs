@@ -112,16 +112,24 @@ fn sigterm_says_stopping_exits_zero_and_leaves_the_dataplane() {
     assert_eq!(code, 3);
 }
 
-/// Link id, program id and map ids behind the pinned objects.
-fn pinned_ids(host: &Host) -> (u32, u32, Vec<u32>) {
+/// (pin, link id, program id) of every pinned link, and the id of every
+/// pinned map.
+fn pinned_ids(host: &Host) -> (Vec<(String, u32, u32)>, Vec<u32>) {
     let pins = &host.opts.bpffs;
-    let link = sys::obj_get(&pins.join("links/hm_natout@tc-ingress@hm-natout")).expect("pinned link");
-    let info = sys::link_info(link.as_fd()).unwrap();
-    let maps = ["HM_SERVICES", "HM_SVC_STATS"]
-        .iter()
-        .map(|m| sys::map_info(sys::obj_get(&pins.join("maps").join(m)).unwrap().as_fd()).unwrap().id)
+    let mut links: Vec<(String, u32, u32)> = std::fs::read_dir(pins.join("links"))
+        .unwrap()
+        .map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            let info = sys::link_info(sys::obj_get(&pins.join("links").join(&name)).unwrap().as_fd()).unwrap();
+            (name, info.id, info.prog_id)
+        })
         .collect();
-    (info.id, info.prog_id, maps)
+    links.sort();
+    let maps = hostmesh::backends::bpf::objects::MAPS
+        .iter()
+        .map(|m| sys::map_info(sys::obj_get(&pins.join("maps").join(m.name)).unwrap().as_fd()).unwrap().id)
+        .collect();
+    (links, maps)
 }
 
 #[test]
@@ -130,6 +138,7 @@ fn a_restarted_daemon_adopts_pinned_state_without_recreating_it() {
     host.write("web.toml", WEB);
     let mut d = host.start_ready();
     let ids = pinned_ids(&host);
+    assert_eq!(ids.0.len(), 8 + 2, "8 connect-time links, hm_natout and hm_reply on lo: {:?}", ids.0);
     let ifindex = host.ns.ip_json(&["link", "show", "hm-natout"])[0]["ifindex"].as_u64();
     d.stop(Duration::from_secs(5));
     drop(d);

@@ -5,4 +5,6 @@ mod fixtures;
 mod lifecycle;
 mod resync;
 mod service_veth;
+mod services;
 mod teardown;
+mod topology;

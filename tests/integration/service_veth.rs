@@ -1,5 +1,6 @@
-//! The bpfnat veth for real: packets to a VIP leave through hm-natin and
-//! are seen by the hm_natout program; `ip route` names hostmesh's routes.
+//! The bpfnat veth's plumbing: packets to a VIP leave through hm-natin and
+//! are counted per service by hm_natout; `ip route` names hostmesh's
+//! routes. (End-to-end service traffic is `services.rs`.)
 
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::os::fd::AsFd;
@@ -23,8 +24,8 @@ fn service_packets(host: &Host, id: u32) -> u64 {
 }
 
 #[test]
-fn vip_traffic_goes_through_the_veth_to_the_natout_program() {
-    let host = Host::new();
+fn vip_packets_reach_hm_natout_and_are_counted_per_service() {
+    let host = Host::with_daemon_config("connect_time_lb = \"off\"");
     // A source address for host-originated traffic.
     host.ns.ip(&["addr", "add", "192.168.77.1/32", "dev", "lo"]);
     host.write("web.toml", WEB);
@@ -37,17 +38,17 @@ fn vip_traffic_goes_through_the_veth_to_the_natout_program() {
     // Service ids are dense from 0 in key order: dns (port 53) then web.
     let (dns, web) = (0, 1);
     host.ns.run(|| {
-        // TCP: the SYN is seen (and, until a backend is chosen, dropped).
+        // TCP: the SYN is counted (its backend is unreachable here).
         let _ = TcpStream::connect_timeout(&"10.96.0.10:80".parse::<SocketAddr>().unwrap(), Duration::from_millis(300));
         let udp = UdpSocket::bind("0.0.0.0:0").unwrap();
         for _ in 0..3 {
             udp.send_to(b"q", "10.96.0.10:53").unwrap();
         }
-        // Not a service: UDP to the TCP service's port.
+        // Not a service: UDP to the TCP service's port (dropped, not counted).
         udp.send_to(b"q", "10.96.0.10:80").unwrap();
     });
     assert!(service_packets(&host, web) >= 1, "the SYN to web was counted");
-    assert_eq!(service_packets(&host, dns), 3, "three datagrams to dns");
+    assert_eq!(service_packets(&host, dns), 3, "three datagrams to dns (no backends: dropped)");
 }
 
 #[test]

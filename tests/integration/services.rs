@@ -1,0 +1,227 @@
+//! Service IPs for real traffic: a host-networked process connects to a VIP
+//! and reaches a backend, over TCP and UDP, IPv4 and IPv6, in every
+//! connect_time_lb mode; refusal, backend removal, established flows,
+//! restarts and neighbouring daemons.
+
+use std::time::{Duration, Instant};
+
+use hm_testkit::wait_until;
+use nix::sys::signal::Signal;
+
+use crate::topology::*;
+
+const CASES: [(&str, &str, u16); 4] =
+    [("tcp", "10.96.0.10", 80), ("udp", "10.96.0.10", 53), ("tcp", "fd00:96::10", 80), ("udp", "fd00:96::10", 53)];
+
+fn peer(vip: &str, port: u16) -> String {
+    if vip.contains(':') {
+        format!("[{vip}]:{port}")
+    } else {
+        format!("{vip}:{port}")
+    }
+}
+
+/// Every request to every VIP is answered, both backends are used, and the
+/// client sees the VIP as its peer; far and local backends answer too.
+fn assert_vips_answer(t: &Topology, mode: &str) {
+    for (proto, vip, port) in CASES {
+        let (answers, peers, errors) = t.requests(proto, vip, port, 12);
+        let what = format!("mode {mode}, {proto} to {vip}:{port}");
+        assert!(errors.is_empty(), "{what}: {errors:?}");
+        assert_eq!(answers.iter().map(|(_, n)| n).sum::<u64>(), 12, "{what}: {answers:?}");
+        let names: Vec<&str> = answers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["b1", "b2"], "{what}: both backends are used: {answers:?}");
+        assert_eq!(peers, [peer(vip, port)], "{what}: the client's peer is the VIP");
+    }
+    for (vip, name) in [("10.96.0.20", "f1"), ("10.96.0.30", "l1")] {
+        let (answers, _, errors) = t.requests("tcp", vip, 80, 5);
+        assert!(errors.is_empty(), "mode {mode}, {vip}: {errors:?}");
+        assert_eq!(answers, [(name.to_string(), 5)], "mode {mode}, {vip}");
+    }
+    let route = route_to(&t.host.ns, "10.96.0.10");
+    if mode == "all" {
+        assert!(!route.contains("hm-natin"), "mode all needs no veth: {route}");
+    } else {
+        assert!(route.contains("via 169.254.1.1 dev hm-natin"), "mode {mode}: {route}");
+    }
+}
+
+fn assert_refused(t: &Topology, mode: &str) {
+    let v = t.client(&["refused", "tcp", "10.96.0.40", "80"]);
+    assert_eq!(v["error"], "ECONNREFUSED", "mode {mode}: {v}");
+    assert!(v["seconds"].as_f64().unwrap() < 1.0, "mode {mode}: refused only after {v}");
+    if mode == "all" {
+        // Connected UDP goes through connect() too.
+        let v = t.client(&["refused", "udp", "10.96.0.40", "53"]);
+        assert_eq!(v["error"], "ECONNREFUSED", "mode all, udp: {v}");
+    }
+}
+
+fn check_mode(mode: &str) {
+    let t = Topology::new(&format!("connect_time_lb = \"{mode}\""));
+    let _d = t.host.start_ready();
+    assert_vips_answer(&t, mode);
+    assert_refused(&t, mode);
+}
+
+#[test]
+fn mode_all_answers_every_vip_over_tcp_and_udp_v4_and_v6() {
+    check_mode("all");
+}
+
+#[test]
+fn mode_tcp_answers_every_vip_over_tcp_and_udp_v4_and_v6() {
+    check_mode("tcp");
+}
+
+#[test]
+fn mode_off_answers_every_vip_over_tcp_and_udp_v4_and_v6() {
+    check_mode("off");
+}
+
+#[test]
+fn switching_modes_by_editing_the_config_needs_no_restart() {
+    let t = Topology::new("connect_time_lb = \"all\"");
+    let d = t.host.start_ready();
+    for mode in ["off", "tcp", "all"] {
+        let generation = t.host.status().generation;
+        t.host.set_daemon_config(&format!("connect_time_lb = \"{mode}\""));
+        t.wait_sync_after(generation);
+        assert_vips_answer(&t, mode);
+    }
+    assert_eq!(d.log_text().matches("msg=starting").count(), 1, "one daemon throughout");
+}
+
+/// Removing a backend: new connections avoid it within 2 s of the write.
+fn check_removal(mode: &str, proto: &str, port: u16) {
+    let t = Topology::new(&format!("connect_time_lb = \"{mode}\""));
+    let _d = t.host.start_ready();
+    let written = Instant::now();
+    let backend = if proto == "tcp" { "192.168.10.12:8080" } else { "192.168.10.12:5353" };
+    t.host.write("services.toml", &services_without(backend));
+    wait_until("new connections to avoid the removed backend", Duration::from_secs(2), || {
+        let (answers, _, errors) = t.requests(proto, "10.96.0.10", port, 10);
+        errors.is_empty() && answers == [("b1".to_string(), 10)]
+    })
+    .unwrap_or_else(|e| panic!("mode {mode} {proto}: {e}"));
+    assert!(written.elapsed() < Duration::from_secs(3));
+}
+
+#[test]
+fn a_removed_backend_gets_no_new_connections_within_two_seconds() {
+    check_removal("tcp", "tcp", 80); // connect-time
+    check_removal("off", "tcp", 80); // bpfnat veth
+    check_removal("tcp", "udp", 53); // UDP over the veth
+}
+
+#[test]
+fn an_established_veth_flow_survives_the_removal_of_another_backend() {
+    let t = Topology::new("connect_time_lb = \"off\"");
+    let _d = t.host.start_ready();
+    let mut conn = t.hold("10.96.0.10", 80);
+    let mine = conn.answer();
+    let other = if mine == "b1" { "192.168.10.12:8080" } else { "192.168.10.11:8080" };
+    let generation = t.host.status().generation;
+    t.host.write("services.toml", &services_without(other));
+    t.wait_sync_after(generation);
+    // New connections only reach the remaining backend...
+    let (answers, _, _) = t.requests("tcp", "10.96.0.10", 80, 5);
+    assert_eq!(answers, [(mine.clone(), 5)]);
+    // ...and the established one still talks to its own.
+    for _ in 0..3 {
+        assert_eq!(conn.again(), mine);
+    }
+}
+
+#[test]
+fn connections_every_50ms_through_a_daemon_restart_never_fail() {
+    let t = Topology::new("");
+    let mut d = t.host.start_ready();
+    let clients: Vec<_> = [("tcp", "80"), ("udp", "53")]
+        .into_iter()
+        .map(|(proto, port)| {
+            t.host
+                .ns
+                .command_in_cgroup("python3", t.host.cgroup.path())
+                .args([CLIENT, "loop", proto, "10.96.0.10", port, "0.05", "4"])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(800));
+    d.stop(Duration::from_secs(5));
+    drop(d);
+    std::thread::sleep(Duration::from_millis(500)); // traffic with no daemon at all
+    let d = t.host.start_ready();
+    for (client, proto) in clients.into_iter().zip(["tcp", "udp"]) {
+        let out = client.wait_with_output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["failures"].as_array().unwrap().len(), 0, "{proto}: {v}");
+        assert!(v["ok"].as_u64().unwrap() >= 40, "{proto}: {v}");
+    }
+    let s = t.host.status();
+    assert_eq!(s.last_sync.steps, 0, "the restarted daemon adopted everything");
+    drop(d);
+}
+
+#[test]
+fn two_daemons_in_two_namespaces_with_the_same_vip_do_not_interfere() {
+    let a = Topology::new("");
+    let b = Topology::new("");
+    // Both daemons attach to A's cgroup; clients of both run in it.
+    b.host.write("00-daemon.toml", &format!("[daemon]\ncgroup = \"{}\"\n", a.host.cgroup.path().display()));
+    // B's backends answer with other names.
+    let _b_servers =
+        hm_testkit::Servers::start(&b.backends, &[("192.168.10.11:9090", hm_testkit::Proto::Tcp, "other")]);
+    b.host
+        .write("services.toml", &SERVICES.replace("192.168.10.11:8080\", \"192.168.10.12:8080", "192.168.10.11:9090"));
+    let _da = a.host.start_ready();
+    let _db = b.host.start_ready();
+
+    let (answers, _, errors) = a.requests("tcp", "10.96.0.10", 80, 10);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert!(answers.iter().all(|(n, _)| n == "b1" || n == "b2"), "A reaches A's backends: {answers:?}");
+    let out = b
+        .host
+        .ns
+        .command_in_cgroup("python3", a.host.cgroup.path())
+        .args([CLIENT, "requests", "tcp", "10.96.0.10", "80", "10"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["answers"], serde_json::json!({"other": 10}), "B reaches B's backend: {v}");
+    // And UDP through each one's veth.
+    let (answers, _, errors) = a.requests("udp", "10.96.0.10", 53, 6);
+    assert!(errors.is_empty() && answers.iter().map(|(_, n)| n).sum::<u64>() == 6, "{answers:?} {errors:?}");
+}
+
+#[test]
+fn sighup_is_harmless_to_traffic() {
+    let t = Topology::new("");
+    let d = t.host.start_ready();
+    d.signal(Signal::SIGHUP);
+    let (answers, _, errors) = t.requests("tcp", "10.96.0.10", 80, 10);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(answers.iter().map(|(_, n)| n).sum::<u64>(), 10);
+}
+
+#[test]
+fn veth_flows_are_tracked_and_idle_ones_expire() {
+    use hostmesh::abi::{CT_FORWARD, CT_F_CLOSING, CT_F_REPLIED};
+    let t = Topology::new("connect_time_lb = \"off\"\nresync_interval = \"1s\"\nconntrack_udp_timeout = \"3s\"");
+    let _d = t.host.start_ready();
+    t.requests("tcp", "10.96.0.10", 80, 3);
+    t.requests("udp", "10.96.0.10", 53, 3);
+    let flows = t.conntrack();
+    let forward: Vec<_> = flows.iter().filter(|(k, _)| k.dir == CT_FORWARD).collect();
+    let count = |proto: u8| forward.iter().filter(|(k, _)| k.proto == proto).count();
+    assert_eq!((count(6), count(17)), (3, 3), "three TCP and three UDP flows: {flows:?}");
+    assert_eq!(flows.len(), 12, "a forward and a reverse entry per flow");
+    assert!(forward.iter().all(|(_, v)| v.flags & CT_F_REPLIED != 0), "every flow was answered");
+    let tcp_closing = forward.iter().filter(|(k, v)| k.proto == 6 && v.flags & CT_F_CLOSING != 0).count();
+    assert_eq!(tcp_closing, 3, "closed TCP flows are marked closing (and expire 10 s later)");
+    // Idle UDP flows go after 3 s, at a resync.
+    wait_until("idle UDP flows to expire", Duration::from_secs(8), || t.conntrack().iter().all(|(k, _)| k.proto != 17))
+        .unwrap();
+}

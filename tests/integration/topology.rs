@@ -1,0 +1,235 @@
+//! The network the service tests run on:
+//!
+//! ```text
+//!  host (hostmesh runs here)          backends                     far
+//!  eth0 192.168.10.1/24  ------  eth0 192.168.10.11 "b1"       eth0 10.50.0.5 "f1"
+//!       fd00:10::1/64                 192.168.10.12 "b2"  ----  (default via
+//!  default via .254                   fd00:10::11 / ::12        10.50.0.1)
+//!  local backend                      .254 routes to far:
+//!  192.168.10.1:7070 "l1"             10.50.0.1/24
+//! ```
+//!
+//! Backends answer TCP on 8080 and UDP on 5353 with their name; the far
+//! backend sits behind a router hop; the local backend is an address of the
+//! host itself.
+
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
+use std::time::Duration;
+
+use hm_testkit::{wait_until, Netns, Proto, Servers};
+use serde_json::Value;
+
+use crate::fixtures::*;
+
+pub const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/clients/vip_client.py");
+
+pub const SERVICES: &str = r#"
+[[service]]
+name = "web"
+vip = "10.96.0.10"
+port = 80
+backends = ["192.168.10.11:8080", "192.168.10.12:8080"]
+
+[[service]]
+name = "dns"
+vip = "10.96.0.10"
+port = 53
+protocol = "udp"
+backends = ["192.168.10.11:5353", "192.168.10.12:5353"]
+
+[[service]]
+name = "web6"
+vip = "fd00:96::10"
+port = 80
+backends = ["[fd00:10::11]:8080", "[fd00:10::12]:8080"]
+
+[[service]]
+name = "dns6"
+vip = "fd00:96::10"
+port = 53
+protocol = "udp"
+backends = ["[fd00:10::11]:5353", "[fd00:10::12]:5353"]
+
+[[service]]
+name = "far"
+vip = "10.96.0.20"
+port = 80
+backends = ["10.50.0.5:8080"]
+
+[[service]]
+name = "local"
+vip = "10.96.0.30"
+port = 80
+backends = ["192.168.10.1:7070"]
+
+[[service]]
+name = "none"
+vip = "10.96.0.40"
+port = 80
+
+[[service]]
+name = "none-udp"
+vip = "10.96.0.40"
+port = 53
+protocol = "udp"
+"#;
+
+/// SERVICES without one backend, wherever it is in its list.
+pub fn services_without(backend: &str) -> String {
+    let quoted = format!("\"{backend}\"");
+    SERVICES.replace(&format!("{quoted}, "), "").replace(&format!(", {quoted}"), "")
+}
+
+/// Field order is drop order: servers, then the host (daemon dirs, cgroup,
+/// namespace), then the other namespaces.
+pub struct Topology {
+    _servers: Servers,
+    pub host: Host,
+    pub backends: Netns,
+    /// Held for its Drop: the far backend's namespace.
+    _far: Netns,
+}
+
+impl Topology {
+    /// Builds the network and writes the services; the daemon is not started.
+    pub fn new(daemon_config: &str) -> Topology {
+        let host = Host::with_daemon_config(daemon_config);
+        let backends = Netns::new();
+        let far = Netns::new();
+        host.ns.veth_to(&backends, ("eth0", "192.168.10.1/24"), ("eth0", "192.168.10.11/24"));
+        backends.ip(&["addr", "add", "192.168.10.12/24", "dev", "eth0"]);
+        backends.ip(&["addr", "add", "192.168.10.254/24", "dev", "eth0"]);
+        host.ns.ip(&["addr", "add", "fd00:10::1/64", "dev", "eth0", "nodad"]);
+        for a in ["fd00:10::11/64", "fd00:10::12/64"] {
+            backends.ip(&["addr", "add", a, "dev", "eth0", "nodad"]);
+        }
+        host.ns.ip(&["route", "add", "default", "via", "192.168.10.254", "dev", "eth0"]);
+        host.ns.ip(&["-6", "route", "add", "default", "via", "fd00:10::11", "dev", "eth0"]);
+        backends.veth_to(&far, ("far0", "10.50.0.1/24"), ("eth0", "10.50.0.5/24"));
+        far.ip(&["route", "add", "default", "via", "10.50.0.1"]);
+        backends.set_sysctl("net/ipv4/ip_forward", "1");
+
+        let servers = Servers::start(
+            &backends,
+            &[
+                ("192.168.10.11:8080", Proto::Tcp, "b1"),
+                ("192.168.10.12:8080", Proto::Tcp, "b2"),
+                ("192.168.10.11:5353", Proto::Udp, "b1"),
+                ("192.168.10.12:5353", Proto::Udp, "b2"),
+                ("[fd00:10::11]:8080", Proto::Tcp, "b1"),
+                ("[fd00:10::12]:8080", Proto::Tcp, "b2"),
+                ("[fd00:10::11]:5353", Proto::Udp, "b1"),
+                ("[fd00:10::12]:5353", Proto::Udp, "b2"),
+            ],
+        );
+        let far_servers = Servers::start(&far, &[("10.50.0.5:8080", Proto::Tcp, "f1")]);
+        let local_servers = Servers::start(&host.ns, &[("192.168.10.1:7070", Proto::Tcp, "l1")]);
+        host.write("services.toml", SERVICES);
+        Topology { _servers: servers.join(far_servers).join(local_servers), host, backends, _far: far }
+    }
+
+    /// Runs the client in the host namespace and the test cgroup.
+    pub fn client(&self, args: &[&str]) -> Value {
+        let out = self
+            .host
+            .ns
+            .command_in_cgroup("python3", self.host.cgroup.path())
+            .arg(CLIENT)
+            .args(args)
+            .output()
+            .expect("run the client");
+        assert!(out.status.success(), "client {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("client {args:?}: {e}: {:?}", out.stdout))
+    }
+
+    /// `count` requests; returns (answers by backend, peers seen, errors).
+    pub fn requests(
+        &self,
+        proto: &str,
+        vip: &str,
+        port: u16,
+        count: u32,
+    ) -> (Vec<(String, u64)>, Vec<String>, Vec<String>) {
+        let v = self.client(&["requests", proto, vip, &port.to_string(), &count.to_string()]);
+        let answers = v["answers"].as_object().unwrap().iter().map(|(k, n)| (k.clone(), n.as_u64().unwrap())).collect();
+        let strings = |key: &str| v[key].as_array().unwrap().iter().map(|x| x.as_str().unwrap().to_string()).collect();
+        (answers, strings("peers"), strings("errors"))
+    }
+
+    /// A long-lived TCP connection to a VIP, driven request by request.
+    pub fn hold(&self, vip: &str, port: u16) -> Held {
+        let mut child = self
+            .host
+            .ns
+            .command_in_cgroup("python3", self.host.cgroup.path())
+            .args([CLIENT, "hold", vip, &port.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("run the client");
+        let stdin = child.stdin.take();
+        let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        Held { child, stdin, stdout }
+    }
+
+    /// Waits for a sync after a config change, which must have been accepted.
+    pub fn wait_sync_after(&self, generation: u64) {
+        wait_until("a sync", Duration::from_secs(5), || {
+            let s = self.host.status();
+            s.generation > generation && s.last_sync.ok
+        })
+        .unwrap_or_else(|e| panic!("{e}: {:?}", self.host.status().last_sync));
+        let rejected: Vec<_> = self.host.status().files.into_iter().filter(|f| f.state != "applied").collect();
+        assert!(rejected.is_empty(), "the test wrote a config hostmesh rejected: {rejected:?}");
+    }
+
+    /// Every flow in the veth path's conntrack: (key, value).
+    pub fn conntrack(&self) -> Vec<(hostmesh::abi::CtKey, hostmesh::abi::CtValue)> {
+        use hostmesh::abi::{CtKey, CtValue, Pod};
+        use hostmesh::backends::bpf::sys;
+        use std::os::fd::AsFd;
+        let fd = sys::obj_get(&self.host.opts.bpffs.join("maps/HM_CT")).expect("pinned HM_CT");
+        sys::map_dump(fd.as_fd(), 40, 32)
+            .unwrap()
+            .into_iter()
+            .map(|(k, v)| (CtKey::from_bytes(&k).unwrap(), CtValue::from_bytes(&v).unwrap()))
+            .collect()
+    }
+}
+
+pub struct Held {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: std::io::BufReader<ChildStdout>,
+}
+
+impl Held {
+    /// The answer to the last request (the first comes on connect).
+    pub fn answer(&mut self) -> String {
+        use std::io::BufRead;
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("read from client");
+        let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("client said {line:?}: {e}"));
+        v["answer"].as_str().unwrap().to_string()
+    }
+
+    /// Sends another request on the same connection.
+    pub fn again(&mut self) -> String {
+        use std::io::Write;
+        writeln!(self.stdin.as_mut().unwrap(), "again").unwrap();
+        self.answer()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        drop(self.stdin.take()); // EOF: the client exits
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `ip route get` in the host namespace.
+pub fn route_to(ns: &Netns, dst: &str) -> String {
+    ns.ip(&["route", "get", dst])
+}
