@@ -14,9 +14,9 @@
 #include <linux/types.h>
 
 /* Map capacities (daemon/src/backends/bpf/objects.rs repeats them). */
-#define HM_MAX_SERVICES 16384
+#define HM_MAX_SERVICES 65536
 #define HM_MAX_BACKENDS 65536
-#define HM_MAX_MAGLEV_CHUNKS 262144
+#define HM_MAX_MAGLEV_CHUNKS 1048576
 #define HM_MAX_CONNTRACK 131072
 #define HM_MAX_REVERSE_SOCK 131072
 

@@ -116,9 +116,9 @@ const _: () = assert!(std::mem::size_of::<CtKey>() == 40);
 const _: () = assert!(std::mem::size_of::<CtValue>() == 32);
 
 /// Map capacities (`HM_MAX_*` in the header).
-pub const MAX_SERVICES: u32 = 16384;
+pub const MAX_SERVICES: u32 = 65536;
 pub const MAX_BACKENDS: u32 = 65536;
-pub const MAX_MAGLEV_CHUNKS: u32 = 262144;
+pub const MAX_MAGLEV_CHUNKS: u32 = 1_048_576;
 pub const MAX_CONNTRACK: u32 = 131072;
 pub const MAX_REVERSE_SOCK: u32 = 131072;
 

@@ -1,0 +1,196 @@
+//! Closed-loop load: TCP connect + request/reply + close, and UDP
+//! request/reply, against echo servers. One client thread per run keeps the
+//! two CPUs of these machines split between client and server.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use hm_testkit::Netns;
+
+const REQUEST: &[u8; 32] = b"hostmesh-bench-request-32-bytes!";
+
+/// Servers in the backend namespace: TCP answers one request and waits for
+/// the client to close, UDP echoes.
+pub struct EchoServers {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl EchoServers {
+    pub fn start(ns: &Netns, tcp: SocketAddr, udp: SocketAddr) -> EchoServers {
+        let stop = Arc::new(AtomicBool::new(false));
+        let listener = ns.run(move || TcpListener::bind(tcp).expect("bind tcp"));
+        listener.set_nonblocking(true).unwrap();
+        let socket = ns.run(move || UdpSocket::bind(udp).expect("bind udp"));
+        socket.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let s1 = Arc::clone(&stop);
+        let tcp_thread = std::thread::spawn(move || {
+            pin_to_cpu(1);
+            let mut buf = [0u8; 64];
+            while !s1.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((mut c, _)) => {
+                        let _ = c.set_nonblocking(false);
+                        let _ = c.set_read_timeout(Some(Duration::from_secs(1)));
+                        if c.read(&mut buf).unwrap_or(0) > 0 {
+                            let _ = c.write_all(&buf[..REQUEST.len()]);
+                            // The client ends the connection (see tcp_rate).
+                            let _ = c.read(&mut buf);
+                        }
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_micros(50)),
+                }
+            }
+        });
+        let s2 = Arc::clone(&stop);
+        let udp_thread = std::thread::spawn(move || {
+            pin_to_cpu(1);
+            let mut buf = [0u8; 64];
+            while !s2.load(Ordering::Relaxed) {
+                if let Ok((n, from)) = socket.recv_from(&mut buf) {
+                    let _ = socket.send_to(&buf[..n], from);
+                }
+            }
+        });
+        EchoServers { stop, threads: vec![tcp_thread, udp_thread] }
+    }
+}
+
+impl Drop for EchoServers {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_interrupt(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::Relaxed);
+}
+
+/// Ctrl-C ends the current measurement; the caller then unwinds, so every
+/// namespace, daemon and cgroup guard still cleans up.
+pub fn catch_interrupts() {
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGINT, on_interrupt as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_interrupt as *const () as libc::sighandler_t);
+    }
+}
+
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::Relaxed)
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Rate {
+    pub per_sec: f64,
+    pub errors: u64,
+}
+
+/// Pins the calling thread: client and server each get a CPU of their own
+/// (on a 2-CPU machine), which steadies the rates.
+pub fn pin_to_cpu(cpu: usize) {
+    let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let mut set = nix::sched::CpuSet::new();
+    if set.set(cpu % n).is_ok() {
+        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
+    }
+}
+
+/// A TCP socket bound to `src` and connected to `dst`.
+fn connect_from(src: IpAddr, dst: SocketAddr) -> std::io::Result<TcpStream> {
+    use std::os::fd::FromRawFd;
+    let family = if dst.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    // SAFETY: plain socket(2); the fd is owned by the TcpStream below.
+    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh socket no one else owns.
+    let stream = unsafe { TcpStream::from_raw_fd(fd) };
+    let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+    // SAFETY: a valid socket and a correctly sized linger struct.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            &linger as *const libc::linger as *const libc::c_void,
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+    let sock = nix::sys::socket::SockaddrStorage::from(SocketAddr::new(src, 0));
+    nix::sys::socket::bind(fd, &sock).map_err(std::io::Error::from)?;
+    let to = nix::sys::socket::SockaddrStorage::from(dst);
+    nix::sys::socket::connect(fd, &to).map_err(std::io::Error::from)?;
+    Ok(stream)
+}
+
+/// TCP connect + request + reply + abort from `src` to `dst` for `secs`,
+/// in `ns`. The client ends each connection with a RST (SO_LINGER 0), so
+/// no TIME_WAIT piles up: tens of thousands of them would turn every
+/// connect() into a search for a free port, and on the server a NATed
+/// connection could meet the TIME_WAIT of an earlier one from the same
+/// client port to another address (a direct one, or another VIP) whose TCP
+/// timestamps differ, and be taken for an old duplicate. Each path also
+/// uses its own source address.
+pub fn tcp_rate(ns: &Netns, src: IpAddr, dst: SocketAddr, secs: Duration) -> Rate {
+    ns.run(move || {
+        pin_to_cpu(0);
+        let mut buf = [0u8; 64];
+        let (mut ok, mut errors) = (0u64, 0u64);
+        let start = Instant::now();
+        while start.elapsed() < secs && !interrupted() {
+            let result = (|| -> std::io::Result<()> {
+                let mut s = connect_from(src, dst)?;
+                s.set_read_timeout(Some(Duration::from_secs(1)))?;
+                s.write_all(REQUEST)?;
+                let mut got = 0;
+                while got < REQUEST.len() {
+                    let n = s.read(&mut buf[got..])?;
+                    if n == 0 {
+                        return Err(std::io::ErrorKind::UnexpectedEof.into());
+                    }
+                    got += n;
+                }
+                Ok(())
+            })();
+            match result {
+                Ok(()) => ok += 1,
+                Err(_) => errors += 1,
+            }
+        }
+        Rate { per_sec: ok as f64 / start.elapsed().as_secs_f64(), errors }
+    })
+}
+
+/// UDP request/reply on one unconnected socket from `src` to `dst`.
+pub fn udp_rate(ns: &Netns, src: IpAddr, dst: SocketAddr, secs: Duration) -> Rate {
+    ns.run(move || {
+        pin_to_cpu(0);
+        let s = UdpSocket::bind(SocketAddr::new(src, 0)).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        let mut buf = [0u8; 64];
+        let (mut ok, mut errors) = (0u64, 0u64);
+        let start = Instant::now();
+        while start.elapsed() < secs && !interrupted() {
+            if s.send_to(REQUEST, dst).is_err() {
+                errors += 1;
+                continue;
+            }
+            match s.recv_from(&mut buf) {
+                Ok(_) => ok += 1,
+                Err(_) => errors += 1,
+            }
+        }
+        Rate { per_sec: ok as f64 / start.elapsed().as_secs_f64(), errors }
+    })
+}
