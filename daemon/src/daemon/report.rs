@@ -3,7 +3,8 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::config::{ConfigError, FileState, Loaded};
+use crate::config::{ConfigError, CtlbMode, FileState, Loaded, Protocol};
+use crate::model::{Hook, Program};
 use crate::reconcile::{StepError, SyncOutcome};
 use crate::state::*;
 
@@ -62,27 +63,56 @@ fn not_applied(kind: &str, name: &str, origin: String, detail: String) -> Object
     }
 }
 
-/// Per-object status: every configured object, plus the shared bpfnat veth
-/// when it is in use.
+/// Per-object status: every configured object, plus the shared
+/// connect-time programs and bpfnat veth when they are in use.
 pub fn objects(loaded: &Loaded, outcome: &SyncOutcome) -> Vec<ObjectStatus> {
     let d = &outcome.desired;
     let veth = !d.links.is_empty();
+    let mode = loaded.config.daemon.connect_time_lb;
+    let cgroups: std::collections::BTreeSet<String> = d
+        .attachments
+        .keys()
+        .filter_map(|a| match &a.hook {
+            Hook::Cgroup(p) => Some(p.display().to_string()),
+            _ => None,
+        })
+        .collect();
     let mut out = Vec::new();
+    if let Some(cgroup) = cgroups.first() {
+        out.push(object(
+            "connect-time",
+            cgroup,
+            None,
+            format!(
+                "{} programs on cgroup {cgroup} (for {})",
+                Program::CONNECT_TIME.len(),
+                if mode == CtlbMode::All { "TCP and UDP" } else { "TCP" }
+            ),
+            errors_for(&outcome.errors, &["services".to_string()]),
+        ));
+    }
     if veth {
         out.push(object(
             "bpfnat",
             "hm-natin/hm-natout",
             None,
-            format!("veth pair, {} VIP routes, {} program(s) attached", d.routes.len(), d.attachments.len()),
+            format!(
+                "veth pair, {} VIP routes, {} program(s) attached",
+                d.routes.len(),
+                d.attachments.len() - Program::CONNECT_TIME.len() * cgroups.len()
+            ),
             errors_for(&outcome.errors, &["bpfnat".to_string()]),
         ));
     }
     for s in &loaded.config.services {
-        let mut owners = vec![format!("service/{}", s.name)];
+        let mut owners = vec![format!("service/{}", s.name), "services".to_string()];
         if veth {
             owners.push("bpfnat".into());
         }
-        let path = if veth { "bpfnat veth" } else { "connect-time only" };
+        let path = match (mode, s.protocol) {
+            (CtlbMode::All, _) | (CtlbMode::Tcp, Protocol::Tcp) => "connect-time",
+            _ => "bpfnat veth",
+        };
         let backends: Vec<String> = s
             .backends
             .iter()
