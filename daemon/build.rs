@@ -10,7 +10,7 @@ use std::{
 };
 
 /// Every probe the daemon embeds. One C file per feature.
-const PROBES: &[&str] = &["service_nat", "service_ctlb"];
+const PROBES: &[&str] = &["service_nat", "service_ctlb", "mesh"];
 
 fn main() {
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));

@@ -57,6 +57,10 @@ struct hm_svc_value {
 };
 _Static_assert(sizeof(struct hm_svc_value) == 16, "hm_svc_value layout");
 
+/* The VIP:port is also a [[mesh]] entry: the sidecar owns it, connect-time
+ * load balancing leaves it alone. */
+#define HM_SVC_F_MESH (1u << 0)
+
 /* Per-service counters, per CPU, indexed by hm_svc_value.id. */
 struct hm_svc_stats {
 	__u64 packets;
@@ -131,5 +135,33 @@ struct hm_revsk_value {
 	__u16 _pad;
 };
 _Static_assert(sizeof(struct hm_revsk_value) == 20, "hm_revsk_value layout");
+
+/* HM_MESH: (VIP, port, protocol) -> the sidecar's redirect port. Port 0
+ * matches every port of the VIP; an exact port wins over it. */
+struct hm_mesh_key {
+	__u8 addr[16];
+	__be16 port;
+	__u8 proto;
+	__u8 _pad;
+};
+_Static_assert(sizeof(struct hm_mesh_key) == 20, "hm_mesh_key layout");
+
+struct hm_mesh_value {
+	__u16 redirect_port; /* host byte order */
+	__u16 _pad;
+};
+_Static_assert(sizeof(struct hm_mesh_value) == 4, "hm_mesh_value layout");
+
+/* HM_MESH_SOCKETS (a SOCKHASH): the sidecar listener for a redirect port. */
+struct hm_sock_key {
+	__u16 port;  /* host byte order */
+	__u8 family; /* AF_INET or AF_INET6 */
+	__u8 proto;  /* IPPROTO_TCP or IPPROTO_UDP */
+};
+_Static_assert(sizeof(struct hm_sock_key) == 4, "hm_sock_key layout");
+
+/* Default capacity of the mesh maps; [daemon] mesh_map_size overrides it
+ * (4,096 at least). */
+#define HM_MESH_MAP_SIZE 16384
 
 #endif /* HOSTMESH_ABI_H */

@@ -98,7 +98,8 @@ static __always_inline int to_backend(struct bpf_sock_addr *ctx, int v6)
 	key.port = (__be16)ctx->user_port;
 	key.proto = proto;
 	svc = bpf_map_lookup_elem(&HM_SERVICES, &key);
-	if (!svc)
+	/* A mesh VIP:port belongs to its sidecar. */
+	if (!svc || (svc->flags & HM_SVC_F_MESH))
 		return 1;
 	hm_count(svc->id, 0);
 	if (svc->backend_count == 0)

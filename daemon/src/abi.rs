@@ -46,6 +46,10 @@ pub struct HmConfig {
     pub pad: u32,
 }
 
+/// `SvcValue::flags`: the VIP:port is also a mesh entry; connect-time LB
+/// leaves it to the sidecar.
+pub const SVC_F_MESH: u32 = 1 << 0;
+
 pub const CFG_CTLB_TCP: u32 = 1 << 0;
 pub const CFG_CTLB_UDP: u32 = 1 << 1;
 
@@ -105,6 +109,32 @@ pub const CT_F_CLOSING: u8 = 1 << 1;
 pub const CT_SYN_TIMEOUT_S: u64 = 60;
 pub const CT_CLOSING_TIMEOUT_S: u64 = 10;
 
+/// `HM_MESH` keys have the layout of service keys; port 0 means every port.
+pub type MeshKey = SvcKey;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MeshValue {
+    /// Host byte order.
+    pub redirect_port: u16,
+    pub pad: u16,
+}
+
+/// `HM_MESH_SOCKETS` key: the sidecar listener for a redirect port.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SockKey {
+    /// Host byte order.
+    pub port: u16,
+    pub family: u8,
+    pub proto: u8,
+}
+
+pub const AF_INET: u8 = 2;
+pub const AF_INET6: u8 = 10;
+
+const _: () = assert!(std::mem::size_of::<MeshValue>() == 4);
+const _: () = assert!(std::mem::size_of::<SockKey>() == 4);
 const _: () = assert!(std::mem::size_of::<SvcKey>() == 20);
 const _: () = assert!(std::mem::size_of::<SvcValue>() == 16);
 const _: () = assert!(std::mem::size_of::<SvcStats>() == 16);
@@ -121,6 +151,11 @@ pub const MAX_BACKENDS: u32 = 65536;
 pub const MAX_MAGLEV_CHUNKS: u32 = 1_048_576;
 pub const MAX_CONNTRACK: u32 = 131072;
 pub const MAX_REVERSE_SOCK: u32 = 131072;
+/// Default size of the mesh maps (`HM_MESH_MAP_SIZE`); configurable, 4,096
+/// at least.
+pub const MESH_MAP_SIZE: u32 = 16384;
+pub const MIN_MESH_MAP_SIZE: u32 = 4096;
+pub const MAX_MESH_MAP_SIZE: u32 = 1 << 20;
 
 /// An address as the probes store it: IPv6, or IPv4-mapped.
 pub fn addr16(ip: IpAddr) -> [u8; 16] {
@@ -184,6 +219,8 @@ impl Pod for MaglevChunk {}
 impl Pod for CtKey {}
 impl Pod for CtValue {}
 impl Pod for u32 {}
+impl Pod for MeshValue {}
+impl Pod for SockKey {}
 
 #[cfg(test)]
 mod tests {

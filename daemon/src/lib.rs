@@ -13,5 +13,6 @@ pub mod log;
 pub mod model;
 pub mod paths;
 pub mod reconcile;
+pub mod sidecars;
 pub mod state;
 pub mod teardown;

@@ -1,7 +1,7 @@
 //! `hostmesh teardown`: remove everything hostmesh owns in this network
 //! namespace — pinned links (which detaches the programs), pinned maps,
-//! routes with hostmesh's protocol, `hm-*` links — and put back the
-//! sysctls it changed. Safe to run twice.
+//! `table inet hostmesh`, routes with hostmesh's protocol, `hm-*` links —
+//! and put back the sysctls it changed. Safe to run twice.
 
 use std::fs;
 use std::io;
@@ -10,8 +10,9 @@ use std::path::Path;
 use crate::backends::bpf::pins::is_bpffs;
 use crate::backends::bpf::PinnedBpf;
 use crate::backends::netlink::{owned_links, Rtnetlink};
+use crate::backends::nft::NftCli;
 use crate::backends::sysctl::ProcSys;
-use crate::backends::{BackendError, NetBackend, SysctlBackend};
+use crate::backends::{BackendError, NetBackend, NftBackend, SysctlBackend};
 use crate::paths::Paths;
 use crate::reconcile::SysctlOriginals;
 use crate::state::STATUS_FILE;
@@ -41,6 +42,12 @@ pub fn teardown(paths: &Paths) -> Result<Vec<String>, TeardownError> {
             done.push(format!("unpinned {removed}"));
         }
         remove_pin_dir(&paths.bpffs, &mut done)?;
+    }
+
+    let mut nft = NftCli::new();
+    if nft.mesh_table()?.is_some() {
+        nft.delete_mesh_table()?;
+        done.push("deleted table inet hostmesh".to_string());
     }
 
     let mut net = Rtnetlink::open().map_err(io_err("open rtnetlink"))?;

@@ -9,6 +9,8 @@ one JSON object on stdout.
       {"answers": {"b1": 10, ...}, "peers": ["10.96.0.10:80"], "errors": []}
   loop PROTO HOST PORT INTERVAL SECONDS   a request every INTERVAL for SECONDS:
       {"ok": 80, "failures": ["12.3: timed out", ...]}
+  watch PROTO HOST PORT INTERVAL SECONDS   like loop, one line per request:
+      {"t": <CLOCK_MONOTONIC seconds>, "answer": "b1"} or {"t": ..., "error": "..."}
   refused PROTO HOST PORT   one connect(): {"error": "ECONNREFUSED", "seconds": 0.001}
   hold HOST PORT   one TCP connection; a request now and one per line on stdin:
       prints {"answer": "b1"} per request
@@ -73,6 +75,18 @@ def loop(proto, host, port, interval, seconds):
     return {"ok": ok, "failures": failures}
 
 
+def watch(proto, host, port, interval, seconds):
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        t = time.monotonic()
+        try:
+            answer, _ = request(proto, host, port)
+            print(json.dumps({"t": t, "answer": answer}), flush=True)
+        except OSError as e:
+            print(json.dumps({"t": t, "error": str(e)}), flush=True)
+        time.sleep(max(0.0, interval - (time.monotonic() - t)))
+
+
 def refused(proto, host, port):
     kind = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
     start = time.monotonic()
@@ -111,6 +125,8 @@ def main():
         out = refused(args[0], args[1], int(args[2]))
     elif mode == "hold":
         return hold(args[0], int(args[1]))
+    elif mode == "watch":
+        return watch(args[0], args[1], int(args[2]), float(args[3]), float(args[4]))
     else:
         sys.exit(f"unknown mode {mode}")
     print(json.dumps(out), flush=True)

@@ -1,42 +1,43 @@
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// An sd_notify socket: records every datagram a daemon sends, in order.
 pub struct NotifyListener {
     path: PathBuf,
     messages: Arc<(Mutex<Vec<String>>, Condvar)>,
-    socket: UnixDatagram,
+    stop: Arc<AtomicBool>,
+    reader: Option<JoinHandle<()>>,
 }
 
 impl NotifyListener {
     pub fn bind(path: &Path) -> NotifyListener {
         let socket = UnixDatagram::bind(path).expect("bind notify socket");
-        let reader = socket.try_clone().expect("clone notify socket");
-        reader.set_read_timeout(Some(Duration::from_millis(200))).expect("timeout");
+        socket.set_read_timeout(Some(Duration::from_millis(100))).expect("timeout");
         let messages: Arc<(Mutex<Vec<String>>, Condvar)> = Arc::default();
-        let sink = Arc::clone(&messages);
-        std::thread::spawn(move || {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (sink, stopped) = (Arc::clone(&messages), Arc::clone(&stop));
+        // The reader ends when told to (it owns the socket); a zero-length
+        // datagram is not a message.
+        let reader = std::thread::spawn(move || {
             let mut buf = vec![0u8; 8192];
-            loop {
-                match reader.recv(&mut buf) {
-                    Ok(n) => {
+            while !stopped.load(Ordering::Relaxed) {
+                match socket.recv(&mut buf) {
+                    Ok(n) if n > 0 => {
                         let (lock, cv) = &*sink;
                         lock.lock().unwrap().push(String::from_utf8_lossy(&buf[..n]).into_owned());
                         cv.notify_all();
                     }
-                    Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                        // Stop once the listener is dropped (only we hold the Arc then).
-                        if Arc::strong_count(&sink) == 1 {
-                            return;
-                        }
-                    }
+                    Ok(_) => {}
+                    Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
                     Err(_) => return,
                 }
             }
         });
-        NotifyListener { path: path.to_path_buf(), messages, socket }
+        NotifyListener { path: path.to_path_buf(), messages, stop, reader: Some(reader) }
     }
 
     pub fn path(&self) -> &Path {
@@ -71,7 +72,10 @@ impl NotifyListener {
 
 impl Drop for NotifyListener {
     fn drop(&mut self) {
-        let _ = self.socket.shutdown(std::net::Shutdown::Both);
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
         let _ = std::fs::remove_file(&self.path);
     }
 }

@@ -9,6 +9,31 @@ use hm_testkit::{cli, Cgroup, Daemon, DaemonOptions, Netns, TempDir};
 use hostmesh::state::Status;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_hostmesh");
+
+/// The integration tests run one at a time: their timing claims (a sidecar
+/// within 1 s, a removal within 2 s) are about hostmesh, and on a 2-CPU
+/// machine another test's daemon, namespaces and clients would be measured
+/// too. Every test holds this from its first line.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// One TCP request from inside `ns`: connect (300 ms at most), send a line,
+/// read the answer line. In-process, so timing it measures the network,
+/// not a client's start-up.
+pub fn tcp_ask(ns: &Netns, addr: &str) -> std::io::Result<String> {
+    use std::io::{BufRead, Write};
+    let addr: std::net::SocketAddr = addr.parse().expect("address");
+    ns.run(move || {
+        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300))?;
+        s.set_read_timeout(Some(Duration::from_millis(500)))?;
+        s.write_all(b"hello\n")?;
+        let mut line = String::new();
+        std::io::BufReader::new(s).read_line(&mut line)?;
+        Ok(line.trim().to_string())
+    })
+}
 pub const READY_TIMEOUT: Duration = Duration::from_secs(15);
 
 pub const WEB: &str = r#"

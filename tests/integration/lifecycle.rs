@@ -13,6 +13,7 @@ use crate::fixtures::*;
 
 #[test]
 fn ready_comes_after_the_first_sync_has_applied_the_config() {
+    let _serial = serial();
     let host = Host::new();
     host.write("web.toml", WEB);
     let d = host.start();
@@ -30,6 +31,7 @@ fn ready_comes_after_the_first_sync_has_applied_the_config() {
 
 #[test]
 fn a_new_drop_in_applies_within_two_seconds_without_a_signal() {
+    let _serial = serial();
     let host = Host::new();
     host.write("web.toml", WEB);
     let _d = host.start_ready();
@@ -44,6 +46,7 @@ fn a_new_drop_in_applies_within_two_seconds_without_a_signal() {
 
 #[test]
 fn sighup_reports_reloading_with_a_timestamp_then_ready() {
+    let _serial = serial();
     let host = Host::new();
     host.write("web.toml", WEB);
     let d = host.start_ready();
@@ -69,6 +72,7 @@ fn sighup_reports_reloading_with_a_timestamp_then_ready() {
 
 #[test]
 fn a_broken_drop_in_keeps_its_last_good_version_and_everything_else() {
+    let _serial = serial();
     let host = Host::new();
     host.write("a-web.toml", WEB);
     host.write("b-api.toml", API);
@@ -100,6 +104,7 @@ fn a_broken_drop_in_keeps_its_last_good_version_and_everything_else() {
 
 #[test]
 fn sigterm_says_stopping_exits_zero_and_leaves_the_dataplane() {
+    let _serial = serial();
     let host = Host::new();
     host.write("web.toml", WEB);
     let mut d = host.start_ready();
@@ -134,6 +139,7 @@ fn pinned_ids(host: &Host) -> (Vec<(String, u32, u32)>, Vec<u32>) {
 
 #[test]
 fn a_restarted_daemon_adopts_pinned_state_without_recreating_it() {
+    let _serial = serial();
     let host = Host::new();
     host.write("web.toml", WEB);
     let mut d = host.start_ready();
@@ -153,6 +159,7 @@ fn a_restarted_daemon_adopts_pinned_state_without_recreating_it() {
 
 #[test]
 fn a_burst_of_a_thousand_drop_ins_costs_one_sync() {
+    let _serial = serial();
     let host = Host::new();
     let d = host.start_ready();
     let generation = host.status().generation;
@@ -177,6 +184,7 @@ fn a_burst_of_a_thousand_drop_ins_costs_one_sync() {
 
 #[test]
 fn watchdog_pings_come_at_half_the_interval() {
+    let _serial = serial();
     let host = Host::new();
     let d = hm_testkit::Daemon::start_with_env(&host.ns, &host.opts, &[("WATCHDOG_USEC", "400000")]);
     d.wait_ready(READY_TIMEOUT);
@@ -189,6 +197,7 @@ fn watchdog_pings_come_at_half_the_interval() {
 
 #[test]
 fn status_says_when_the_daemon_died_without_stopping() {
+    let _serial = serial();
     let host = Host::new();
     host.write("web.toml", WEB);
     let d = host.start_ready();
@@ -197,7 +206,10 @@ fn status_says_when_the_daemon_died_without_stopping() {
     drop(d);
     let (text, code) = host.status_text();
     assert!(text.starts_with(&format!("hostmesh: not running: pid {pid} is gone and did not stop cleanly")), "{text}");
-    assert!(text.contains("service  web"), "the last applied state is still shown: {text}");
+    assert!(
+        text.lines().any(|l| l.trim_start().starts_with("service") && l.contains(" web ")),
+        "the last applied state is still shown: {text}"
+    );
     assert_eq!(code, 3);
     let out = host.hostmesh(&["status", "--json", "--state-dir", host.opts.state_dir.to_str().unwrap()]);
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -206,6 +218,7 @@ fn status_says_when_the_daemon_died_without_stopping() {
 
 #[test]
 fn check_exits_zero_on_a_valid_dir_and_one_with_every_error_printed() {
+    let _serial = serial();
     let host = Host::new();
     let dir = host.opts.config_dir.to_str().unwrap().to_string();
     host.write("web.toml", WEB);

@@ -3,6 +3,7 @@
 
 mod fixtures;
 mod lifecycle;
+mod mesh;
 mod resync;
 mod service_veth;
 mod services;

@@ -8,6 +8,7 @@ use crate::fixtures::*;
 
 #[test]
 fn the_periodic_resync_restores_a_deleted_route_and_a_reset_sysctl() {
+    let _serial = serial();
     let host = Host::with_daemon_config("resync_interval = \"1s\"");
     host.write("web.toml", WEB);
     let _d = host.start_ready();

@@ -3,11 +3,12 @@
 //! connect_time_lb mode; refusal, backend removal, established flows,
 //! restarts and neighbouring daemons.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hm_testkit::wait_until;
 use nix::sys::signal::Signal;
 
+use crate::fixtures::*;
 use crate::topology::*;
 
 const CASES: [(&str, &str, u16); 4] =
@@ -66,21 +67,25 @@ fn check_mode(mode: &str) {
 
 #[test]
 fn mode_all_answers_every_vip_over_tcp_and_udp_v4_and_v6() {
+    let _serial = serial();
     check_mode("all");
 }
 
 #[test]
 fn mode_tcp_answers_every_vip_over_tcp_and_udp_v4_and_v6() {
+    let _serial = serial();
     check_mode("tcp");
 }
 
 #[test]
 fn mode_off_answers_every_vip_over_tcp_and_udp_v4_and_v6() {
+    let _serial = serial();
     check_mode("off");
 }
 
 #[test]
 fn switching_modes_by_editing_the_config_needs_no_restart() {
+    let _serial = serial();
     let t = Topology::new("connect_time_lb = \"all\"");
     let d = t.host.start_ready();
     for mode in ["off", "tcp", "all"] {
@@ -93,22 +98,54 @@ fn switching_modes_by_editing_the_config_needs_no_restart() {
 }
 
 /// Removing a backend: new connections avoid it within 2 s of the write.
+/// A client requests every 50 ms and stamps each answer with
+/// CLOCK_MONOTONIC, so the time measured is hostmesh's, not a client's
+/// start-up.
 fn check_removal(mode: &str, proto: &str, port: u16) {
     let t = Topology::new(&format!("connect_time_lb = \"{mode}\""));
     let _d = t.host.start_ready();
-    let written = Instant::now();
+    let watcher = t
+        .host
+        .ns
+        .command_in_cgroup("python3", t.host.cgroup.path())
+        .args([CLIENT, "watch", proto, "10.96.0.10", &port.to_string(), "0.05", "4"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
     let backend = if proto == "tcp" { "192.168.10.12:8080" } else { "192.168.10.12:5353" };
+    let written = monotonic();
     t.host.write("services.toml", &services_without(backend));
-    wait_until("new connections to avoid the removed backend", Duration::from_secs(2), || {
-        let (answers, _, errors) = t.requests(proto, "10.96.0.10", port, 10);
-        errors.is_empty() && answers == [("b1".to_string(), 10)]
-    })
-    .unwrap_or_else(|e| panic!("mode {mode} {proto}: {e}"));
-    assert!(written.elapsed() < Duration::from_secs(3));
+    let out = watcher.wait_with_output().unwrap();
+    let answers: Vec<(f64, Option<String>)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (v["t"].as_f64().unwrap(), v["answer"].as_str().map(str::to_string))
+        })
+        .collect();
+    let what = format!("mode {mode} {proto}");
+    assert!(answers.iter().all(|(_, a)| a.is_some()), "{what}: every request answered: {answers:?}");
+    assert!(answers.iter().any(|(t, a)| *t < written && a.as_deref() == Some("b2")), "{what}: b2 served before");
+    let last_b2 = answers.iter().filter(|(_, a)| a.as_deref() == Some("b2")).map(|(t, _)| *t).fold(0.0, f64::max);
+    assert!(
+        last_b2 - written < 2.0,
+        "{what}: b2 still got a new connection {:.2} s after the write",
+        last_b2 - written
+    );
+    let after = answers.iter().filter(|(t, _)| *t > written + 2.0).count();
+    assert!(after >= 10, "{what}: {after} requests after the 2 s, all to b1");
+}
+
+/// CLOCK_MONOTONIC in seconds, as Python's time.monotonic().
+fn monotonic() -> f64 {
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap();
+    ts.tv_sec() as f64 + ts.tv_nsec() as f64 / 1e9
 }
 
 #[test]
 fn a_removed_backend_gets_no_new_connections_within_two_seconds() {
+    let _serial = serial();
     check_removal("tcp", "tcp", 80); // connect-time
     check_removal("off", "tcp", 80); // bpfnat veth
     check_removal("tcp", "udp", 53); // UDP over the veth
@@ -116,6 +153,7 @@ fn a_removed_backend_gets_no_new_connections_within_two_seconds() {
 
 #[test]
 fn an_established_veth_flow_survives_the_removal_of_another_backend() {
+    let _serial = serial();
     let t = Topology::new("connect_time_lb = \"off\"");
     let _d = t.host.start_ready();
     let mut conn = t.hold("10.96.0.10", 80);
@@ -135,6 +173,7 @@ fn an_established_veth_flow_survives_the_removal_of_another_backend() {
 
 #[test]
 fn connections_every_50ms_through_a_daemon_restart_never_fail() {
+    let _serial = serial();
     let t = Topology::new("");
     let mut d = t.host.start_ready();
     let clients: Vec<_> = [("tcp", "80"), ("udp", "53")]
@@ -167,6 +206,7 @@ fn connections_every_50ms_through_a_daemon_restart_never_fail() {
 
 #[test]
 fn two_daemons_in_two_namespaces_with_the_same_vip_do_not_interfere() {
+    let _serial = serial();
     let a = Topology::new("");
     let b = Topology::new("");
     // Both daemons attach to A's cgroup; clients of both run in it.
@@ -198,6 +238,7 @@ fn two_daemons_in_two_namespaces_with_the_same_vip_do_not_interfere() {
 
 #[test]
 fn sighup_is_harmless_to_traffic() {
+    let _serial = serial();
     let t = Topology::new("");
     let d = t.host.start_ready();
     d.signal(Signal::SIGHUP);
@@ -208,19 +249,22 @@ fn sighup_is_harmless_to_traffic() {
 
 #[test]
 fn veth_flows_are_tracked_and_idle_ones_expire() {
+    let _serial = serial();
     use hostmesh::abi::{CT_FORWARD, CT_F_CLOSING, CT_F_REPLIED};
     let t = Topology::new("connect_time_lb = \"off\"\nresync_interval = \"1s\"\nconntrack_udp_timeout = \"3s\"");
     let _d = t.host.start_ready();
+    // TCP first: each phase is read at once (closed TCP flows go 10 s later).
     t.requests("tcp", "10.96.0.10", 80, 3);
-    t.requests("udp", "10.96.0.10", 53, 3);
     let flows = t.conntrack();
-    let forward: Vec<_> = flows.iter().filter(|(k, _)| k.dir == CT_FORWARD).collect();
-    let count = |proto: u8| forward.iter().filter(|(k, _)| k.proto == proto).count();
-    assert_eq!((count(6), count(17)), (3, 3), "three TCP and three UDP flows: {flows:?}");
-    assert_eq!(flows.len(), 12, "a forward and a reverse entry per flow");
+    let forward: Vec<_> = flows.iter().filter(|(k, _)| k.dir == CT_FORWARD && k.proto == 6).collect();
+    assert_eq!(forward.len(), 3, "three TCP flows: {flows:?}");
+    assert_eq!(flows.iter().filter(|(k, _)| k.proto == 6).count(), 6, "a forward and a reverse entry per flow");
     assert!(forward.iter().all(|(_, v)| v.flags & CT_F_REPLIED != 0), "every flow was answered");
-    let tcp_closing = forward.iter().filter(|(k, v)| k.proto == 6 && v.flags & CT_F_CLOSING != 0).count();
-    assert_eq!(tcp_closing, 3, "closed TCP flows are marked closing (and expire 10 s later)");
+    assert!(forward.iter().all(|(_, v)| v.flags & CT_F_CLOSING != 0), "closed TCP flows are marked closing");
+    t.requests("udp", "10.96.0.10", 53, 3);
+    let udp: Vec<_> = t.conntrack().into_iter().filter(|(k, _)| k.dir == CT_FORWARD && k.proto == 17).collect();
+    assert_eq!(udp.len(), 3, "three UDP flows: {udp:?}");
+    assert!(udp.iter().all(|(_, v)| v.flags & CT_F_REPLIED != 0));
     // Idle UDP flows go after 3 s, at a resync.
     wait_until("idle UDP flows to expire", Duration::from_secs(8), || t.conntrack().iter().all(|(k, _)| k.proto != 17))
         .unwrap();

@@ -10,6 +10,7 @@ use crate::fixtures::*;
 
 #[test]
 fn teardown_leaves_no_link_route_pin_or_program() {
+    let _serial = serial();
     let host = Host::new();
     host.write("web.toml", WEB);
     host.write("web6.toml", "[[service]]\nname = \"web6\"\nvip = \"fd00::10\"\nport = 80\n");

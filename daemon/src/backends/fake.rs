@@ -16,6 +16,7 @@ pub struct KernelState {
     pub maps: BTreeMap<MapEntryKey, Vec<u8>>,
     pub attachments: BTreeMap<Attachment, AttachStatus>,
     pub routes: BTreeMap<RouteKey, RouteSpec>,
+    pub nft_table: Option<std::collections::BTreeSet<NftRule>>,
     pub facts: HostFacts,
     /// Every mutating call, in order ("create_link hm-natin", ...).
     pub log: Vec<String>,
@@ -41,6 +42,7 @@ impl FakeKernel {
             net: Box::new(self.clone()),
             sysctl: Box::new(self.clone()),
             bpf: Box::new(self.clone()),
+            nft: Box::new(self.clone()),
         }
     }
 
@@ -114,9 +116,7 @@ impl NetBackend for FakeKernel {
         if let LinkSpec::Veth { peer, .. } = spec {
             devs.push(peer);
         }
-        s.routes.retain(|_, r| match r {
-            RouteSpec::Via { dev, .. } => !devs.contains(dev),
-        });
+        s.routes.retain(|_, r| !devs.iter().any(|d| d == r.dev()));
         s.neighbours.retain(|k, _| !devs.contains(&k.dev));
         s.sysctls.retain(|p, _| !sysctl_dev(p).is_some_and(|d| devs.iter().any(|x| x == d)));
         for (a, status) in s.attachments.iter_mut() {
@@ -133,7 +133,7 @@ impl NetBackend for FakeKernel {
 
     fn replace_route(&mut self, key: &RouteKey, spec: &RouteSpec) -> Result<()> {
         let mut s = self.mutate(format!("replace_route {}", key.dst))?;
-        let RouteSpec::Via { dev, .. } = spec;
+        let dev = spec.dev();
         if !link_exists(&s, dev) {
             return Err(missing(format!("add route {} dev {dev}", key.dst), libc::ENODEV));
         }
@@ -227,5 +227,29 @@ impl BpfBackend for FakeKernel {
 
     fn expire_flows(&mut self) -> Result<usize> {
         Ok(0)
+    }
+
+    fn configure(&mut self, _sizes: &MapSizes) -> Result<bool> {
+        Ok(false)
+    }
+
+    fn sk_lookup_unavailable(&mut self) -> Option<String> {
+        self.state().facts.sk_lookup_unavailable.clone()
+    }
+}
+
+impl NftBackend for FakeKernel {
+    fn mesh_table(&mut self) -> Result<Option<std::collections::BTreeSet<NftRule>>> {
+        Ok(self.state().nft_table.clone())
+    }
+
+    fn replace_mesh_table(&mut self, rules: &std::collections::BTreeSet<NftRule>) -> Result<()> {
+        self.mutate("replace_nft_table".into())?.nft_table = Some(rules.clone());
+        Ok(())
+    }
+
+    fn delete_mesh_table(&mut self) -> Result<()> {
+        self.mutate("delete_nft_table".into())?.nft_table = None;
+        Ok(())
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! - `NetBackend`: links, routes, neighbours (rtnetlink);
 //! - `SysctlBackend`: /proc/sys, read-compare-write;
-//! - `BpfBackend`: pinned maps and attached programs (aya).
+//! - `BpfBackend`: pinned maps and attached programs (aya);
+//! - `NftBackend`: hostmesh's own nftables table (the mesh fallback).
 //!
 //! Observation returns only what hostmesh owns: links named `hm-*`, routes
 //! with hostmesh's route protocol, neighbours on `hm-*` links, maps and
@@ -13,6 +14,7 @@ pub mod bpf;
 pub mod fake;
 pub mod host;
 pub mod netlink;
+pub mod nft;
 pub mod sysctl;
 
 use std::collections::BTreeMap;
@@ -36,6 +38,8 @@ pub enum BackendError {
     },
     #[error("bpf: {op}: {detail}")]
     Bpf { op: String, detail: String },
+    #[error("nftables: {op}: {detail}")]
+    Nft { op: String, detail: String },
 }
 
 pub type Result<T> = std::result::Result<T, BackendError>;
@@ -79,6 +83,32 @@ pub trait BpfBackend {
     /// Removes flows idle past their timeout from the conntrack map;
     /// returns how many. (The map is bounded anyway; this keeps it lean.)
     fn expire_flows(&mut self) -> Result<usize>;
+    /// Sets the capacity of configurable maps. Returns true when that
+    /// replaced loaded maps (their contents must then be re-read).
+    fn configure(&mut self, sizes: &MapSizes) -> Result<bool>;
+    /// Why the sk_lookup program cannot be used here, if it cannot.
+    fn sk_lookup_unavailable(&mut self) -> Option<String>;
+}
+
+/// Capacities the configuration decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapSizes {
+    pub mesh: u32,
+}
+
+impl Default for MapSizes {
+    fn default() -> Self {
+        MapSizes { mesh: crate::abi::MESH_MAP_SIZE }
+    }
+}
+
+/// `table inet hostmesh`: the nftables fallback of mesh redirects.
+pub trait NftBackend {
+    /// The table's rules, or `None` when the table does not exist.
+    fn mesh_table(&mut self) -> Result<Option<std::collections::BTreeSet<NftRule>>>;
+    /// Replaces the whole table in one transaction.
+    fn replace_mesh_table(&mut self, rules: &std::collections::BTreeSet<NftRule>) -> Result<()>;
+    fn delete_mesh_table(&mut self) -> Result<()>;
 }
 
 /// The three backends together, as the reconciler uses them.
@@ -87,4 +117,5 @@ pub struct Backends {
     pub net: Box<dyn NetBackend + Send>,
     pub sysctl: Box<dyn SysctlBackend + Send>,
     pub bpf: Box<dyn BpfBackend + Send>,
+    pub nft: Box<dyn NftBackend + Send>,
 }

@@ -38,6 +38,8 @@ pub struct RawDaemon {
     /// hostmesh extension: idle timeouts of flows on the bpfnat veth path.
     pub conntrack_tcp_timeout: Option<S<String>>,
     pub conntrack_udp_timeout: Option<S<String>>,
+    /// hostmesh extension: capacity of the mesh maps.
+    pub mesh_map_size: Option<S<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

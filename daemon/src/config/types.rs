@@ -74,6 +74,8 @@ pub struct DaemonSettings {
     pub maglev_table_size: u32,
     pub conntrack_tcp_timeout: Duration,
     pub conntrack_udp_timeout: Duration,
+    /// Capacity of the mesh maps (entries, sidecar listeners).
+    pub mesh_map_size: u32,
     pub origin: Option<Origin>,
 }
 
@@ -88,6 +90,7 @@ impl Default for DaemonSettings {
             maglev_table_size: crate::model::maglev::DEFAULT_TABLE_SIZE,
             conntrack_tcp_timeout: DEFAULT_CONNTRACK_TCP_TIMEOUT,
             conntrack_udp_timeout: DEFAULT_CONNTRACK_UDP_TIMEOUT,
+            mesh_map_size: crate::abi::MESH_MAP_SIZE,
             origin: None,
         }
     }

@@ -151,6 +151,19 @@ impl Check<'_, '_> {
                 Err(e) => self.fail(&v.span(), key, format!("{ctx}: {key} {e}")),
             }
         }
+        if let Some(v) = d.mesh_map_size {
+            let n = *v.get_ref();
+            let (min, max) = (i64::from(crate::abi::MIN_MESH_MAP_SIZE), i64::from(crate::abi::MAX_MESH_MAP_SIZE));
+            if (min..=max).contains(&n) {
+                out.mesh_map_size = n as u32;
+            } else {
+                self.fail(
+                    &v.span(),
+                    "mesh_map_size",
+                    format!("{ctx}: mesh_map_size {n} is out of range; use {min} to {max}"),
+                );
+            }
+        }
         out
     }
 

@@ -17,11 +17,13 @@ use slog::{error, info, warn, Logger};
 use crate::backends::bpf::PinnedBpf;
 use crate::backends::host::LiveHost;
 use crate::backends::netlink::Rtnetlink;
+use crate::backends::nft::NftCli;
 use crate::backends::sysctl::ProcSys;
 use crate::backends::Backends;
 use crate::config::{ConfigStore, Loaded};
 use crate::paths::Paths;
 use crate::reconcile::{Reconciler, SyncOutcome, SysctlOriginals};
+use crate::sidecars::{self, Registrar};
 use crate::state::{Status, SyncSummary, STATUS_VERSION};
 
 use events::Event;
@@ -33,6 +35,9 @@ const DEBOUNCE_QUIET: Duration = Duration::from_millis(150);
 const DEBOUNCE_MAX: Duration = Duration::from_secs(1);
 /// Retry delay when a sync could not even read the kernel.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(1);
+/// How often sidecar listeners are checked while mesh entries exist: a
+/// restarted sidecar is registered within this (plus a little).
+const SIDECAR_CHECK: Duration = Duration::from_millis(250);
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -66,6 +71,8 @@ struct Daemon {
     started_at: u64,
     ready: bool,
     last_summary: SyncSummary,
+    last_outcome: Option<SyncOutcome>,
+    registrar: Registrar,
 }
 
 pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
@@ -81,6 +88,7 @@ pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
         net: Box::new(Rtnetlink::open().map_err(RunError::Netlink)?),
         sysctl: Box::new(ProcSys::new()),
         bpf: Box::new(PinnedBpf::new(&paths.bpffs)),
+        nft: Box::new(NftCli::new()),
     };
 
     let (tx, rx) = channel();
@@ -104,6 +112,8 @@ pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
         started_at: report::now_unix(),
         ready: false,
         last_summary: SyncSummary::default(),
+        last_outcome: None,
+        registrar: Registrar::new(&paths.bpffs),
         paths,
         log,
     };
@@ -118,6 +128,7 @@ impl Daemon {
         // The first sync is full and happens right away.
         let mut next_full = Instant::now();
         let mut pending_incremental = false;
+        let mut next_sidecars = Instant::now();
 
         loop {
             let now = Instant::now();
@@ -143,8 +154,17 @@ impl Daemon {
                     next_watchdog = Some(now + w);
                 }
             }
+            let next_sidecar_check = if self.loaded.config.meshes.is_empty() {
+                None
+            } else {
+                if now >= next_sidecars {
+                    self.check_sidecars();
+                    next_sidecars = Instant::now() + SIDECAR_CHECK;
+                }
+                Some(next_sidecars)
+            };
             let mut deadline = next_full;
-            if let Some(at) = next_watchdog {
+            for at in [next_watchdog, next_sidecar_check].into_iter().flatten() {
                 deadline = deadline.min(at);
             }
             match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
@@ -251,11 +271,11 @@ impl Daemon {
         };
         let first_ready = ok && !self.ready;
         self.ready |= ok;
-        let status = self.status(result.as_ref().ok(), false);
-        if let Err(e) = status.write(&self.paths.state_dir) {
-            warn!(self.log, "cannot write the status file"; "error" => e.to_string());
+        if let Ok(outcome) = result {
+            self.last_outcome = Some(outcome);
         }
-        let line = report::status_line(&status);
+        self.tick_sidecars();
+        let line = self.write_status();
         if ok {
             // READY=1 after every completed sync: the first tells systemd we
             // started; later ones end a RELOADING=1.
@@ -267,6 +287,48 @@ impl Daemon {
             self.notifier.status(&line);
         }
         ok
+    }
+
+    /// Registers sidecar listeners; rewrites the status when that changed.
+    fn check_sidecars(&mut self) {
+        if self.tick_sidecars() {
+            let line = self.write_status();
+            self.notifier.status(&line);
+        }
+    }
+
+    /// Returns true when a registration changed (and logs it).
+    fn tick_sidecars(&mut self) -> bool {
+        let wanted = sidecars::wanted(&self.loaded.config);
+        let path = self.last_outcome.as_ref().and_then(|o| o.desired.mesh_path.clone());
+        let before = self.registrar.report().clone();
+        if !self.registrar.tick(&wanted, path.as_ref()) {
+            return false;
+        }
+        for (key, reg) in self.registrar.report() {
+            if before.get(key) == Some(reg) {
+                continue;
+            }
+            match (&reg.listener, &reg.problem) {
+                (Some(l), _) => info!(self.log, "sidecar listener registered"; "listener" => l.addr.to_string(),
+                    "protocol" => if key.proto == 17 { "udp" } else { "tcp" }, "pid" => l.pid, "process" => l.comm.clone()),
+                (None, Some(p)) => {
+                    warn!(self.log, "sidecar listener missing"; "redirect_port" => key.port, "reason" => p.clone())
+                }
+                (None, None) => {}
+            }
+        }
+        true
+    }
+
+    /// Writes the status file from the last sync and the sidecar
+    /// registrations; returns the one-line STATUS=.
+    fn write_status(&self) -> String {
+        let status = self.status(self.last_outcome.as_ref(), false);
+        if let Err(e) = status.write(&self.paths.state_dir) {
+            warn!(self.log, "cannot write the status file"; "error" => e.to_string());
+        }
+        report::status_line(&status)
     }
 
     fn log_outcome(&self, o: &SyncOutcome) {
@@ -299,7 +361,7 @@ impl Daemon {
             last_sync: self.last_summary.clone(),
             counts: report::counts(&self.loaded, outcome),
             files: report::files(&self.loaded),
-            objects: outcome.map(|o| report::objects(&self.loaded, o)).unwrap_or_default(),
+            objects: outcome.map(|o| report::objects(&self.loaded, o, self.registrar.report())).unwrap_or_default(),
             warnings: outcome.map(|o| o.desired.warnings.clone()).unwrap_or_default(),
         }
     }

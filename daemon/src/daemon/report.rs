@@ -3,9 +3,10 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::config::{ConfigError, CtlbMode, FileState, Loaded, Protocol};
-use crate::model::{Hook, Program};
+use crate::config::{Config, ConfigError, CtlbMode, FileState, Loaded, Protocol};
+use crate::model::{Hook, MeshPath, Program};
 use crate::reconcile::{StepError, SyncOutcome};
+use crate::sidecars::{self, Registration};
 use crate::state::*;
 
 pub fn now_unix() -> u64 {
@@ -65,7 +66,11 @@ fn not_applied(kind: &str, name: &str, origin: String, detail: String) -> Object
 
 /// Per-object status: every configured object, plus the shared
 /// connect-time programs and bpfnat veth when they are in use.
-pub fn objects(loaded: &Loaded, outcome: &SyncOutcome) -> Vec<ObjectStatus> {
+pub fn objects(
+    loaded: &Loaded,
+    outcome: &SyncOutcome,
+    registrations: &std::collections::BTreeMap<crate::abi::SockKey, Registration>,
+) -> Vec<ObjectStatus> {
     let d = &outcome.desired;
     let veth = !d.links.is_empty();
     let mode = loaded.config.daemon.connect_time_lb;
@@ -130,13 +135,31 @@ pub fn objects(loaded: &Loaded, outcome: &SyncOutcome) -> Vec<ObjectStatus> {
         );
         out.push(object("service", &s.name, Some(s.origin.to_string()), detail, errors_for(&outcome.errors, &owners)));
     }
+    let how = match &d.mesh_path {
+        Some(MeshPath::SkLookup) => "sk_lookup".to_string(),
+        Some(MeshPath::Nftables { reason }) => format!("nftables tproxy, because {reason}"),
+        None => String::new(),
+    };
     for m in &loaded.config.meshes {
-        out.push(not_applied(
-            "mesh",
-            &m.name,
-            m.origin.to_string(),
-            "mesh redirects are not implemented in this build".into(),
-        ));
+        let key = sidecars::wanted(&Config { meshes: vec![m.clone()], ..Config::default() }).into_iter().next();
+        let reg = key.as_ref().and_then(|k| registrations.get(k));
+        let vip = match m.vip {
+            std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+            v4 => v4.to_string(),
+        };
+        let port = if m.port == 0 { "*".to_string() } else { m.port.to_string() };
+        let sidecar = match reg {
+            Some(Registration { listener: Some(l), .. }) => format!("sidecar {} (pid {}, {})", l.addr, l.pid, l.comm),
+            Some(Registration { problem: Some(p), .. }) => p.clone(),
+            _ => "sidecar not checked yet".to_string(),
+        };
+        let errors = errors_for(&outcome.errors, &[format!("mesh/{}", m.name), "mesh".to_string()]);
+        let detail = format!("{vip}:{port}/{} -> {sidecar} ({how})", m.protocol);
+        let mut o = object("mesh", &m.name, Some(m.origin.to_string()), detail, errors);
+        if o.state == "applied" && reg.is_none_or(|r| r.listener.is_none()) {
+            o.state = "no_sidecar".into();
+        }
+        out.push(o);
     }
     if let Some(g) = &loaded.config.gateway {
         out.push(not_applied(

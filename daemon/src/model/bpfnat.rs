@@ -9,8 +9,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 
-use crate::config::{Config, CtlbMode};
+use crate::config::{Config, CtlbMode, Protocol};
 
+use super::mesh;
 use super::state::*;
 use super::HostFacts;
 
@@ -70,6 +71,24 @@ pub fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
     }
 
     for svc in &config.services {
+        // A mesh VIP has a local route: the whole VIP is delivered to this
+        // host, where the sidecar takes its mesh ports.
+        if mesh::is_mesh_vip(&config.meshes, svc.vip) {
+            let at_connect = match config.daemon.connect_time_lb {
+                CtlbMode::All => true,
+                CtlbMode::Tcp => svc.protocol == Protocol::Tcp,
+                CtlbMode::Off => false,
+            };
+            if !at_connect && !mesh::covers(&config.meshes, svc.vip, svc.port, svc.protocol) {
+                out.warnings.push(format!(
+                    "service \"{}\" ({} port {}/{}) shares its VIP with a mesh entry that does not cover it: its \
+                     traffic reaches this host, not a backend, unless connect-time load balancing handles it \
+                     (connect_time_lb = \"all\") or it moves to another VIP",
+                    svc.name, svc.vip, svc.port, svc.protocol
+                ));
+            }
+            continue;
+        }
         let gateway = if svc.vip.is_ipv4() { IpAddr::V4(GATEWAY_V4) } else { IpAddr::V6(GATEWAY_V6) };
         want(
             &mut out.routes,

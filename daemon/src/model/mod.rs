@@ -5,6 +5,7 @@
 mod bpfnat;
 pub mod ids;
 pub mod maglev;
+mod mesh;
 mod services;
 mod state;
 
@@ -29,6 +30,8 @@ pub struct HostFacts {
     /// Where cgroup2 is mounted: the default attach point of the
     /// connect-time programs.
     pub cgroup2_root: Option<std::path::PathBuf>,
+    /// Why the sk_lookup program cannot be used here, if it cannot.
+    pub sk_lookup_unavailable: Option<String>,
 }
 
 /// Config -> the kernel state it needs. `prior` keeps ids stable.
@@ -36,6 +39,7 @@ pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior) -> Desired {
     let mut out = Desired::default();
     services::compile(config, facts, prior, &mut out);
     bpfnat::compile(config, facts, &mut out);
+    mesh::compile(config, facts, &mut out);
     note_unimplemented(config, &mut out.warnings);
     out
 }
@@ -43,12 +47,6 @@ pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior) -> Desired {
 /// Sections the contract defines that this build validates but does not
 /// apply yet; said plainly so nobody believes they are in force.
 fn note_unimplemented(config: &Config, warnings: &mut Vec<String>) {
-    for m in &config.meshes {
-        warnings.push(format!(
-            "mesh \"{}\" is valid but mesh redirects are not implemented in this build; not applied",
-            m.name
-        ));
-    }
     if config.gateway.is_some() || !config.peers.is_empty() || !config.members.is_empty() {
         warnings.push("[gateway], [[peer]] and [[member]] are valid but gateway peers are not implemented in this build; not applied".to_string());
     }

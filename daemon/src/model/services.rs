@@ -11,6 +11,7 @@ use crate::config::{Config, CtlbMode, Service};
 
 use super::ids::{self, Prior};
 use super::maglev::{self, Entry};
+use super::mesh;
 use super::state::*;
 use super::HostFacts;
 
@@ -102,7 +103,9 @@ pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &mut Desi
                 &owner,
             );
         }
-        let value = SvcValue { id, backend_count: svc.backends.len() as u32, flags: 0, table_size };
+        // The sidecar owns a VIP:port that is also a mesh entry.
+        let flags = if mesh::covers(&config.meshes, svc.vip, svc.port, svc.protocol) { abi::SVC_F_MESH } else { 0 };
+        let value = SvcValue { id, backend_count: svc.backends.len() as u32, flags, table_size };
         want(
             &mut out.map_entries,
             MapEntryKey { map: BpfMap::Services, key: key.to_bytes() },

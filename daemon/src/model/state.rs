@@ -64,7 +64,20 @@ pub struct RouteKey {
 pub enum RouteSpec {
     /// `dst via gateway dev dev onlink`
     Via { gateway: IpAddr, dev: String, mtu: Option<u32> },
+    /// `local dst dev dev src src` (in the local table): deliver to this
+    /// host. `src` is what local clients of dst send from.
+    Local { dev: String, src: IpAddr },
 }
+
+impl RouteSpec {
+    pub fn dev(&self) -> &str {
+        match self {
+            RouteSpec::Via { dev, .. } | RouteSpec::Local { dev, .. } => dev,
+        }
+    }
+}
+
+pub const RT_TABLE_LOCAL: u32 = 255;
 
 /// The BPF maps whose contents are configuration (reconciled). Runtime
 /// maps (counters, conntrack) are not listed: the probes own those.
@@ -78,10 +91,11 @@ pub enum BpfMap {
     Backends,
     Maglev,
     Services,
+    Mesh,
 }
 
 impl BpfMap {
-    pub const ALL: [BpfMap; 4] = [BpfMap::Config, BpfMap::Backends, BpfMap::Maglev, BpfMap::Services];
+    pub const ALL: [BpfMap; 5] = [BpfMap::Config, BpfMap::Backends, BpfMap::Maglev, BpfMap::Services, BpfMap::Mesh];
 
     /// The map's name in the probe objects, which is also its pin name.
     pub fn name(self) -> &'static str {
@@ -90,6 +104,7 @@ impl BpfMap {
             BpfMap::Backends => "HM_BACKENDS",
             BpfMap::Maglev => "HM_MAGLEV",
             BpfMap::Services => "HM_SERVICES",
+            BpfMap::Mesh => "HM_MESH",
         }
     }
 }
@@ -115,10 +130,12 @@ pub enum Program {
     Recvmsg6,
     Getpeername4,
     Getpeername6,
+    /// sk_lookup on the daemon's network namespace: mesh redirects.
+    Mesh,
 }
 
 impl Program {
-    pub const ALL: [Program; 10] = [
+    pub const ALL: [Program; 11] = [
         Program::NatOut,
         Program::Reply,
         Program::Connect4,
@@ -129,6 +146,7 @@ impl Program {
         Program::Recvmsg6,
         Program::Getpeername4,
         Program::Getpeername6,
+        Program::Mesh,
     ];
 
     /// The connect-time programs, attached together to one cgroup.
@@ -155,6 +173,7 @@ impl Program {
             Program::Recvmsg6 => "hm_recvmsg6",
             Program::Getpeername4 => "hm_getpeername4",
             Program::Getpeername6 => "hm_getpeername6",
+            Program::Mesh => "hm_mesh",
         }
     }
 
@@ -170,6 +189,8 @@ pub enum Hook {
     TcIngress(String),
     /// A cgroup v2 dir, for the program's own attach type.
     Cgroup(PathBuf),
+    /// The daemon's own network namespace (sk_lookup).
+    Netns,
 }
 
 /// A program attached at a hook.
@@ -195,13 +216,18 @@ impl Attachment {
         match &self.hook {
             Hook::TcIngress(dev) => format!("{}@tc-ingress@{dev}", self.program.name()),
             Hook::Cgroup(path) => format!("{}@cgroup@{}", self.program.name(), escape(path)),
+            Hook::Netns => format!("{}@netns", self.program.name()),
         }
     }
 
     pub fn from_pin_name(name: &str) -> Option<Attachment> {
         let mut parts = name.splitn(3, '@');
         let program = Program::from_name(parts.next()?)?;
-        let hook = match (parts.next()?, parts.next()?) {
+        let kind = parts.next()?;
+        if kind == "netns" {
+            return parts.next().is_none().then_some(Attachment { program, hook: Hook::Netns });
+        }
+        let hook = match (kind, parts.next()?) {
             ("tc-ingress", dev) if !dev.is_empty() && !dev.contains('@') => Hook::TcIngress(dev.to_string()),
             ("cgroup", path) if path.starts_with("%2F") => Hook::Cgroup(unescape(path)),
             _ => return None,
@@ -213,7 +239,7 @@ impl Attachment {
     pub fn device(&self) -> Option<&str> {
         match &self.hook {
             Hook::TcIngress(dev) => Some(dev),
-            Hook::Cgroup(_) => None,
+            Hook::Cgroup(_) | Hook::Netns => None,
         }
     }
 }
@@ -223,6 +249,7 @@ impl fmt::Display for Attachment {
         match &self.hook {
             Hook::TcIngress(dev) => write!(f, "{} on tc ingress of {dev}", self.program.name()),
             Hook::Cgroup(path) => write!(f, "{} on cgroup {}", self.program.name(), path.display()),
+            Hook::Netns => write!(f, "{} on this network namespace", self.program.name()),
         }
     }
 }
@@ -239,6 +266,26 @@ pub enum AttachStatus {
     Defunct,
 }
 
+/// A mesh entry as an nftables tproxy rule in `table inet hostmesh` (the
+/// fallback when sk_lookup is not available).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct NftRule {
+    pub vip: IpAddr,
+    /// 0: every port.
+    pub port: u16,
+    /// IPPROTO_TCP or IPPROTO_UDP.
+    pub proto: u8,
+    pub redirect_port: u16,
+}
+
+/// How mesh redirects are carried out, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "backend", rename_all = "snake_case")]
+pub enum MeshPath {
+    SkLookup,
+    Nftables { reason: String },
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Desired {
     pub links: BTreeMap<String, Owned<LinkSpec>>,
@@ -248,6 +295,11 @@ pub struct Desired {
     pub map_entries: BTreeMap<MapEntryKey, Owned<Vec<u8>>>,
     pub attachments: BTreeMap<Attachment, Owned<()>>,
     pub routes: BTreeMap<RouteKey, Owned<RouteSpec>>,
+    /// The tproxy rules of `table inet hostmesh`; the table exists only
+    /// when there are some.
+    pub nft_rules: BTreeMap<NftRule, Owned<()>>,
+    /// How mesh entries are carried out, when there are any.
+    pub mesh_path: Option<MeshPath>,
     /// Things compile could not honour, in plain sentences.
     pub warnings: Vec<String>,
 }
@@ -260,6 +312,8 @@ pub struct Observed {
     pub map_entries: BTreeMap<MapEntryKey, Vec<u8>>,
     pub attachments: BTreeMap<Attachment, AttachStatus>,
     pub routes: BTreeMap<RouteKey, RouteSpec>,
+    /// `table inet hostmesh`'s rules; `None` when the table does not exist.
+    pub nft_table: Option<BTreeSet<NftRule>>,
 }
 
 impl Desired {
@@ -276,6 +330,7 @@ impl Desired {
             map_entries: specs(&self.map_entries),
             attachments: self.attachments.keys().map(|a| (a.clone(), AttachStatus::Current)).collect(),
             routes: specs(&self.routes),
+            nft_table: (!self.nft_rules.is_empty()).then(|| self.nft_rules.keys().cloned().collect()),
         }
     }
 }

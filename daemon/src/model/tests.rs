@@ -25,6 +25,7 @@ fn facts() -> HostFacts {
         default_route_interfaces: vec!["eth0".into()],
         netns_cookie: 4242,
         cgroup2_root: Some(PathBuf::from("/sys/fs/cgroup")),
+        sk_lookup_unavailable: None,
     }
 }
 
@@ -245,7 +246,76 @@ port = 2
 
 #[test]
 fn unimplemented_sections_are_reported_not_silently_dropped() {
-    let d = compile_new(&config("[[mesh]]\nname = \"m\"\nvip = \"10.0.0.1\"\nport = 80\nredirect_port = 15001\n"));
+    let d = compile_new(&config("[[peer]]\nname = \"b\"\ncidrs = [\"10.20.0.0/16\"]\n"));
     assert_eq!(d.warnings.len(), 1);
-    assert!(d.warnings[0].starts_with("mesh \"m\" is valid but"), "{:?}", d.warnings);
+    assert!(d.warnings[0].starts_with("[gateway], [[peer]] and [[member]] are valid but"), "{:?}", d.warnings);
+}
+
+const MESH: &str = r#"
+[[mesh]]
+name = "web-sidecar"
+vip = "10.96.0.10"
+port = 80
+redirect_port = 15001
+
+[[mesh]]
+name = "all6"
+vip = "fd00::60"
+port = 0
+protocol = "udp"
+redirect_port = 15002
+"#;
+
+#[test]
+fn mesh_entries_get_local_routes_map_entries_and_sk_lookup() {
+    let d = compile_new(&config(MESH));
+    assert_eq!(d.mesh_path, Some(MeshPath::SkLookup));
+    let local = &d.routes[&RouteKey { table: RT_TABLE_LOCAL, dst: "10.96.0.10/32".parse().unwrap() }];
+    assert_eq!(local.spec, RouteSpec::Local { dev: "lo".into(), src: "127.0.0.1".parse().unwrap() });
+    assert_eq!(local.owners, ["mesh/web-sidecar".to_string()].into());
+    assert!(d.routes.contains_key(&RouteKey { table: RT_TABLE_LOCAL, dst: "fd00::60/128".parse().unwrap() }));
+
+    let mesh = entries(&d, BpfMap::Mesh);
+    let exact = abi::MeshKey::new("10.96.0.10".parse().unwrap(), 80, 6);
+    let wildcard = abi::MeshKey::new("fd00::60".parse().unwrap(), 0, 17);
+    assert_eq!(abi::MeshValue::from_bytes(&mesh[&exact.to_bytes()]).unwrap().redirect_port, 15001);
+    assert_eq!(abi::MeshValue::from_bytes(&mesh[&wildcard.to_bytes()]).unwrap().redirect_port, 15002);
+    assert_eq!(attached(&d), ["hm_mesh@netns"]);
+    assert!(d.nft_rules.is_empty());
+}
+
+#[test]
+fn without_sk_lookup_mesh_entries_become_tproxy_rules() {
+    let f = HostFacts { sk_lookup_unavailable: Some("Linux 5.4 has no sk_lookup".into()), ..facts() };
+    let d = compile(&config(MESH), &f, &Prior::default());
+    assert_eq!(
+        d.mesh_path,
+        Some(MeshPath::Nftables { reason: "sk_lookup is not available here: Linux 5.4 has no sk_lookup".into() })
+    );
+    assert_eq!(d.nft_rules.len(), 2);
+    assert!(entries(&d, BpfMap::Mesh).is_empty() && d.attachments.is_empty());
+    assert_eq!(d.routes.len(), 2, "local routes either way");
+
+    let forced = compile_new(&config(&format!("[daemon]\nmesh_backend = \"nftables\"\n{MESH}")));
+    assert_eq!(forced.mesh_path, Some(MeshPath::Nftables { reason: "[daemon] mesh_backend = \"nftables\"".into() }));
+}
+
+#[test]
+fn a_service_on_a_mesh_vip_port_is_left_to_the_sidecar() {
+    let d = compile_new(&config(&format!("{TWO}{MESH}")));
+    let services = entries(&d, BpfMap::Services);
+    let flags = |port: u16, proto: u8| {
+        SvcValue::from_bytes(&services[&SvcKey::new("10.96.0.10".parse().unwrap(), port, proto).to_bytes()])
+            .unwrap()
+            .flags
+    };
+    assert_eq!(flags(80, 6), abi::SVC_F_MESH, "web:80/tcp is also a mesh entry");
+    assert_eq!(flags(53, 17), 0, "dns:53/udp is not");
+    // The VIP is delivered locally: no veth route for it...
+    assert!(!d.routes.contains_key(&RouteKey { table: RT_TABLE_MAIN, dst: "10.96.0.10/32".parse().unwrap() }));
+    // ...so dns, over the veth in mode tcp, would reach this host: said so.
+    assert_eq!(d.warnings.len(), 1, "{:?}", d.warnings);
+    assert!(d.warnings[0].starts_with("service \"dns\" (10.96.0.10 port 53/udp) shares its VIP with a mesh entry"));
+    // With connect-time LB for UDP too, nothing is lost.
+    assert!(compile_new(&config(&format!("[daemon]\nconnect_time_lb = \"all\"\n{TWO}{MESH}"))).warnings.is_empty());
 }

@@ -48,6 +48,8 @@ fn apply_one(b: &mut Backends, step: &Step, originals: &mut SysctlOriginals) -> 
         Step::ReplaceNeighbour(k, s) => b.net.replace_neighbour(k, s),
         Step::PutMapEntry(k, v) => b.bpf.put_map_entry(k, v),
         Step::Attach(a) => b.bpf.attach(a),
+        Step::ReplaceNftTable(rules) => b.nft.replace_mesh_table(rules),
+        Step::DeleteNftTable => b.nft.delete_mesh_table(),
         Step::ReplaceRoute(k, s) => b.net.replace_route(k, s),
         Step::DeleteRoute(k) => b.net.delete_route(k),
         Step::Detach(a) => b.bpf.detach(a),

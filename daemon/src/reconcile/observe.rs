@@ -16,6 +16,7 @@ pub fn observe(b: &mut Backends) -> Result<Observed> {
         map_entries: b.bpf.map_entries()?,
         attachments: b.bpf.attachments()?,
         routes: b.net.routes()?,
+        nft_table: b.nft.mesh_table()?,
     })
 }
 

@@ -28,9 +28,12 @@ pub enum Step {
     ReplaceNeighbour(NeighKey, NeighSpec),
     PutMapEntry(MapEntryKey, Vec<u8>),
     Attach(Attachment),
+    /// Replace `table inet hostmesh` with these rules, in one transaction.
+    ReplaceNftTable(BTreeSet<NftRule>),
     ReplaceRoute(RouteKey, RouteSpec),
     DeleteRoute(RouteKey),
     Detach(Attachment),
+    DeleteNftTable,
     DeleteMapEntry(MapEntryKey),
     DeleteNeighbour(NeighKey),
     /// Put back a sysctl hostmesh no longer needs, if it still exists and
@@ -65,6 +68,11 @@ impl fmt::Display for Step {
             Step::ReplaceRoute(k, RouteSpec::Via { gateway, dev, .. }) => {
                 write!(f, "set route {} via {gateway} dev {dev} table {}", k.dst, k.table)
             }
+            Step::ReplaceRoute(k, RouteSpec::Local { dev, src }) => {
+                write!(f, "set route local {} dev {dev} src {src} table {}", k.dst, k.table)
+            }
+            Step::ReplaceNftTable(rules) => write!(f, "set table inet hostmesh ({} rules)", rules.len()),
+            Step::DeleteNftTable => write!(f, "delete table inet hostmesh"),
             Step::DeleteRoute(k) => write!(f, "delete route {} table {}", k.dst, k.table),
             Step::Detach(a) => write!(f, "detach {a}"),
             Step::DeleteMapEntry(k) => write!(f, "delete {} entry", k.map.name()),
@@ -73,13 +81,6 @@ impl fmt::Display for Step {
                 write!(f, "restore sysctl {} = {original}", path.replace('/', "."))
             }
         }
-    }
-}
-
-/// Links an item depends on, so items on a re-created link are re-added.
-fn route_dev(spec: &RouteSpec) -> &str {
-    match spec {
-        RouteSpec::Via { dev, .. } => dev,
     }
 }
 
@@ -157,12 +158,20 @@ pub fn plan(have: &Observed, want: &Desired, sysctl_originals: &BTreeMap<String,
         }
     }
 
+    // The mesh fallback's rules, before the local routes that bring them
+    // traffic.
+    let want_nft: BTreeSet<NftRule> = want.nft_rules.keys().cloned().collect();
+    let nft_owners: Owners = want.nft_rules.values().flat_map(|o| o.owners.iter().cloned()).collect();
+    if !want_nft.is_empty() && have.nft_table.as_ref() != Some(&want_nft) {
+        push(Step::ReplaceNftTable(want_nft.clone()), &nft_owners);
+    }
+
     // Routes: most specific first.
     let mut routes: Vec<_> = want
         .routes
         .iter()
         .filter(|(k, w)| {
-            let current = if on_gone_link(route_dev(&w.spec)) { None } else { have.routes.get(*k) };
+            let current = if on_gone_link(w.spec.dev()) { None } else { have.routes.get(*k) };
             current != Some(&w.spec)
         })
         .collect();
@@ -180,6 +189,9 @@ pub fn plan(have: &Observed, want: &Desired, sysctl_originals: &BTreeMap<String,
     }
     for a in have.attachments.keys().filter(|a| !want.attachments.contains_key(*a)) {
         push(Step::Detach(a.clone()), &none);
+    }
+    if want_nft.is_empty() && have.nft_table.is_some() {
+        push(Step::DeleteNftTable, &none);
     }
     // Reverse order: a service goes before the table and backends it uses.
     for k in have.map_entries.keys().rev().filter(|k| !want.map_entries.contains_key(*k)) {

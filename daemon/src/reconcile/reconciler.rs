@@ -7,8 +7,8 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use crate::backends::{BackendError, Backends};
-use crate::config::Config;
+use crate::backends::{BackendError, Backends, MapSizes};
+use crate::config::{Config, MeshBackend};
 use crate::model::{compile, Desired, Observed, Prior};
 
 use super::apply::{apply, StepError};
@@ -46,7 +46,15 @@ impl Reconciler {
 
     pub fn sync(&mut self, config: &Config, full: bool) -> Result<SyncOutcome, BackendError> {
         let started = Instant::now();
-        let full = full || self.last_applied.is_none();
+        // New map capacities replace maps: their contents must be re-read.
+        let resized = match self.backends.bpf.configure(&MapSizes { mesh: config.daemon.mesh_map_size }) {
+            Ok(r) => r,
+            Err(e) => {
+                self.last_applied = None;
+                return Err(e);
+            }
+        };
+        let full = full || resized || self.last_applied.is_none();
         let result = self.sync_inner(config, full, started);
         if !matches!(&result, Ok(o) if o.errors.is_empty()) {
             self.last_applied = None;
@@ -55,7 +63,10 @@ impl Reconciler {
     }
 
     fn sync_inner(&mut self, config: &Config, full: bool, started: Instant) -> Result<SyncOutcome, BackendError> {
-        let facts = self.backends.host.facts()?;
+        let mut facts = self.backends.host.facts()?;
+        if !config.meshes.is_empty() && config.daemon.mesh_backend == MeshBackend::Auto {
+            facts.sk_lookup_unavailable = self.backends.bpf.sk_lookup_unavailable();
+        }
         let (have, want) = match (&self.last_applied, full) {
             (Some(last), false) => {
                 let want = compile(config, &facts, &Prior::from_entries(last.map_entries.iter()));

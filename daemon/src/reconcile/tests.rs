@@ -237,3 +237,25 @@ fn a_changed_service_updates_its_entry_in_place() {
     assert_eq!(out.steps.last().unwrap(), "update HM_SERVICES entry");
     assert!(out.steps.iter().all(|s| s.starts_with("update HM_")), "{:?}", out.steps);
 }
+
+#[test]
+fn the_mesh_fallback_table_comes_before_its_routes_and_goes_after_them() {
+    let k = kernel();
+    k.state().facts.sk_lookup_unavailable = Some("old kernel".into());
+    let mut r = reconciler(&k);
+    let mesh = "[[mesh]]\nname = \"m\"\nvip = \"10.96.0.60\"\nport = 80\nredirect_port = 15001\n";
+    let f = parse_file(&Source::new(Path::new("t.toml"), mesh)).unwrap();
+    let with_mesh = Config { meshes: f.meshes, ..Config::default() };
+    let out = r.sync(&with_mesh, false).unwrap();
+    assert_eq!(
+        out.steps,
+        ["set table inet hostmesh (1 rules)", "set route local 10.96.0.60/32 dev lo src 127.0.0.1 table 255"]
+    );
+    assert!(k.state().nft_table.as_ref().is_some_and(|t| t.len() == 1));
+    // Someone flushes the table: the next full resync puts it back.
+    k.state().nft_table = Some(Default::default());
+    assert_eq!(r.sync(&with_mesh, true).unwrap().steps, ["set table inet hostmesh (1 rules)"]);
+    let out = r.sync(&Config::default(), false).unwrap();
+    assert_eq!(out.steps, ["delete route 10.96.0.60/32 table 255", "delete table inet hostmesh"]);
+    assert!(k.state().nft_table.is_none());
+}

@@ -26,12 +26,15 @@ use aya::{Ebpf, EbpfLoader};
 use self::objects::{def_of, MapDef, BPF_MAP_TYPE_ARRAY, MAPS, OBJECTS};
 use self::pins::{unpin, PinDir};
 use self::sys::ProgInfo;
-use super::{BackendError, BpfBackend, Result};
+use super::{BackendError, BpfBackend, MapSizes, Result};
 use crate::model::*;
 
 pub struct PinnedBpf {
     pins: PinDir,
+    sizes: MapSizes,
     loaded: Option<Loaded>,
+    /// Whether sk_lookup programs load here (probed once, without pins).
+    sk_lookup: Option<Option<String>>,
     /// Pinned maps that did not match this build's layout and were
     /// replaced, as sentences for the log.
     pub notes: Vec<String>,
@@ -63,7 +66,13 @@ fn chain(e: &dyn std::error::Error) -> String {
 
 impl PinnedBpf {
     pub fn new(dir: &Path) -> Self {
-        PinnedBpf { pins: PinDir::new(dir), loaded: None, notes: Vec::new() }
+        PinnedBpf {
+            pins: PinDir::new(dir),
+            sizes: MapSizes::default(),
+            loaded: None,
+            sk_lookup: None,
+            notes: Vec::new(),
+        }
     }
 
     pub fn pins(&self) -> &PinDir {
@@ -148,6 +157,19 @@ impl PinnedBpf {
         Ok(())
     }
 
+    /// Loads the mesh object alone, with throwaway maps, to learn whether
+    /// this kernel runs sk_lookup programs.
+    fn probe_sk_lookup() -> Option<String> {
+        let mut loader = EbpfLoader::new();
+        for name in objects::SIZED_BY_MESH {
+            loader.map_max_entries(name, crate::abi::MIN_MESH_MAP_SIZE);
+        }
+        match loader.load(objects::MESH) {
+            Ok(mut ebpf) => load_program(&mut ebpf, Program::Mesh).err().map(|e| e.to_string()),
+            Err(e) => Some(chain(&e)),
+        }
+    }
+
     fn map_fd(&mut self, name: &'static str) -> Result<&OwnedFd> {
         let loaded = self.ensure_loaded()?;
         Ok(&loaded.maps[name])
@@ -168,6 +190,11 @@ impl PinnedBpf {
                 info.link_type == sys::BPF_LINK_TYPE_CGROUP
                     && info.cgroup_id != 0
                     && cgroup_id(path) == Some(info.cgroup_id)
+            }
+            Hook::Netns => {
+                info.link_type == sys::BPF_LINK_TYPE_NETNS
+                    && info.netns_ino != 0
+                    && own_netns_ino() == Some(info.netns_ino)
             }
         };
         if !attached {
@@ -221,6 +248,10 @@ fn load_program(ebpf: &mut Ebpf, program: Program) -> Result<ProgInfo> {
             p.load().map_err(|e| bpf_err(format!("verify program {name}"), chain(&e)))?;
             p.fd().map_err(|e| bpf_err(name, chain(&e)))?.try_clone().map_err(|e| bpf_err(name, e))?
         }
+        Some(aya::programs::Program::SkLookup(p)) => {
+            p.load().map_err(|e| bpf_err(format!("verify program {name}"), chain(&e)))?;
+            p.fd().map_err(|e| bpf_err(name, chain(&e)))?.try_clone().map_err(|e| bpf_err(name, e))?
+        }
         Some(_) => return Err(bpf_err(format!("load program {name}"), "unexpected program type")),
         None => return Err(bpf_err(format!("load program {name}"), "not in the object")),
     };
@@ -237,6 +268,11 @@ fn ifindex(dev: &str) -> Option<u32> {
     nix::net::if_::if_nametoindex(dev).ok()
 }
 
+/// The inode number of the daemon's network namespace.
+fn own_netns_ino() -> Option<u32> {
+    std::fs::metadata("/proc/self/ns/net").ok().map(|m| m.ino() as u32)
+}
+
 /// A cgroup's id is its inode number in cgroupfs.
 fn cgroup_id(path: &Path) -> Option<u64> {
     std::fs::metadata(path).ok().map(|m| m.ino())
@@ -249,7 +285,7 @@ impl BpfBackend for PinnedBpf {
             return Ok(out);
         }
         for map in BpfMap::ALL {
-            let def = def_of(map);
+            let def = def_of(map, &self.sizes);
             let fd = self.map_fd(def.name)?;
             let entries = sys::map_dump(fd.as_fd(), def.key_size as usize, def.value_size as usize)
                 .map_err(|e| bpf_err(format!("read map {}", def.name), e))?;
@@ -270,7 +306,7 @@ impl BpfBackend for PinnedBpf {
     }
 
     fn delete_map_entry(&mut self, key: &MapEntryKey) -> Result<()> {
-        let def = def_of(key.map);
+        let def = def_of(key.map, &self.sizes);
         let fd = self.map_fd(def.name)?;
         let result = if def.map_type == BPF_MAP_TYPE_ARRAY {
             sys::map_update(fd.as_fd(), &key.key, &vec![0u8; def.value_size as usize])
@@ -336,6 +372,13 @@ impl BpfBackend for PinnedBpf {
                 FdLink::try_from(link)
                     .map_err(|e| bpf_err(format!("attach {a} (needs Linux 5.7 or newer)"), chain(&e)))?
             }
+            (Hook::Netns, Some(aya::programs::Program::SkLookup(p))) => {
+                let netns =
+                    File::open("/proc/self/ns/net").map_err(|e| bpf_err(format!("attach {a}: open the netns"), e))?;
+                let id = p.attach(&netns).map_err(|e| bpf_err(format!("attach {a}"), chain(&e)))?;
+                let link = p.take_link(id).map_err(|e| bpf_err(format!("attach {a}"), chain(&e)))?;
+                FdLink::from(link)
+            }
             _ => return Err(bpf_err(format!("attach {a}"), "the program does not fit the hook")),
         };
         link.pin(&pin).map_err(|e| bpf_err(format!("pin {}", pin.display()), chain(&e)))?;
@@ -357,6 +400,20 @@ impl BpfBackend for PinnedBpf {
             };
         conntrack::expire(fd.as_fd(), config, conntrack::now_ns()).map_err(|e| bpf_err("expire flows in HM_CT", e))
     }
+
+    fn configure(&mut self, sizes: &MapSizes) -> Result<bool> {
+        if *sizes == self.sizes {
+            return Ok(false);
+        }
+        self.sizes = *sizes;
+        // Reload at next use: maps of the old size are retired and the
+        // programs, now using other maps, show as outdated and are swapped.
+        Ok(self.loaded.take().is_some() || self.has_pins())
+    }
+
+    fn sk_lookup_unavailable(&mut self) -> Option<String> {
+        self.sk_lookup.get_or_insert_with(Self::probe_sk_lookup).clone()
+    }
 }
 
 fn program_fd(loaded: &Loaded, program: Program) -> Result<aya::programs::ProgramFd> {
@@ -364,6 +421,7 @@ fn program_fd(loaded: &Loaded, program: Program) -> Result<aya::programs::Progra
     let fd = match ebpf.program(program.name()) {
         Some(aya::programs::Program::SchedClassifier(p)) => p.fd().map_err(|e| bpf_err(program.name(), chain(&e)))?,
         Some(aya::programs::Program::CgroupSockAddr(p)) => p.fd().map_err(|e| bpf_err(program.name(), chain(&e)))?,
+        Some(aya::programs::Program::SkLookup(p)) => p.fd().map_err(|e| bpf_err(program.name(), chain(&e)))?,
         _ => return Err(bpf_err(program.name(), "not loaded")),
     };
     fd.try_clone().map_err(|e| bpf_err(program.name(), e))

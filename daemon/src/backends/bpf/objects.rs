@@ -3,6 +3,7 @@
 //! objects by a kernel test, and against pinned maps before adopting them.
 
 use crate::abi;
+use crate::backends::MapSizes;
 use crate::model::{BpfMap, Program};
 
 /// probes/service_nat.c: the bpfnat veth path.
@@ -11,12 +12,17 @@ pub static SERVICE_NAT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DI
 pub static SERVICE_CTLB: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/service_ctlb.o"));
 
 /// Every object, with a name for errors. All share one set of pinned maps.
-pub const OBJECTS: &[(&str, &[u8])] = &[("probes/service_nat.c", SERVICE_NAT), ("probes/service_ctlb.c", SERVICE_CTLB)];
+pub const OBJECTS: &[(&str, &[u8])] =
+    &[("probes/service_nat.c", SERVICE_NAT), ("probes/service_ctlb.c", SERVICE_CTLB), ("probes/mesh.c", MESH)];
+/// probes/mesh.c: sk_lookup mesh redirects.
+pub static MESH: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/mesh.o"));
+pub const MESH_OBJECT: usize = 2;
 
 pub const BPF_MAP_TYPE_HASH: u32 = 1;
 pub const BPF_MAP_TYPE_ARRAY: u32 = 2;
 pub const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
 pub const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
+pub const BPF_MAP_TYPE_SOCKHASH: u32 = 18;
 pub const BPF_F_NO_PREALLOC: u32 = 1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,20 +71,38 @@ pub const MAPS: &[MapDef] = &[
     ),
     def("HM_CT", BPF_MAP_TYPE_LRU_HASH, size_of::<abi::CtKey>(), size_of::<abi::CtValue>(), abi::MAX_CONNTRACK, 0),
     def("HM_REVERSE_SOCK", BPF_MAP_TYPE_LRU_HASH, 32, 20, abi::MAX_REVERSE_SOCK, 0),
+    def(
+        "HM_MESH",
+        BPF_MAP_TYPE_HASH,
+        size_of::<abi::MeshKey>(),
+        size_of::<abi::MeshValue>(),
+        abi::MESH_MAP_SIZE,
+        BPF_F_NO_PREALLOC,
+    ),
+    def("HM_MESH_SOCKETS", BPF_MAP_TYPE_SOCKHASH, size_of::<abi::SockKey>(), 8, abi::MESH_MAP_SIZE, 0),
 ];
 
-pub fn map_def(name: &str) -> &'static MapDef {
-    MAPS.iter().find(|m| m.name == name).expect("every map hostmesh touches is in MAPS")
+/// Maps whose capacity the configuration sets.
+pub const SIZED_BY_MESH: [&str; 2] = ["HM_MESH", "HM_MESH_SOCKETS"];
+
+/// A map's definition with the configured capacities applied.
+pub fn map_def(name: &str, sizes: &MapSizes) -> MapDef {
+    let mut d = *MAPS.iter().find(|m| m.name == name).expect("every map hostmesh touches is in MAPS");
+    if SIZED_BY_MESH.contains(&name) {
+        d.max_entries = sizes.mesh;
+    }
+    d
 }
 
-pub fn def_of(map: BpfMap) -> &'static MapDef {
-    map_def(map.name())
+pub fn def_of(map: BpfMap, sizes: &MapSizes) -> MapDef {
+    map_def(map.name(), sizes)
 }
 
 /// The object holding each program.
 pub fn object_of(program: Program) -> usize {
     match program {
         Program::NatOut | Program::Reply => 0,
+        Program::Mesh => MESH_OBJECT,
         _ => 1,
     }
 }

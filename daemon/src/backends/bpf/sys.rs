@@ -17,6 +17,7 @@ const BPF_OBJ_GET_INFO_BY_FD: i64 = 15;
 const BPF_LINK_UPDATE: i64 = 29;
 
 pub const BPF_LINK_TYPE_CGROUP: u32 = 3;
+pub const BPF_LINK_TYPE_NETNS: u32 = 5;
 pub const BPF_LINK_TYPE_TCX: u32 = 11;
 
 /// bpf_attr is a union of at most 144 bytes here; commands read a prefix.
@@ -86,29 +87,39 @@ pub fn map_delete(fd: BorrowedFd<'_>, key: &[u8]) -> io::Result<()> {
     }
 }
 
-/// Every (key, value) of a hash or array map. `value_size` is the total
-/// size the kernel copies out (per-CPU maps: rounded size times CPUs).
-pub fn map_dump(fd: BorrowedFd<'_>, key_size: usize, value_size: usize) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-    let mut out = Vec::new();
-    let mut key: Option<Vec<u8>> = None;
+/// Every key of a map. When a program deletes the key we stand on (an LRU
+/// eviction), the kernel restarts from the first key; the walk stops at
+/// the first key it has already seen rather than going round again.
+pub fn map_keys(fd: BorrowedFd<'_>, key_size: usize) -> io::Result<Vec<Vec<u8>>> {
+    let mut out: Vec<Vec<u8>> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     loop {
         let mut next = vec![0u8; key_size];
         let mut attr = Attr::new()
             .u32(0, fd.as_raw_fd() as u32)
-            .u64(8, key.as_ref().map_or(0, |k| k.as_ptr() as u64))
+            .u64(8, out.last().map_or(0, |k| k.as_ptr() as u64))
             .u64(16, next.as_mut_ptr() as u64);
         match bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) {
-            Ok(_) => {}
+            Ok(_) if seen.insert(next.clone()) => out.push(next),
+            Ok(_) => return Ok(out),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(out),
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// Every (key, value) of a hash or array map. `value_size` is the total
+/// size the kernel copies out (per-CPU maps: rounded size times CPUs).
+pub fn map_dump(fd: BorrowedFd<'_>, key_size: usize, value_size: usize) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut out = Vec::new();
+    for key in map_keys(fd, key_size)? {
         let mut value = vec![0u8; value_size];
         // A key deleted between the two calls is simply skipped.
-        if map_lookup(fd, &next, &mut value)? {
-            out.push((next.clone(), value));
+        if map_lookup(fd, &key, &mut value)? {
+            out.push((key, value));
         }
-        key = Some(next);
     }
+    Ok(out)
 }
 
 fn info_by_fd(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<()> {
@@ -152,6 +163,8 @@ pub struct LinkInfo {
     pub tcx_ifindex: u32,
     /// Cgroup links: the cgroup's id (its inode number), 0 once detached.
     pub cgroup_id: u64,
+    /// Netns links: the namespace's inode number, 0 once it is gone.
+    pub netns_ino: u32,
 }
 
 pub fn link_info(fd: BorrowedFd<'_>) -> io::Result<LinkInfo> {
@@ -163,6 +176,7 @@ pub fn link_info(fd: BorrowedFd<'_>) -> io::Result<LinkInfo> {
         prog_id: rd32(&b, 8),
         tcx_ifindex: rd32(&b, 16),
         cgroup_id: u64::from_ne_bytes(b[16..24].try_into().expect("8 bytes")),
+        netns_ino: rd32(&b, 16),
     })
 }
 

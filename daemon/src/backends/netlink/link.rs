@@ -6,7 +6,7 @@ use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL};
 use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
 use netlink_packet_route::RouteNetlinkMessage;
 
-use super::socket::NetlinkSocket;
+use super::socket::RouteSocket as NetlinkSocket;
 
 /// What hostmesh needs to know about a link.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,13 +11,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 
 pub use link::Link;
-pub use socket::NetlinkSocket;
+pub use socket::{NetlinkSocket, RouteSocket};
 
 use super::{BackendError, NetBackend, Result, LINK_PREFIX};
 use crate::model::*;
 
 pub struct Rtnetlink {
-    sock: NetlinkSocket,
+    sock: RouteSocket,
 }
 
 fn err(op: impl Into<String>) -> impl FnOnce(io::Error) -> BackendError {
@@ -27,7 +27,7 @@ fn err(op: impl Into<String>) -> impl FnOnce(io::Error) -> BackendError {
 
 impl Rtnetlink {
     pub fn open() -> io::Result<Self> {
-        Ok(Rtnetlink { sock: NetlinkSocket::open()? })
+        Ok(Rtnetlink { sock: RouteSocket::open()? })
     }
 
     pub fn all_links(&mut self) -> Result<Vec<Link>> {
@@ -165,17 +165,27 @@ impl NetBackend for Rtnetlink {
             .filter(|r| r.protocol == RTPROT_HOSTMESH)
             .filter_map(|r| {
                 let dev = names.get(&r.oif?)?.clone();
-                let spec = RouteSpec::Via { gateway: r.gateway?, dev, mtu: r.mtu };
+                let spec = match r.kind {
+                    route::RouteType::Local => RouteSpec::Local { dev, src: r.prefsrc? },
+                    _ => RouteSpec::Via { gateway: r.gateway?, dev, mtu: r.mtu },
+                };
                 Some((RouteKey { table: r.table, dst: r.dst }, spec))
             })
             .collect())
     }
 
     fn replace_route(&mut self, key: &RouteKey, spec: &RouteSpec) -> Result<()> {
-        let RouteSpec::Via { gateway, dev, mtu } = spec;
-        let oif = self.index_of(dev)?;
-        route::replace_via(&mut self.sock, key.table, &key.dst, *gateway, oif, *mtu, RTPROT_HOSTMESH)
-            .map_err(err(format!("add route {} via {gateway} dev {dev} table {}", key.dst, key.table)))
+        let oif = self.index_of(spec.dev())?;
+        match spec {
+            RouteSpec::Via { gateway, dev, mtu } => {
+                route::replace_via(&mut self.sock, key.table, &key.dst, *gateway, oif, *mtu, RTPROT_HOSTMESH)
+                    .map_err(err(format!("add route {} via {gateway} dev {dev} table {}", key.dst, key.table)))
+            }
+            RouteSpec::Local { dev, src } => {
+                route::replace_local(&mut self.sock, key.table, &key.dst, oif, *src, RTPROT_HOSTMESH)
+                    .map_err(err(format!("add route local {} dev {dev} src {src} table {}", key.dst, key.table)))
+            }
+        }
     }
 
     fn delete_route(&mut self, key: &RouteKey) -> Result<()> {

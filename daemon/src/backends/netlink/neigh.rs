@@ -8,7 +8,7 @@ use netlink_packet_route::neighbour::{NeighbourAddress, NeighbourAttribute, Neig
 use netlink_packet_route::route::RouteType;
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
-use super::socket::NetlinkSocket;
+use super::socket::RouteSocket as NetlinkSocket;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Neighbour {

@@ -7,12 +7,13 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_REPLACE};
+pub use netlink_packet_route::route::RouteType;
 use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteMetric, RouteProtocol, RouteScope, RouteType,
+    RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteMetric, RouteProtocol, RouteScope,
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
-use super::socket::NetlinkSocket;
+use super::socket::RouteSocket as NetlinkSocket;
 
 /// A route as read back, with the fields hostmesh compares.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,6 +27,7 @@ pub struct Route {
     /// Every output interface, including multipath next hops.
     pub oifs: Vec<u32>,
     pub mtu: Option<u32>,
+    pub prefsrc: Option<IpAddr>,
 }
 
 pub fn dump(sock: &mut NetlinkSocket) -> io::Result<Vec<Route>> {
@@ -62,11 +64,13 @@ fn parse(m: &RouteMessage) -> Option<Route> {
     let mut oif = None;
     let mut oifs = Vec::new();
     let mut mtu = None;
+    let mut prefsrc = None;
     for attr in &m.attributes {
         match attr {
             RouteAttribute::Table(t) => table = *t,
             RouteAttribute::Destination(a) => dst = ip_of(a),
             RouteAttribute::Gateway(a) => gateway = ip_of(a),
+            RouteAttribute::PrefSource(a) => prefsrc = ip_of(a),
             RouteAttribute::Oif(i) => {
                 oif = Some(*i);
                 oifs.push(*i);
@@ -88,7 +92,7 @@ fn parse(m: &RouteMessage) -> Option<Route> {
         (AddressFamily::Inet6, None) => IpNet::new(IpAddr::from([0u16; 8]), 0).ok()?,
         _ => return None,
     };
-    Some(Route { table, dst, protocol: h.protocol.into(), kind: h.kind, gateway, oif, oifs, mtu })
+    Some(Route { table, dst, protocol: h.protocol.into(), kind: h.kind, gateway, oif, oifs, mtu, prefsrc })
 }
 
 fn message(table: u32, dst: &IpNet, protocol: u8) -> RouteMessage {
@@ -127,6 +131,24 @@ pub fn replace_via(
     if let Some(mtu) = mtu {
         m.attributes.push(RouteAttribute::Metrics(vec![RouteMetric::Mtu(mtu)]));
     }
+    sock.request(RouteNetlinkMessage::NewRoute(m), NLM_F_CREATE | NLM_F_REPLACE)
+}
+
+/// `ip route replace local dst dev oif src src proto P table T`: deliver
+/// to this host.
+pub fn replace_local(
+    sock: &mut NetlinkSocket,
+    table: u32,
+    dst: &IpNet,
+    oif: u32,
+    src: IpAddr,
+    protocol: u8,
+) -> io::Result<()> {
+    let mut m = message(table, dst, protocol);
+    m.header.scope = RouteScope::Host;
+    m.header.kind = RouteType::Local;
+    m.attributes.push(RouteAttribute::Oif(oif));
+    m.attributes.push(RouteAttribute::PrefSource(src.into()));
     sock.request(RouteNetlinkMessage::NewRoute(m), NLM_F_CREATE | NLM_F_REPLACE)
 }
 

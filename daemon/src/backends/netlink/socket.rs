@@ -1,12 +1,19 @@
-//! A synchronous rtnetlink socket: send one request, collect its answer
-//! (an ACK, or every part of a dump). Typed helpers in the sibling
-//! modules build the messages; nothing above them sees raw netlink.
+//! A synchronous netlink socket: send one request, collect its answer (an
+//! ACK, or every part of a dump). It speaks any netlink family whose
+//! messages netlink-packet-core can (de)serialise: rtnetlink for links,
+//! routes and neighbours, sock_diag for finding sidecar listeners. Typed
+//! helpers build the messages; nothing above them sees raw netlink.
 
+use std::fmt::Debug;
 use std::io;
+use std::marker::PhantomData;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
+use netlink_packet_core::{
+    NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NetlinkPayload, NetlinkSerializable, NLM_F_ACK, NLM_F_DUMP,
+    NLM_F_REQUEST,
+};
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
@@ -14,14 +21,28 @@ use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 /// daemon must not hang on it.
 const RECV_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub struct NetlinkSocket {
+pub struct NetlinkSocket<M> {
     socket: Socket,
     seq: u32,
+    messages: PhantomData<fn() -> M>,
 }
 
-impl NetlinkSocket {
+/// rtnetlink: links, routes, neighbours.
+pub type RouteSocket = NetlinkSocket<RouteNetlinkMessage>;
+
+impl RouteSocket {
     pub fn open() -> io::Result<Self> {
-        let mut socket = Socket::new(NETLINK_ROUTE)?;
+        Self::open_protocol(NETLINK_ROUTE)
+    }
+}
+
+impl<M> NetlinkSocket<M>
+where
+    M: NetlinkSerializable + NetlinkDeserializable + Debug,
+    NetlinkPayload<M>: From<M>,
+{
+    pub fn open_protocol(protocol: isize) -> io::Result<Self> {
+        let mut socket = Socket::new(protocol)?;
         socket.bind_auto()?;
         socket.connect(&SocketAddr::new(0, 0))?;
         // Extended acks make the kernel explain EINVAL; strict checking makes
@@ -32,20 +53,20 @@ impl NetlinkSocket {
         // message sits at a fixed offset (see `extack_message`).
         let _ = socket.set_cap_ack(true);
         set_recv_timeout(&socket, RECV_TIMEOUT)?;
-        Ok(NetlinkSocket { socket, seq: 0 })
+        Ok(NetlinkSocket { socket, seq: 0, messages: PhantomData })
     }
 
     /// Sends a request that expects only an acknowledgement.
-    pub fn request(&mut self, msg: RouteNetlinkMessage, flags: u16) -> io::Result<()> {
+    pub fn request(&mut self, msg: M, flags: u16) -> io::Result<()> {
         self.exchange(msg, NLM_F_REQUEST | NLM_F_ACK | flags, false).map(|_| ())
     }
 
     /// Sends a dump request and returns every message of the answer.
-    pub fn dump(&mut self, msg: RouteNetlinkMessage) -> io::Result<Vec<RouteNetlinkMessage>> {
+    pub fn dump(&mut self, msg: M) -> io::Result<Vec<M>> {
         self.exchange(msg, NLM_F_REQUEST | NLM_F_DUMP, true)
     }
 
-    fn exchange(&mut self, msg: RouteNetlinkMessage, flags: u16, dump: bool) -> io::Result<Vec<RouteNetlinkMessage>> {
+    fn exchange(&mut self, msg: M, flags: u16, dump: bool) -> io::Result<Vec<M>> {
         self.seq = self.seq.wrapping_add(1);
         let mut header = NetlinkHeader::default();
         header.flags = flags;
@@ -61,7 +82,7 @@ impl NetlinkSocket {
             let (bytes, _) = self.socket.recv_from_full()?;
             let mut offset = 0;
             while offset < bytes.len() {
-                let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&bytes[offset..]).map_err(|e| {
+                let msg = NetlinkMessage::<M>::deserialize(&bytes[offset..]).map_err(|e| {
                     io::Error::new(io::ErrorKind::InvalidData, format!("malformed netlink message: {e}"))
                 })?;
                 let len = msg.header.length as usize;

@@ -1,0 +1,208 @@
+//! `table inet hostmesh` through the `nft` tool: the fallback of mesh
+//! redirects when sk_lookup cannot be used. Each mesh entry is a tproxy
+//! rule on prerouting: the VIP has a local route, so its traffic (local
+//! traffic too, which loops back through lo) passes prerouting, and tproxy
+//! hands it to the sidecar's listener keeping the VIP:port as the socket's
+//! local address — what sidecars read with getsockname() and
+//! IP_RECVORIGDSTADDR, as with sk_lookup. No NAT, no conntrack. (tproxy
+//! needs the listener to be IP_TRANSPARENT; the daemon sets that on the
+//! sidecar's socket when it registers it.)
+//!
+//! The whole table is replaced in one transaction, so there is never a
+//! moment with half the rules.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::net::IpAddr;
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+use super::{BackendError, NftBackend, Result};
+use crate::model::NftRule;
+
+pub const TABLE: &str = "hostmesh";
+
+pub struct NftCli {
+    program: String,
+}
+
+impl NftCli {
+    pub fn new() -> Self {
+        NftCli { program: "nft".into() }
+    }
+
+    /// Whether the nft tool is installed (without it no table can have
+    /// been made through it either).
+    fn installed(&self) -> bool {
+        Command::new(&self.program).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok()
+    }
+
+    fn run(&self, args: &[&str], input: Option<&str>) -> std::result::Result<String, String> {
+        let mut child = Command::new(&self.program)
+            .args(args)
+            .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot run {} (install nftables): {e}", self.program))?;
+        if let Some(text) = input {
+            child.stdin.take().expect("piped").write_all(text.as_bytes()).map_err(|e| e.to_string())?;
+        }
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).trim().replace('\n', "; "))
+        }
+    }
+}
+
+impl Default for NftCli {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn err(op: &str) -> impl FnOnce(String) -> BackendError + '_ {
+    move |detail| BackendError::Nft { op: op.to_string(), detail }
+}
+
+/// One rule, as `nft` reads it.
+fn rule_text(r: &NftRule) -> String {
+    let (fam, lo) = match r.vip {
+        IpAddr::V4(_) => ("ip", "127.0.0.1".to_string()),
+        IpAddr::V6(_) => ("ip6", "[::1]".to_string()),
+    };
+    let proto = if r.proto == 17 { "udp" } else { "tcp" };
+    let port = if r.port == 0 { format!("meta l4proto {proto}") } else { format!("{proto} dport {}", r.port) };
+    // tproxy is not a verdict: accept, or a later whole-VIP rule would
+    // override an exact port's socket.
+    format!("{fam} daddr {} {port} tproxy {fam} to {lo}:{} accept", r.vip, r.redirect_port)
+}
+
+/// The table, exact ports before whole-VIP rules (first match wins).
+pub fn ruleset(rules: &BTreeSet<NftRule>) -> String {
+    let mut ordered: Vec<&NftRule> = rules.iter().collect();
+    ordered.sort_by_key(|r| (r.port == 0, *r));
+    let body: Vec<String> = ordered.iter().map(|r| format!("    {}", rule_text(r))).collect();
+    format!(
+        "table inet {TABLE} {{\n  chain mesh {{\n    type filter hook prerouting priority mangle; policy accept;\n{}\n  }}\n}}\n",
+        body.join("\n")
+    )
+}
+
+/// Reads rules back from `nft -j list table inet hostmesh`: each rule is a
+/// daddr match, a protocol (or port) match and a tproxy statement.
+pub fn parse_rules(json: &str) -> Option<BTreeSet<NftRule>> {
+    let v: Value = serde_json::from_str(json).ok()?;
+    let mut out = BTreeSet::new();
+    for item in v["nftables"].as_array()? {
+        let Some(rule) = item.get("rule") else { continue };
+        let (mut vip, mut port, mut proto, mut redirect) = (None, 0u16, None, None);
+        for e in rule["expr"].as_array()? {
+            if let Some(m) = e.get("match") {
+                let left = &m["left"];
+                if let Some(p) = left.get("payload") {
+                    match (p["protocol"].as_str(), p["field"].as_str()) {
+                        (Some("ip" | "ip6"), Some("daddr")) => vip = m["right"].as_str()?.parse::<IpAddr>().ok(),
+                        (Some(l4 @ ("tcp" | "udp")), Some("dport")) => {
+                            proto = Some(if l4 == "udp" { 17 } else { 6 });
+                            port = m["right"].as_u64()? as u16;
+                        }
+                        _ => return None,
+                    }
+                } else if left.get("meta").is_some_and(|meta| meta["key"] == "l4proto") {
+                    proto = Some(if m["right"] == "udp" { 17 } else { 6 });
+                } else {
+                    return None;
+                }
+            } else if let Some(t) = e.get("tproxy") {
+                redirect = t["port"].as_u64().map(|p| p as u16);
+            } else if e.get("accept").is_none() {
+                return None;
+            }
+        }
+        out.insert(NftRule { vip: vip?, port, proto: proto?, redirect_port: redirect? });
+    }
+    Some(out)
+}
+
+impl NftBackend for NftCli {
+    fn mesh_table(&mut self) -> Result<Option<BTreeSet<NftRule>>> {
+        if !self.installed() {
+            return Ok(None);
+        }
+        match self.run(&["-j", "list", "table", "inet", TABLE], None) {
+            Ok(json) => Ok(Some(parse_rules(&json).unwrap_or_else(|| {
+                // Rules hostmesh did not write: report a rule that cannot be
+                // desired so the planner replaces the table.
+                BTreeSet::from([NftRule { vip: IpAddr::from([0, 0, 0, 0]), port: 0, proto: 0, redirect_port: 0 }])
+            }))),
+            Err(e) if e.contains("No such file or directory") => Ok(None),
+            Err(e) => Err(err("list table inet hostmesh")(e)),
+        }
+    }
+
+    fn replace_mesh_table(&mut self, rules: &BTreeSet<NftRule>) -> Result<()> {
+        // Create-then-delete makes the delete safe when the table is absent;
+        // all of it is one transaction.
+        let script = format!("table inet {TABLE}\ndelete table inet {TABLE}\n{}", ruleset(rules));
+        self.run(&["-f", "-"], Some(&script)).map(|_| ()).map_err(err("replace table inet hostmesh"))
+    }
+
+    fn delete_mesh_table(&mut self) -> Result<()> {
+        let script = format!("table inet {TABLE}\ndelete table inet {TABLE}\n");
+        self.run(&["-f", "-"], Some(&script)).map(|_| ()).map_err(err("delete table inet hostmesh"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(vip: &str, port: u16, proto: u8, redirect: u16) -> NftRule {
+        NftRule { vip: vip.parse().unwrap(), port, proto, redirect_port: redirect }
+    }
+
+    #[test]
+    fn ruleset_puts_exact_ports_before_whole_vips() {
+        let rules = BTreeSet::from([
+            rule("10.96.0.10", 0, 6, 15002),
+            rule("10.96.0.10", 80, 6, 15001),
+            rule("fd00::10", 53, 17, 15003),
+        ]);
+        assert_eq!(
+            ruleset(&rules),
+            "table inet hostmesh {\n  chain mesh {\n    type filter hook prerouting priority mangle; policy accept;\n\
+             \x20   ip daddr 10.96.0.10 tcp dport 80 tproxy ip to 127.0.0.1:15001 accept\n\
+             \x20   ip6 daddr fd00::10 udp dport 53 tproxy ip6 to [::1]:15003 accept\n\
+             \x20   ip daddr 10.96.0.10 meta l4proto tcp tproxy ip to 127.0.0.1:15002 accept\n  }\n}\n"
+        );
+    }
+
+    #[test]
+    fn parses_what_nft_lists() {
+        // `nft -j list table inet hostmesh` for the rules above (trimmed).
+        let json = r#"{"nftables": [{"metainfo": {}}, {"table": {"family": "inet", "name": "hostmesh"}},
+          {"chain": {"name": "mesh"}},
+          {"rule": {"expr": [
+            {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": "10.96.0.10"}},
+            {"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 80}},
+            {"tproxy": {"family": "ip", "addr": "127.0.0.1", "port": 15001}}, {"accept": null}]}},
+          {"rule": {"expr": [
+            {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": "10.96.0.10"}},
+            {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}},
+            {"tproxy": {"family": "ip", "addr": "127.0.0.1", "port": 15002}}, {"accept": null}]}}]}"#;
+        assert_eq!(
+            parse_rules(json),
+            Some(BTreeSet::from([rule("10.96.0.10", 80, 6, 15001), rule("10.96.0.10", 0, 6, 15002)]))
+        );
+    }
+
+    #[test]
+    fn foreign_rules_do_not_parse() {
+        let json = r#"{"nftables": [{"rule": {"expr": [{"counter": null}, {"accept": null}]}}]}"#;
+        assert_eq!(parse_rules(json), None);
+    }
+}
