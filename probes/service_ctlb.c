@@ -68,6 +68,16 @@ static __always_inline void write_addr(struct bpf_sock_addr *ctx, int v6, const 
 	ctx->user_port = (__u32)port;
 }
 
+/* memcmp is a library call BPF does not have: compare two 64-bit halves. */
+static __always_inline int same_addr(const __u8 a[16], const __u8 b[16])
+{
+	__u64 x[2], y[2];
+
+	__builtin_memcpy(x, a, 16);
+	__builtin_memcpy(y, b, 16);
+	return x[0] == y[0] && x[1] == y[1];
+}
+
 static __always_inline int refuse(void)
 {
 	bpf_set_retval(-ECONNREFUSED);
@@ -81,7 +91,7 @@ static __always_inline int to_backend(struct bpf_sock_addr *ctx, int v6)
 	struct hm_config *cfg = ours(ctx);
 	struct hm_svc_key key = {};
 	struct hm_revsk_key rk = {};
-	struct hm_revsk_value rv = {};
+	struct hm_revsk_value rv = {}, *known;
 	struct hm_svc_value *svc;
 	struct hm_backend *be;
 	__u32 proto;
@@ -112,9 +122,15 @@ static __always_inline int to_backend(struct bpf_sock_addr *ctx, int v6)
 	rk.cookie = cookie;
 	__builtin_memcpy(rk.addr, be->addr, 16);
 	rk.port = be->port;
-	__builtin_memcpy(rv.addr, key.addr, 16);
-	rv.port = key.port;
-	bpf_map_update_elem(&HM_REVERSE_SOCK, &rk, &rv, BPF_ANY);
+	/* Unconnected UDP comes here for every datagram: write the entry only
+	 * when it is not already there (an LRU update costs far more than a
+	 * lookup). */
+	known = bpf_map_lookup_elem(&HM_REVERSE_SOCK, &rk);
+	if (!known || known->port != key.port || !same_addr(known->addr, key.addr)) {
+		__builtin_memcpy(rv.addr, key.addr, 16);
+		rv.port = key.port;
+		bpf_map_update_elem(&HM_REVERSE_SOCK, &rk, &rv, BPF_ANY);
+	}
 
 	write_addr(ctx, v6, be->addr, be->port);
 	return 1;

@@ -1,4 +1,5 @@
 use std::fs;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -66,8 +67,19 @@ impl Daemon {
         let sock = opts.state_dir.with_file_name(format!("notify-{}.sock", crate::unique("n")));
         let notify = NotifyListener::bind(&sock);
         let log = fs::OpenOptions::new().create(true).append(true).open(&opts.log).expect("open daemon log");
-        let child = ns
-            .command(opts.bin.to_str().expect("utf-8 path"))
+        let mut cmd = ns.command(opts.bin.to_str().expect("utf-8 path"));
+        // If the test process dies without running its guards (SIGKILL, the
+        // OOM killer), the daemon is told to stop rather than orphaned.
+        // SAFETY: prctl is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
             .arg("run")
             .args(opts.path_args())
             .env("NOTIFY_SOCKET", notify.path())

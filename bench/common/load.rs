@@ -1,4 +1,4 @@
-//! Closed-loop load: TCP connect + request/reply + close, and UDP
+//! Closed-loop load: TCP connect + request/reply + abort, and UDP
 //! request/reply, against echo servers. One client thread per run keeps the
 //! two CPUs of these machines split between client and server.
 
@@ -169,6 +169,25 @@ pub fn tcp_rate(ns: &Netns, src: IpAddr, dst: SocketAddr, secs: Duration) -> Rat
             }
         }
         Rate { per_sec: ok as f64 / start.elapsed().as_secs_f64(), errors }
+    })
+}
+
+/// Makes up to `n` TCP connections (request/reply each) within `limit`;
+/// returns how many were made.
+pub fn tcp_count(ns: &Netns, src: IpAddr, dst: SocketAddr, n: u32, limit: Duration) -> u64 {
+    ns.run(move || {
+        let mut buf = [0u8; 64];
+        let start = Instant::now();
+        let mut made = 0u64;
+        while made < u64::from(n) && start.elapsed() < limit && !interrupted() {
+            if let Ok(mut s) = connect_from(src, dst) {
+                let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+                if s.write_all(REQUEST).is_ok() && s.read(&mut buf).unwrap_or(0) > 0 {
+                    made += 1;
+                }
+            }
+        }
+        made
     })
 }
 
