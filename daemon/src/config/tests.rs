@@ -462,3 +462,31 @@ fn shipped_examples_are_valid() {
         assert!(bad.is_empty(), "{}: {bad:?}", dir.display());
     }
 }
+
+#[test]
+fn hostmesh_keys_are_validated_too() {
+    assert_eq!(
+        one_error("[daemon]\nmaglev_table_size = 1000\n"),
+        "t.toml:2:21: [daemon]: maglev_table_size 1000 must be a prime number from 7 to 65521 (for example 251, 1021 or 4093)"
+    );
+    assert_eq!(
+        one_error("[[service]]\nname = \"web\"\nvip = \"10.0.0.1\"\nport = 80\nmaglev_table_size = 65537\n"),
+        "t.toml:5:21: service \"web\": maglev_table_size 65537 must be a prime number from 7 to 65521 (for example 251, 1021 or 4093)"
+    );
+    assert_eq!(
+        one_error("[daemon]\nmesh_map_size = 1024\n"),
+        "t.toml:2:17: [daemon]: mesh_map_size 1024 is out of range; use 4096 to 1048576"
+    );
+    assert_eq!(
+        one_error("[daemon]\nconntrack_udp_timeout = \"0s\"\n"),
+        "t.toml:2:25: [daemon]: conntrack_udp_timeout \"0s\" is out of range; use 1s to 49710d"
+    );
+    let d = parse_file(&Source::new(
+        Path::new("t.toml"),
+        "[daemon]\nmaglev_table_size = 251\nmesh_map_size = 4096\nconntrack_tcp_timeout = \"2h\"\n",
+    ))
+    .unwrap()
+    .daemon
+    .unwrap();
+    assert_eq!((d.maglev_table_size, d.mesh_map_size, d.conntrack_tcp_timeout.as_secs()), (251, 4096, 7200));
+}

@@ -146,7 +146,7 @@ impl Check<'_, '_> {
                 Ok(_) => self.fail(
                     &v.span(),
                     key,
-                    format!("{ctx}: {key} \"{}\" is out of range; use 1s to 136y", v.get_ref()),
+                    format!("{ctx}: {key} \"{}\" is out of range; use 1s to 49710d", v.get_ref()),
                 ),
                 Err(e) => self.fail(&v.span(), key, format!("{ctx}: {key} {e}")),
             }
