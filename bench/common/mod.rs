@@ -1,4 +1,5 @@
 //! What the benchmarks share: load generators and the results file.
 
 pub mod load;
+pub mod options;
 pub mod results;

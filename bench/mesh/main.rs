@@ -10,44 +10,15 @@
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use hm_bench::load::{catch_interrupts, interrupted, tcp_rate, udp_rate, EchoServers};
+use hm_bench::options::Options;
 use hm_testkit::{Daemon, DaemonOptions, Netns, TempDir};
 
 const SIDECAR: &str = "127.0.0.1:15001";
 const VIP: &str = "10.96.0.70";
 const CONNECTIONS_FOR_CONNTRACK: u32 = 10_000;
-
-struct Options {
-    hostmesh: PathBuf,
-    seconds: Duration,
-    reps: usize,
-    out: PathBuf,
-}
-
-fn options() -> Options {
-    let exe_dir = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
-    let mut o = Options {
-        hostmesh: exe_dir.join("hostmesh"),
-        seconds: Duration::from_millis(1500),
-        reps: 7,
-        out: Path::new(env!("CARGO_MANIFEST_DIR")).join("RESULTS.md"),
-    };
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    for pair in args.chunks(2) {
-        let value = pair.get(1).cloned().unwrap_or_default();
-        match pair[0].as_str() {
-            "--hostmesh" => o.hostmesh = value.into(),
-            "--seconds" => o.seconds = Duration::from_secs_f64(value.parse().expect("--seconds S")),
-            "--reps" => o.reps = value.parse().expect("--reps N"),
-            "--out" => o.out = value.into(),
-            other => panic!("unknown argument {other}; use --hostmesh PATH --seconds S --reps N --out FILE"),
-        }
-    }
-    o
-}
 
 #[derive(Clone, Copy, PartialEq)]
 enum Way {
@@ -243,8 +214,7 @@ fn count_connections(ns: &Netns, src: IpAddr, dst: SocketAddr, n: u32, limit: Du
 fn main() {
     hm_testkit::require_root();
     catch_interrupts();
-    let o = options();
-    assert!(o.hostmesh.exists(), "no hostmesh binary at {} (pass --hostmesh)", o.hostmesh.display());
+    let o = Options::parse(7, &[]);
     eprintln!("hostmesh ({}), {} s x {} reps per rate", o.hostmesh.display(), o.seconds.as_secs_f64(), o.reps);
     let rows: Vec<Row> =
         [Way::Direct, Way::SkLookup, Way::Tproxy, Way::NftRedirect].into_iter().map(|p| measure(p, &o)).collect();

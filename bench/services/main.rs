@@ -10,52 +10,15 @@ mod systems;
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr, SocketAddrV4};
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::PathBuf;
 
 use hm_testkit::{Cgroup, Netns};
 
 use hm_bench::load::{catch_interrupts, interrupted, tcp_rate, udp_rate, EchoServers, Rate};
+use hm_bench::options::Options;
 use systems::*;
 
 const ALL_SIZES: [usize; 3] = [1, 1000, 10000];
-
-struct Options {
-    hostmesh: PathBuf,
-    seconds: Duration,
-    reps: usize,
-    out: PathBuf,
-    /// Only hostmesh, at these sizes: a quick look, no results file.
-    only_hostmesh: Option<Vec<usize>>,
-}
-
-fn options() -> Options {
-    let exe_dir = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
-    let mut o = Options {
-        hostmesh: exe_dir.join("hostmesh"),
-        seconds: Duration::from_millis(1500),
-        reps: 5,
-        out: Path::new(env!("CARGO_MANIFEST_DIR")).join("RESULTS.md"),
-        only_hostmesh: None,
-    };
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut i = 0;
-    while i < args.len() {
-        let value = args.get(i + 1).cloned().unwrap_or_default();
-        match args[i].as_str() {
-            "--hostmesh" => o.hostmesh = value.into(),
-            "--seconds" => o.seconds = Duration::from_secs_f64(value.parse().expect("--seconds N")),
-            "--reps" => o.reps = value.parse().expect("--reps N"),
-            "--out" => o.out = value.into(),
-            "--only-hostmesh" => o.only_hostmesh = Some(value.split(',').map(|n| n.parse().expect("sizes")).collect()),
-            other => panic!(
-                "unknown argument {other}; use --hostmesh PATH --seconds S --reps N --out FILE --only-hostmesh N,N"
-            ),
-        }
-        i += 2;
-    }
-    o
-}
 
 /// A client namespace wired to a backend namespace running echo servers.
 struct Topology {
@@ -193,14 +156,16 @@ impl Drop for InCgroup {
 fn main() {
     hm_testkit::require_root();
     catch_interrupts();
-    let o = options();
-    assert!(o.hostmesh.exists(), "no hostmesh binary at {} (pass --hostmesh)", o.hostmesh.display());
+    let o = Options::parse(5, &["only-hostmesh"]);
     let cg = InCgroup::enter();
     let mut rows = Vec::new();
     let mut syncs = Vec::new();
 
     eprintln!("hostmesh ({}), {} s x {} reps per rate", o.hostmesh.display(), o.seconds.as_secs_f64(), o.reps);
-    let sizes: Vec<usize> = o.only_hostmesh.clone().unwrap_or(ALL_SIZES.to_vec());
+    // --only-hostmesh 1,1000: a quick look at hostmesh alone, no results file.
+    let only_hostmesh: Option<Vec<usize>> =
+        o.extra.get("only-hostmesh").map(|v| v.split(',').map(|n| n.parse().expect("--only-hostmesh N,N")).collect());
+    let sizes: Vec<usize> = only_hostmesh.clone().unwrap_or(ALL_SIZES.to_vec());
     {
         let t = Topology::new();
         for &n in &sizes {
@@ -212,7 +177,7 @@ fn main() {
             rows.push(measure(&t, &o, "hostmesh bpfnat veth", n));
         }
     }
-    if o.only_hostmesh.is_some() {
+    if only_hostmesh.is_some() {
         return;
     }
     {

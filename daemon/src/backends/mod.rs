@@ -15,6 +15,7 @@ pub mod fake;
 pub mod host;
 pub mod netlink;
 pub mod nft;
+pub mod sockopt;
 pub mod sysctl;
 
 use std::collections::BTreeMap;

@@ -58,21 +58,6 @@ const IPV6_TRANSPARENT: libc::c_int = 75;
 /// Lets tproxy hand the socket traffic for other local addresses (the
 /// nftables fallback). Setting it on our duplicate sets it on the socket.
 pub fn set_transparent(fd: &OwnedFd, v6: bool) -> io::Result<()> {
-    let one: libc::c_int = 1;
     let (level, name) = if v6 { (libc::SOL_IPV6, IPV6_TRANSPARENT) } else { (libc::SOL_IP, IP_TRANSPARENT) };
-    // SAFETY: a valid socket and a correctly sized int.
-    let rc = unsafe {
-        libc::setsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(fd),
-            level,
-            name,
-            &one as *const libc::c_int as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    crate::backends::sockopt::set(std::os::fd::AsFd::as_fd(fd), level, name, &(1 as libc::c_int))
 }

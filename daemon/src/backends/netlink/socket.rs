@@ -151,19 +151,12 @@ fn extack_message(raw: &[u8]) -> Option<String> {
 
 fn set_recv_timeout(socket: &Socket, timeout: Duration) -> io::Result<()> {
     let tv = libc::timeval { tv_sec: timeout.as_secs() as libc::time_t, tv_usec: 0 };
-    // SAFETY: a valid fd and a correctly sized timeval.
-    let rc = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            &tv as *const libc::timeval as *const libc::c_void,
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    let fd = socket.as_raw_fd();
+    // SAFETY: the socket outlives this borrow.
+    crate::backends::sockopt::set(
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
+        libc::SOL_SOCKET,
+        libc::SO_RCVTIMEO,
+        &tv,
+    )
 }
