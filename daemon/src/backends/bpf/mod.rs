@@ -392,13 +392,15 @@ impl BpfBackend for PinnedBpf {
 
     fn expire_flows(&mut self) -> Result<usize> {
         let Some(fd) = self.conntrack_fd()? else { return Ok(0) };
-        let fd = fd.try_clone().map_err(|e| bpf_err("HM_CT", e))?;
-        let config =
-            match self.map_entries()?.get(&MapEntryKey { map: BpfMap::Config, key: 0u32.to_ne_bytes().to_vec() }) {
-                Some(bytes) => crate::abi::Pod::from_bytes(bytes),
-                None => None,
-            };
-        conntrack::expire(fd.as_fd(), config, conntrack::now_ns()).map_err(|e| bpf_err("expire flows in HM_CT", e))
+        let ct = fd.try_clone().map_err(|e| bpf_err("HM_CT", e))?;
+        // The timeouts the probes use, from HM_CONFIG[0].
+        let cfg_fd = self.map_fd("HM_CONFIG")?;
+        let mut value = vec![0u8; std::mem::size_of::<crate::abi::HmConfig>()];
+        let found = sys::map_lookup(cfg_fd.as_fd(), &0u32.to_ne_bytes(), &mut value)
+            .map_err(|e| bpf_err("read HM_CONFIG", e))?;
+        // An array entry never written reads as zeros: no config, defaults.
+        let config = if found && value.iter().any(|b| *b != 0) { crate::abi::Pod::from_bytes(&value) } else { None };
+        conntrack::expire(ct.as_fd(), config, conntrack::now_ns()).map_err(|e| bpf_err("expire flows in HM_CT", e))
     }
 
     fn configure(&mut self, sizes: &MapSizes) -> Result<bool> {
