@@ -10,7 +10,7 @@ use std::{
 };
 
 /// Every probe the daemon embeds. One C file per feature.
-const PROBES: &[&str] = &["service_nat", "service_ctlb", "mesh"];
+const PROBES: &[&str] = &["service_nat", "service_ctlb", "mesh", "gateway"];
 
 fn main() {
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
@@ -19,7 +19,7 @@ fn main() {
     let clang = env::var("CLANG").unwrap_or_else(|_| "clang".to_string());
 
     println!("cargo:rerun-if-env-changed=CLANG");
-    for header in ["hostmesh_abi.h", "service_maps.h"] {
+    for header in ["hostmesh_abi.h", "service_maps.h", "packet.h"] {
         println!("cargo:rerun-if-changed={}", probes.join(header).display());
     }
     for probe in PROBES {

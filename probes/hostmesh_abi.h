@@ -164,4 +164,48 @@ _Static_assert(sizeof(struct hm_sock_key) == 4, "hm_sock_key layout");
  * (4,096 at least). */
 #define HM_MESH_MAP_SIZE 16384
 
+/* Gateway peers (probes/gateway.c). */
+#define HM_MAX_GW_ROUTES 16384
+#define HM_MAX_GW_CONNTRACK 131072
+
+/* HM_GW_CONFIG[0]. */
+struct hm_gw_config {
+	__u32 vni;
+	__u32 role;      /* HM_ROLE_* */
+	__u8 gateway[16]; /* members: this site's gateway (underlay) */
+	__u8 local[16];   /* this host's underlay address: the tunnel source */
+	/* Learned return paths expire when idle this long (the daemon
+	 * expires them; the probes only refresh them). */
+	__u32 tcp_timeout_s;
+	__u32 udp_timeout_s;
+};
+_Static_assert(sizeof(struct hm_gw_config) == 48, "hm_gw_config layout");
+
+#define HM_ROLE_MEMBER 1
+#define HM_ROLE_GATEWAY 2
+
+/* HM_PEERS and HM_MEMBERS: LPM tries, overlay CIDR -> underlay endpoint.
+ * Addresses are 16 bytes (IPv4-mapped); an IPv4 /n is /(96 + n). */
+struct hm_lpm_key {
+	__u32 prefixlen;
+	__u8 addr[16];
+};
+_Static_assert(sizeof(struct hm_lpm_key) == 20, "hm_lpm_key layout");
+
+struct hm_endpoint {
+	__u8 addr[16];   /* underlay address */
+	__u32 flags;     /* HM_EP_* */
+};
+_Static_assert(sizeof(struct hm_endpoint) == 20, "hm_endpoint layout");
+
+#define HM_EP_UP (1u << 0) /* a peer answering its probes */
+
+/* HM_GW_CT: return paths learned on a gateway. Key: the reply's 5-tuple
+ * (hm_ct_key with dir 0); value: the member that sent the request. */
+struct hm_gw_ct_value {
+	__u8 member[16];
+	__u64 last_seen_ns;
+};
+_Static_assert(sizeof(struct hm_gw_ct_value) == 24, "hm_gw_ct_value layout");
+
 #endif /* HOSTMESH_ABI_H */

@@ -11,6 +11,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "hostmesh_abi.h"
+#include "packet.h"
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -112,12 +113,5 @@ static __always_inline __u32 hm_mix64(__u64 x)
 	return (__u32)(x ^ (x >> 32));
 }
 
-static __always_inline void hm_v4_mapped(__u8 addr[16], __be32 v4)
-{
-	__builtin_memset(addr, 0, 10);
-	addr[10] = 0xff;
-	addr[11] = 0xff;
-	__builtin_memcpy(&addr[12], &v4, 4);
-}
 
 #endif /* HOSTMESH_SERVICE_MAPS_H */

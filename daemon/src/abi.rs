@@ -133,6 +133,60 @@ pub struct SockKey {
 pub const AF_INET: u8 = 2;
 pub const AF_INET6: u8 = 10;
 
+/// `HM_GW_CONFIG[0]`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GwConfig {
+    pub vni: u32,
+    pub role: u32,
+    /// Members: this site's gateway (underlay), as 16 bytes.
+    pub gateway: [u8; 16],
+    /// This host's underlay address (`local_ip`): the tunnel source.
+    pub local: [u8; 16],
+    /// Learned return paths expire when idle this long.
+    pub tcp_timeout_s: u32,
+    pub udp_timeout_s: u32,
+}
+
+/// A timeout as the probes' u32 seconds (saturating).
+pub fn secs(d: std::time::Duration) -> u32 {
+    d.as_secs().min(u64::from(u32::MAX)) as u32
+}
+
+pub const ROLE_MEMBER: u32 = 1;
+pub const ROLE_GATEWAY: u32 = 2;
+
+/// An LPM trie key: IPv4 /n is /(96 + n) of the mapped address.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LpmKey {
+    pub prefixlen: u32,
+    pub addr: [u8; 16],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Endpoint {
+    pub addr: [u8; 16],
+    pub flags: u32,
+}
+
+pub const EP_UP: u32 = 1 << 0;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GwCtValue {
+    pub member: [u8; 16],
+    pub last_seen_ns: u64,
+}
+
+pub const MAX_GW_ROUTES: u32 = 16384;
+pub const MAX_GW_CONNTRACK: u32 = 131072;
+
+const _: () = assert!(std::mem::size_of::<GwConfig>() == 48);
+const _: () = assert!(std::mem::size_of::<LpmKey>() == 20);
+const _: () = assert!(std::mem::size_of::<Endpoint>() == 20);
+const _: () = assert!(std::mem::size_of::<GwCtValue>() == 24);
 const _: () = assert!(std::mem::size_of::<MeshValue>() == 4);
 const _: () = assert!(std::mem::size_of::<SockKey>() == 4);
 const _: () = assert!(std::mem::size_of::<SvcKey>() == 20);
@@ -170,6 +224,14 @@ pub fn ip_from16(addr: [u8; 16]) -> IpAddr {
     match v6.to_ipv4_mapped() {
         Some(v4) => IpAddr::V4(v4),
         None => IpAddr::V6(v6),
+    }
+}
+
+impl LpmKey {
+    /// The key for a CIDR (host bits must already be clear).
+    pub fn of(net: &ipnet::IpNet) -> LpmKey {
+        let extra = if net.addr().is_ipv4() { 96 } else { 0 };
+        LpmKey { prefixlen: u32::from(net.prefix_len()) + extra, addr: addr16(net.addr()) }
     }
 }
 
@@ -220,6 +282,10 @@ impl Pod for CtKey {}
 impl Pod for CtValue {}
 impl Pod for u32 {}
 impl Pod for MeshValue {}
+impl Pod for GwConfig {}
+impl Pod for LpmKey {}
+impl Pod for Endpoint {}
+impl Pod for GwCtValue {}
 impl Pod for SockKey {}
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ pub mod daemon;
 pub mod log;
 pub mod model;
 pub mod paths;
+pub mod peer_health;
 pub mod reconcile;
 pub mod sidecars;
 pub mod state;

@@ -2,10 +2,12 @@
 //! namespaces each test creates (hm-testkit guards remove them).
 
 mod fixtures;
+mod gateway;
 mod lifecycle;
 mod mesh;
 mod resync;
 mod service_veth;
 mod services;
+mod sites;
 mod teardown;
 mod topology;

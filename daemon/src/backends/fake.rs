@@ -82,6 +82,11 @@ impl HostBackend for FakeKernel {
     fn facts(&mut self) -> Result<HostFacts> {
         Ok(self.state().facts.clone())
     }
+
+    fn path_mtus(&mut self, to: &[std::net::IpAddr]) -> Result<BTreeMap<std::net::IpAddr, u32>> {
+        let s = self.state();
+        Ok(to.iter().filter_map(|ip| s.facts.underlay_mtu.get(ip).map(|m| (*ip, *m))).collect())
+    }
 }
 
 impl NetBackend for FakeKernel {
@@ -101,7 +106,7 @@ impl NetBackend for FakeKernel {
     fn set_link_up(&mut self, name: &str) -> Result<()> {
         let mut s = self.mutate(format!("set_link_up {name}"))?;
         match s.links.get_mut(name) {
-            Some(LinkSpec::Veth { up, .. }) => {
+            Some(LinkSpec::Veth { up, .. }) | Some(LinkSpec::Vxlan { up, .. }) => {
                 *up = true;
                 Ok(())
             }
@@ -116,7 +121,7 @@ impl NetBackend for FakeKernel {
         if let LinkSpec::Veth { peer, .. } = spec {
             devs.push(peer);
         }
-        s.routes.retain(|_, r| !devs.iter().any(|d| d == r.dev()));
+        s.routes.retain(|_, r| !r.dev().is_some_and(|d| devs.iter().any(|x| x == d)));
         s.neighbours.retain(|k, _| !devs.contains(&k.dev));
         s.sysctls.retain(|p, _| !sysctl_dev(p).is_some_and(|d| devs.iter().any(|x| x == d)));
         for (a, status) in s.attachments.iter_mut() {
@@ -133,9 +138,10 @@ impl NetBackend for FakeKernel {
 
     fn replace_route(&mut self, key: &RouteKey, spec: &RouteSpec) -> Result<()> {
         let mut s = self.mutate(format!("replace_route {}", key.dst))?;
-        let dev = spec.dev();
-        if !link_exists(&s, dev) {
-            return Err(missing(format!("add route {} dev {dev}", key.dst), libc::ENODEV));
+        if let Some(dev) = spec.dev() {
+            if !link_exists(&s, dev) {
+                return Err(missing(format!("add route {} dev {dev}", key.dst), libc::ENODEV));
+            }
         }
         s.routes.insert(key.clone(), spec.clone());
         Ok(())

@@ -32,6 +32,10 @@ impl HostBackend for LiveHost {
         facts.cgroup2_root = self.cgroup2_root.clone();
         Ok(facts)
     }
+
+    fn path_mtus(&mut self, to: &[std::net::IpAddr]) -> Result<std::collections::BTreeMap<std::net::IpAddr, u32>> {
+        self.net.path_mtus(to)
+    }
 }
 
 /// The cookie of the calling thread's network namespace.

@@ -50,6 +50,9 @@ pub const LINK_PREFIX: &str = "hm-";
 
 pub trait HostBackend {
     fn facts(&mut self) -> Result<HostFacts>;
+    /// The MTU of the path to each address (the route's, or its link's);
+    /// addresses with no route are left out.
+    fn path_mtus(&mut self, to: &[std::net::IpAddr]) -> Result<BTreeMap<std::net::IpAddr, u32>>;
 }
 
 pub trait NetBackend {

@@ -144,7 +144,11 @@ pub fn render(s: &Status, liveness: &Liveness) -> String {
         let w_name = s.objects.iter().map(|o| o.name.len()).max().unwrap_or(0);
         for o in &s.objects {
             let origin = o.origin.as_deref().map(|x| format!("  [{x}]")).unwrap_or_default();
-            out.push_str(&format!("  {:w_kind$}  {:w_name$}  {:11}  {}{origin}\n", o.kind, o.name, o.state, o.detail));
+            let since = o.since.map(|at| format!(" (since {})", ago(at))).unwrap_or_default();
+            out.push_str(&format!(
+                "  {:w_kind$}  {:w_name$}  {:11}  {}{since}{origin}\n",
+                o.kind, o.name, o.state, o.detail
+            ));
             for e in &o.errors {
                 out.push_str(&format!("      error: {e}\n"));
             }

@@ -84,6 +84,10 @@ pub struct RawGateway {
     pub gateway_ip: Option<S<String>>,
     pub vni: S<i64>,
     pub udp_port: Option<S<i64>>,
+    /// hostmesh extensions: peer health probes between gateways.
+    pub probe_interval: Option<S<String>>,
+    pub probe_loss: Option<S<i64>>,
+    pub probe_port: Option<S<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -139,8 +139,18 @@ pub struct Gateway {
     pub gateway_ip: Option<IpAddr>,
     pub vni: u32,
     pub udp_port: u16,
+    /// How often a gateway probes each peer.
+    pub probe_interval: Duration,
+    /// A peer is down after this many probes in a row go unanswered.
+    pub probe_loss: u32,
+    /// The UDP port gateways probe each other on.
+    pub probe_port: u16,
     pub origin: Origin,
 }
+
+pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
+pub const DEFAULT_PROBE_LOSS: u32 = 5;
+pub const DEFAULT_PROBE_PORT: u16 = 4790;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Peer {

@@ -349,10 +349,64 @@ impl Check<'_, '_> {
             None => Some(4789),
             Some(p) => self.port(ctx, "udp_port", p, false),
         };
+        let probe_port = match &g.probe_port {
+            None => Some(DEFAULT_PROBE_PORT),
+            Some(p) => self.port(ctx, "probe_port", p, false),
+        };
+        let probe_interval = match &g.probe_interval {
+            None => Some(DEFAULT_PROBE_INTERVAL),
+            Some(v) => match parse_duration(v.get_ref()) {
+                Ok(d) if d.as_millis() >= 50 && d.as_secs() <= 3600 => Some(d),
+                Ok(_) => {
+                    self.fail(
+                        &v.span(),
+                        "probe_interval",
+                        format!("{ctx}: probe_interval \"{}\" is out of range; use 50ms to 1h", v.get_ref()),
+                    );
+                    None
+                }
+                Err(e) => {
+                    self.fail(&v.span(), "probe_interval", format!("{ctx}: probe_interval {e}"));
+                    None
+                }
+            },
+        };
+        let probe_loss = match &g.probe_loss {
+            None => Some(DEFAULT_PROBE_LOSS),
+            Some(v) if (1..=1000).contains(v.get_ref()) => Some(*v.get_ref() as u32),
+            Some(v) => {
+                self.fail(
+                    &v.span(),
+                    "probe_loss",
+                    format!("{ctx}: probe_loss {} is out of range; use 1 to 1000", v.get_ref()),
+                );
+                None
+            }
+        };
+        if let (Some(a), Some(b)) = (udp_port, probe_port) {
+            if a == b {
+                let span = g.probe_port.as_ref().map(|v| v.span()).unwrap_or_else(|| g.role.span());
+                self.fail(
+                    &span,
+                    "probe_port",
+                    format!("{ctx}: probe_port {b} is the tunnel's udp_port; use another port"),
+                );
+            }
+        }
         if self.errors.len() > before {
             return None;
         }
-        Some(Gateway { role: role?, local_ip: local_ip?, gateway_ip, vni: vni?, udp_port: udp_port?, origin })
+        Some(Gateway {
+            role: role?,
+            local_ip: local_ip?,
+            gateway_ip,
+            vni: vni?,
+            udp_port: udp_port?,
+            probe_interval: probe_interval?,
+            probe_loss: probe_loss?,
+            probe_port: probe_port?,
+            origin,
+        })
     }
 
     fn peer(&mut self, p: RawPeer) -> Option<Peer> {

@@ -18,6 +18,8 @@ pub enum Event {
     Reload,
     /// SIGTERM or SIGINT.
     Stop,
+    /// A peer gateway went down or came back.
+    PeersChanged,
     /// The watcher failed; periodic resync still picks changes up.
     WatchError(String),
 }

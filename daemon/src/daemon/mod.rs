@@ -5,11 +5,12 @@
 //! cost one sync.
 
 mod events;
+pub use events::Event;
 mod notify;
 pub mod report;
 
 use std::fs;
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
 use slog::{error, info, warn, Logger};
@@ -22,11 +23,11 @@ use crate::backends::sysctl::ProcSys;
 use crate::backends::Backends;
 use crate::config::{ConfigStore, Loaded};
 use crate::paths::Paths;
+use crate::peer_health::{self, PeerHealth};
 use crate::reconcile::{Reconciler, SyncOutcome, SysctlOriginals};
 use crate::sidecars::{self, Registrar};
 use crate::state::{Status, SyncSummary, STATUS_VERSION};
 
-use events::Event;
 pub use notify::Notifier;
 
 /// How long the config dir must be quiet before a sync...
@@ -73,6 +74,10 @@ struct Daemon {
     last_summary: SyncSummary,
     last_outcome: Option<SyncOutcome>,
     registrar: Registrar,
+    /// Probes peer gateways (gateways with peers only).
+    health: Option<PeerHealth>,
+    /// For threads started later (peer health) to wake the loop.
+    events: Sender<Event>,
 }
 
 pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
@@ -93,7 +98,7 @@ pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
 
     let (tx, rx) = channel();
     events::spawn_signal_thread(tx.clone()).map_err(RunError::Signals)?;
-    let _watcher = match events::watch_config_dir(&paths.config_dir, tx) {
+    let _watcher = match events::watch_config_dir(&paths.config_dir, tx.clone()) {
         Ok(w) => Some(w),
         Err(e) => {
             warn!(log, "cannot watch the config dir; changes apply at the next resync or SIGHUP"; "dir" => paths.config_dir.display().to_string(), "error" => e.to_string());
@@ -114,6 +119,8 @@ pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
         last_summary: SyncSummary::default(),
         last_outcome: None,
         registrar: Registrar::new(&paths.bpffs),
+        health: None,
+        events: tx,
         paths,
         log,
     };
@@ -180,6 +187,12 @@ impl Daemon {
                     next_full = Instant::now();
                 }
                 Ok(Event::Stop) => return self.stop(),
+                Ok(Event::PeersChanged) => {
+                    // Routes change with the next (immediate) sync, which
+                    // also rewrites the status.
+                    self.log_peer_changes();
+                    pending_incremental = true;
+                }
                 Ok(Event::WatchError(e)) => {
                     warn!(self.log, "config dir watch failed; changes apply at the next resync or SIGHUP"; "error" => e)
                 }
@@ -206,6 +219,7 @@ impl Daemon {
                     self.notifier.reloading();
                     settled = Settled::Reload;
                 }
+                // A peer change during a burst rides along with its sync.
                 Ok(_) => {}
                 Err(RecvTimeoutError::Timeout) => return settled,
             }
@@ -244,6 +258,7 @@ impl Daemon {
             }
         }
         self.generation += 1;
+        self.track_peers();
         let result = self.reconciler.sync(&self.loaded.config, full);
         let ok = result.is_ok();
         match &result {
@@ -287,6 +302,37 @@ impl Daemon {
             self.notifier.status(&line);
         }
         ok
+    }
+
+    /// (Re)starts the peer prober when what it should probe changed, and
+    /// hands the reconciler the peers that are down now.
+    fn track_peers(&mut self) {
+        let want = peer_health::Settings::from_config(&self.loaded.config);
+        if self.health.as_ref().map(|h| &h.settings) != want.as_ref() {
+            // Dropping the old prober joins its thread before the new one
+            // binds the probe port.
+            self.health = None;
+            if let Some(settings) = want {
+                info!(self.log, "probing peer gateways"; "peers" => settings.peers.len(), "port" => settings.port,
+                    "interval_ms" => settings.interval.as_millis() as u64, "loss" => settings.loss);
+                self.health = Some(PeerHealth::start(settings, self.events.clone()));
+            }
+        }
+        let down = self.health.as_ref().map(|h| h.down()).unwrap_or_default();
+        self.reconciler.set_peers_down(down);
+    }
+
+    fn log_peer_changes(&mut self) {
+        let Some(h) = &self.health else { return };
+        for (name, p) in h.report() {
+            let was_down = self.reconciler.peers_down().contains(&name);
+            if p.up && was_down {
+                info!(self.log, "peer gateway up; routes to its sites restored"; "peer" => name, "endpoint" => p.endpoint.to_string());
+            } else if !p.up && !was_down {
+                warn!(self.log, "peer gateway down; routes to its sites are unreachable until it answers";
+                    "peer" => name, "endpoint" => p.endpoint.to_string(), "missed_probes" => p.missed);
+            }
+        }
     }
 
     /// Registers sidecar listeners; rewrites the status when that changed.
@@ -359,9 +405,11 @@ impl Daemon {
             ready: self.ready,
             stopped,
             last_sync: self.last_summary.clone(),
-            counts: report::counts(&self.loaded, outcome),
+            counts: report::counts(&self.loaded, outcome, self.health.as_ref()),
             files: report::files(&self.loaded),
-            objects: outcome.map(|o| report::objects(&self.loaded, o, self.registrar.report())).unwrap_or_default(),
+            objects: outcome
+                .map(|o| report::objects(&self.loaded, o, self.registrar.report(), self.health.as_ref()))
+                .unwrap_or_default(),
             warnings: outcome.map(|o| o.desired.warnings.clone()).unwrap_or_default(),
         }
     }

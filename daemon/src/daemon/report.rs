@@ -3,8 +3,9 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::config::{Config, ConfigError, CtlbMode, FileState, Loaded, Protocol};
-use crate::model::{Hook, MeshPath, Program};
+use crate::config::{Config, ConfigError, CtlbMode, FileState, GatewayRole, Loaded, Protocol};
+use crate::model::{gateway, Hook, MeshPath, Program, RouteKey, RouteSpec, RT_TABLE_MAIN};
+use crate::peer_health::PeerHealth;
 use crate::reconcile::{StepError, SyncOutcome};
 use crate::sidecars::{self, Registration};
 use crate::state::*;
@@ -50,17 +51,7 @@ fn object(kind: &str, name: &str, origin: Option<String>, detail: String, errors
         state: if errors.is_empty() { "applied" } else { "error" }.into(),
         detail,
         errors,
-    }
-}
-
-fn not_applied(kind: &str, name: &str, origin: String, detail: String) -> ObjectStatus {
-    ObjectStatus {
-        kind: kind.into(),
-        name: name.into(),
-        origin: Some(origin),
-        state: "not_applied".into(),
-        detail,
-        errors: vec![],
+        since: None,
     }
 }
 
@@ -70,6 +61,7 @@ pub fn objects(
     loaded: &Loaded,
     outcome: &SyncOutcome,
     registrations: &std::collections::BTreeMap<crate::abi::SockKey, Registration>,
+    health: Option<&PeerHealth>,
 ) -> Vec<ObjectStatus> {
     let d = &outcome.desired;
     let veth = !d.links.is_empty();
@@ -161,40 +153,99 @@ pub fn objects(
         }
         out.push(o);
     }
-    if let Some(g) = &loaded.config.gateway {
-        out.push(not_applied(
-            "gateway",
-            "gateway",
-            g.origin.to_string(),
-            "gateway peers are not implemented in this build".into(),
-        ));
-    }
-    for p in &loaded.config.peers {
-        out.push(not_applied(
-            "peer",
-            &p.name,
-            p.origin.to_string(),
-            "gateway peers are not implemented in this build".into(),
-        ));
-    }
-    for m in &loaded.config.members {
-        out.push(not_applied(
-            "member",
-            &m.name,
-            m.origin.to_string(),
-            "gateway peers are not implemented in this build".into(),
-        ));
-    }
+    gateway_objects(loaded, outcome, health, &mut out);
     out
 }
 
-pub fn counts(loaded: &Loaded, outcome: Option<&SyncOutcome>) -> Counts {
+/// The tunnel, each peer (up or down, since when, on a gateway) and each
+/// member.
+fn gateway_objects(loaded: &Loaded, outcome: &SyncOutcome, health: Option<&PeerHealth>, out: &mut Vec<ObjectStatus>) {
+    let Some(g) = &loaded.config.gateway else { return };
+    let role = if g.role == GatewayRole::Gateway { "gateway" } else { "member" };
+    let gw = g.gateway_ip.map(|ip| format!(", gateway {ip}")).unwrap_or_default();
+    let mut tun = object(
+        "gateway",
+        gateway::TUN,
+        Some(g.origin.to_string()),
+        format!("{role}, VNI {}, UDP port {}, local {}{gw}", g.vni, g.udp_port, g.local_ip),
+        errors_for(&outcome.errors, &["gateway".to_string()]),
+    );
+    if let Some(e) = health.and_then(|h| h.error()) {
+        tun.errors.push(e);
+        tun.state = "error".into();
+    }
+    out.push(tun);
+    let mtu = |cidrs: &[ipnet::IpNet]| {
+        let mtus: std::collections::BTreeSet<u32> = cidrs
+            .iter()
+            .filter_map(|c| match outcome.desired.routes.get(&RouteKey { table: RT_TABLE_MAIN, dst: *c }) {
+                Some(w) => match &w.spec {
+                    RouteSpec::Via { mtu: Some(m), .. } => Some(*m),
+                    _ => None,
+                },
+                None => None,
+            })
+            .collect();
+        let list: Vec<String> = mtus.iter().map(u32::to_string).collect();
+        if list.is_empty() {
+            String::new()
+        } else {
+            format!(", route MTU {}", list.join("/"))
+        }
+    };
+    let list = |cidrs: &[ipnet::IpNet]| cidrs.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+    let peers = health.map(|h| h.report()).unwrap_or_default();
+    for p in &loaded.config.peers {
+        let errors = errors_for(&outcome.errors, &[format!("peer/{}", p.name), "gateway".to_string()]);
+        let via = match (g.role, p.endpoint) {
+            (GatewayRole::Member, _) => {
+                format!("via gateway {}", g.gateway_ip.map(|ip| ip.to_string()).unwrap_or_default())
+            }
+            (GatewayRole::Gateway, Some(ep)) => format!("via peer gateway {ep}"),
+            (GatewayRole::Gateway, None) => "no endpoint: not applied".to_string(),
+        };
+        let mut o = object(
+            "peer",
+            &p.name,
+            Some(p.origin.to_string()),
+            format!("{} {via}{}", list(&p.cidrs), mtu(&p.cidrs)),
+            errors,
+        );
+        if let Some(st) = peers.get(&p.name) {
+            o.since = Some(st.since);
+            if o.state == "applied" {
+                o.state = if st.up { "up" } else { "down" }.into();
+            }
+            if !st.up {
+                o.detail = format!(
+                    "{} via peer gateway {}: {} probes unanswered; routes unreachable",
+                    list(&p.cidrs),
+                    st.endpoint,
+                    st.missed
+                );
+            }
+        }
+        out.push(o);
+    }
+    for m in &loaded.config.members {
+        let errors = errors_for(&outcome.errors, &[format!("member/{}", m.name), "gateway".to_string()]);
+        let detail = if g.role == GatewayRole::Gateway {
+            format!("{} via member {}{}", list(&m.cidrs), m.endpoint, mtu(&m.cidrs))
+        } else {
+            "for gateways; this host is a member: not applied".to_string()
+        };
+        out.push(object("member", &m.name, Some(m.origin.to_string()), detail, errors));
+    }
+}
+
+pub fn counts(loaded: &Loaded, outcome: Option<&SyncOutcome>, health: Option<&PeerHealth>) -> Counts {
     let c = &loaded.config;
     let d = outcome.map(|o| &o.desired);
     Counts {
         services: c.services.len(),
         meshes: c.meshes.len(),
         peers: c.peers.len(),
+        peers_down: health.map_or(0, |h| h.down().len()),
         files: loaded.files.len(),
         rejected_files: loaded.rejected().count(),
         routes: d.map_or(0, |d| d.routes.len()),
@@ -214,6 +265,9 @@ pub fn status_line(s: &Status) -> String {
         plural(c.meshes, "mesh redirect", "mesh redirects"),
         plural(c.peers, "peer", "peers")
     );
+    if c.peers_down > 0 {
+        line.push_str(&format!(" ({} down)", c.peers_down));
+    }
     let rejected: Vec<&FileStatus> = s.files.iter().filter(|f| f.state != "applied").collect();
     if let Some(first) = rejected.first() {
         let name = first.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();

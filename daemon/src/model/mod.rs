@@ -3,6 +3,7 @@
 //! compile needs (which interfaces exist) are passed in.
 
 mod bpfnat;
+pub mod gateway;
 pub mod ids;
 pub mod maglev;
 mod mesh;
@@ -32,6 +33,10 @@ pub struct HostFacts {
     pub cgroup2_root: Option<std::path::PathBuf>,
     /// Why the sk_lookup program cannot be used here, if it cannot.
     pub sk_lookup_unavailable: Option<String>,
+    /// The MTU of the path to each underlay address gateway peers use.
+    pub underlay_mtu: std::collections::BTreeMap<std::net::IpAddr, u32>,
+    /// Peers that stopped answering their probes.
+    pub peers_down: BTreeSet<String>,
 }
 
 /// Config -> the kernel state it needs. `prior` keeps ids stable.
@@ -40,16 +45,8 @@ pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior) -> Desired {
     services::compile(config, facts, prior, &mut out);
     bpfnat::compile(config, facts, &mut out);
     mesh::compile(config, facts, &mut out);
-    note_unimplemented(config, &mut out.warnings);
+    gateway::compile(config, facts, &mut out);
     out
-}
-
-/// Sections the contract defines that this build validates but does not
-/// apply yet; said plainly so nobody believes they are in force.
-fn note_unimplemented(config: &Config, warnings: &mut Vec<String>) {
-    if config.gateway.is_some() || !config.peers.is_empty() || !config.members.is_empty() {
-        warnings.push("[gateway], [[peer]] and [[member]] are valid but gateway peers are not implemented in this build; not applied".to_string());
-    }
 }
 
 #[cfg(test)]

@@ -55,8 +55,8 @@ pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &mut Desi
     let cfg = HmConfig {
         netns_cookie: facts.netns_cookie,
         flags,
-        tcp_timeout_s: d.conntrack_tcp_timeout.as_secs().min(u64::from(u32::MAX)) as u32,
-        udp_timeout_s: d.conntrack_udp_timeout.as_secs().min(u64::from(u32::MAX)) as u32,
+        tcp_timeout_s: abi::secs(d.conntrack_tcp_timeout),
+        udp_timeout_s: abi::secs(d.conntrack_udp_timeout),
         pad: 0,
     };
     want(&mut out.map_entries, MapEntryKey { map: BpfMap::Config, key: 0u32.to_bytes() }, cfg.to_bytes(), OWNER);

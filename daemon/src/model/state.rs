@@ -37,6 +37,9 @@ pub enum LinkSpec {
         /// Both ends administratively up.
         up: bool,
     },
+    /// A flow-based VXLAN device (`external`): the tunnel key comes from
+    /// the TC programs on it.
+    Vxlan { port: u16, mac: [u8; 6], up: bool },
     /// Something named like ours that is not what we create; observed only.
     Foreign { link_kind: String },
 }
@@ -67,12 +70,16 @@ pub enum RouteSpec {
     /// `local dst dev dev src src` (in the local table): deliver to this
     /// host. `src` is what local clients of dst send from.
     Local { dev: String, src: IpAddr },
+    /// `unreachable dst`: fail at once (a peer that is down).
+    Unreachable,
 }
 
 impl RouteSpec {
-    pub fn dev(&self) -> &str {
+    /// The link the route depends on, if any.
+    pub fn dev(&self) -> Option<&str> {
         match self {
-            RouteSpec::Via { dev, .. } | RouteSpec::Local { dev, .. } => dev,
+            RouteSpec::Via { dev, .. } | RouteSpec::Local { dev, .. } => Some(dev),
+            RouteSpec::Unreachable => None,
         }
     }
 }
@@ -92,10 +99,24 @@ pub enum BpfMap {
     Maglev,
     Services,
     Mesh,
+    GwConfig,
+    PeerEndpoints,
+    Members,
+    Peers,
 }
 
 impl BpfMap {
-    pub const ALL: [BpfMap; 5] = [BpfMap::Config, BpfMap::Backends, BpfMap::Maglev, BpfMap::Services, BpfMap::Mesh];
+    pub const ALL: [BpfMap; 9] = [
+        BpfMap::Config,
+        BpfMap::Backends,
+        BpfMap::Maglev,
+        BpfMap::Services,
+        BpfMap::Mesh,
+        BpfMap::GwConfig,
+        BpfMap::PeerEndpoints,
+        BpfMap::Members,
+        BpfMap::Peers,
+    ];
 
     /// The map's name in the probe objects, which is also its pin name.
     pub fn name(self) -> &'static str {
@@ -105,6 +126,10 @@ impl BpfMap {
             BpfMap::Maglev => "HM_MAGLEV",
             BpfMap::Services => "HM_SERVICES",
             BpfMap::Mesh => "HM_MESH",
+            BpfMap::GwConfig => "HM_GW_CONFIG",
+            BpfMap::PeerEndpoints => "HM_PEER_ENDPOINTS",
+            BpfMap::Members => "HM_MEMBERS",
+            BpfMap::Peers => "HM_PEERS",
         }
     }
 }
@@ -132,10 +157,14 @@ pub enum Program {
     Getpeername6,
     /// sk_lookup on the daemon's network namespace: mesh redirects.
     Mesh,
+    /// TC ingress on hm-tun0: VNI check, return-path learning.
+    TunIn,
+    /// TC egress on hm-tun0: the tunnel destination.
+    TunOut,
 }
 
 impl Program {
-    pub const ALL: [Program; 11] = [
+    pub const ALL: [Program; 13] = [
         Program::NatOut,
         Program::Reply,
         Program::Connect4,
@@ -147,6 +176,8 @@ impl Program {
         Program::Getpeername4,
         Program::Getpeername6,
         Program::Mesh,
+        Program::TunIn,
+        Program::TunOut,
     ];
 
     /// The connect-time programs, attached together to one cgroup.
@@ -174,6 +205,8 @@ impl Program {
             Program::Getpeername4 => "hm_getpeername4",
             Program::Getpeername6 => "hm_getpeername6",
             Program::Mesh => "hm_mesh",
+            Program::TunIn => "hm_tun_in",
+            Program::TunOut => "hm_tun_out",
         }
     }
 
@@ -187,6 +220,8 @@ impl Program {
 pub enum Hook {
     /// TC ingress of an interface (TCX).
     TcIngress(String),
+    /// TC egress of an interface (TCX).
+    TcEgress(String),
     /// A cgroup v2 dir, for the program's own attach type.
     Cgroup(PathBuf),
     /// The daemon's own network namespace (sk_lookup).
@@ -215,6 +250,7 @@ impl Attachment {
     pub fn pin_name(&self) -> String {
         match &self.hook {
             Hook::TcIngress(dev) => format!("{}@tc-ingress@{dev}", self.program.name()),
+            Hook::TcEgress(dev) => format!("{}@tc-egress@{dev}", self.program.name()),
             Hook::Cgroup(path) => format!("{}@cgroup@{}", self.program.name(), escape(path)),
             Hook::Netns => format!("{}@netns", self.program.name()),
         }
@@ -229,6 +265,7 @@ impl Attachment {
         }
         let hook = match (kind, parts.next()?) {
             ("tc-ingress", dev) if !dev.is_empty() && !dev.contains('@') => Hook::TcIngress(dev.to_string()),
+            ("tc-egress", dev) if !dev.is_empty() && !dev.contains('@') => Hook::TcEgress(dev.to_string()),
             ("cgroup", path) if path.starts_with("%2F") => Hook::Cgroup(unescape(path)),
             _ => return None,
         };
@@ -238,7 +275,7 @@ impl Attachment {
     /// The interface a TC attachment depends on.
     pub fn device(&self) -> Option<&str> {
         match &self.hook {
-            Hook::TcIngress(dev) => Some(dev),
+            Hook::TcIngress(dev) | Hook::TcEgress(dev) => Some(dev),
             Hook::Cgroup(_) | Hook::Netns => None,
         }
     }
@@ -248,6 +285,7 @@ impl fmt::Display for Attachment {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.hook {
             Hook::TcIngress(dev) => write!(f, "{} on tc ingress of {dev}", self.program.name()),
+            Hook::TcEgress(dev) => write!(f, "{} on tc egress of {dev}", self.program.name()),
             Hook::Cgroup(path) => write!(f, "{} on cgroup {}", self.program.name(), path.display()),
             Hook::Netns => write!(f, "{} on this network namespace", self.program.name()),
         }

@@ -26,6 +26,8 @@ fn facts() -> HostFacts {
         netns_cookie: 4242,
         cgroup2_root: Some(PathBuf::from("/sys/fs/cgroup")),
         sk_lookup_unavailable: None,
+        underlay_mtu: Default::default(),
+        peers_down: Default::default(),
     }
 }
 
@@ -245,10 +247,132 @@ port = 2
 }
 
 #[test]
-fn unimplemented_sections_are_reported_not_silently_dropped() {
+fn peers_without_a_gateway_section_are_reported_not_silently_dropped() {
     let d = compile_new(&config("[[peer]]\nname = \"b\"\ncidrs = [\"10.20.0.0/16\"]\n"));
-    assert_eq!(d.warnings.len(), 1);
-    assert!(d.warnings[0].starts_with("[gateway], [[peer]] and [[member]] are valid but"), "{:?}", d.warnings);
+    assert_eq!(d.warnings, ["[[peer]] and [[member]] entries need a [gateway] section; not applied"]);
+    assert!(d.links.is_empty() && d.routes.is_empty());
+}
+
+const MEMBER: &str = r#"
+[gateway]
+role = "member"
+local_ip = "192.0.2.20"
+gateway_ip = "192.0.2.1"
+vni = 7001
+udp_port = 4789
+
+[[peer]]
+name = "site-b"
+cidrs = ["10.20.0.0/16", "fd20::/48"]
+"#;
+
+const GATEWAY: &str = r#"
+[gateway]
+role = "gateway"
+local_ip = "198.51.100.1"
+vni = 7001
+
+[[peer]]
+name = "site-b"
+endpoint = "198.51.100.2"
+cidrs = ["10.20.0.0/16"]
+
+[[member]]
+name = "web-1"
+endpoint = "192.0.2.20"
+cidrs = ["10.10.1.0/24"]
+"#;
+
+fn facts_with_mtu(ip: &str, mtu: u32) -> HostFacts {
+    let mut f = facts();
+    f.underlay_mtu.insert(ip.parse().unwrap(), mtu);
+    f
+}
+
+fn route(d: &Desired, dst: &str) -> RouteSpec {
+    d.routes[&RouteKey { table: RT_TABLE_MAIN, dst: dst.parse().unwrap() }].spec.clone()
+}
+
+#[test]
+fn a_member_routes_peer_cidrs_into_the_tunnel_with_the_mtu_less_the_encapsulation() {
+    let d = compile(&config(MEMBER), &facts_with_mtu("192.0.2.1", 9000), &Prior::default());
+    assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+    assert_eq!(d.links[gateway::TUN].spec, LinkSpec::Vxlan { port: 4789, mac: gateway::TUN_MAC, up: true });
+    // The underlay to the gateway is IPv4: 50 bytes of overhead, for
+    // inner IPv4 and IPv6 alike.
+    let v4 = RouteSpec::Via { gateway: gateway::TUN_NEXT_HOP_V4.into(), dev: gateway::TUN.into(), mtu: Some(8950) };
+    let v6 = RouteSpec::Via { gateway: gateway::TUN_NEXT_HOP_V6.into(), dev: gateway::TUN.into(), mtu: Some(8950) };
+    assert_eq!(route(&d, "10.20.0.0/16"), v4);
+    assert_eq!(route(&d, "fd20::/48"), v6);
+    let cfg: abi::GwConfig = Pod::from_bytes(&entries(&d, BpfMap::GwConfig)[&0u32.to_bytes()]).unwrap();
+    assert_eq!((cfg.vni, cfg.role, cfg.gateway), (7001, abi::ROLE_MEMBER, abi::addr16("192.0.2.1".parse().unwrap())));
+    assert_eq!(cfg.local, abi::addr16("192.0.2.20".parse().unwrap()), "the tunnel source is local_ip");
+    assert_eq!(attached(&d), ["hm_tun_in@tc-ingress@hm-tun0", "hm_tun_out@tc-egress@hm-tun0"]);
+    assert!(d.neighbours.contains_key(&NeighKey { dev: gateway::TUN.into(), ip: gateway::TUN_NEXT_HOP_V6.into() }));
+    // A member forwards nothing and keeps IPv6 forwarding as it was.
+    assert!(!d.sysctls.contains_key("net/ipv6/conf/all/forwarding"));
+}
+
+#[test]
+fn an_ipv6_underlay_costs_70_bytes_and_an_unknown_one_is_assumed_1500_with_a_warning() {
+    let v6 = MEMBER.replace("192.0.2.1", "2001:db8:9::1").replace("192.0.2.20", "2001:db8:9::20");
+    let d = compile(&config(&v6), &facts_with_mtu("2001:db8:9::1", 1500), &Prior::default());
+    assert!(matches!(route(&d, "10.20.0.0/16"), RouteSpec::Via { mtu: Some(1430), .. }));
+    let d = compile_new(&config(MEMBER));
+    assert!(matches!(route(&d, "10.20.0.0/16"), RouteSpec::Via { mtu: Some(1450), .. }));
+    assert_eq!(d.warnings, ["no route to 192.0.2.1 to learn the underlay's MTU; assuming 1500"]);
+}
+
+#[test]
+fn a_gateway_fills_the_peer_and_member_tries_and_withdraws_a_down_peer() {
+    let c = config(GATEWAY);
+    let d = compile(&c, &facts_with_mtu("198.51.100.2", 1500), &Prior::default());
+    let peer = abi::Endpoint { addr: abi::addr16("198.51.100.2".parse().unwrap()), flags: abi::EP_UP };
+    let cidr: ipnet::IpNet = "10.20.0.0/16".parse().unwrap();
+    assert_eq!(entries(&d, BpfMap::Peers)[&abi::LpmKey::of(&cidr).to_bytes()], peer.to_bytes());
+    assert!(entries(&d, BpfMap::PeerEndpoints).contains_key(&abi::Endpoint { flags: 0, ..peer }.to_bytes()));
+    let member: ipnet::IpNet = "10.10.1.0/24".parse().unwrap();
+    let web1 = abi::Endpoint { addr: abi::addr16("192.0.2.20".parse().unwrap()), flags: 0 };
+    assert_eq!(entries(&d, BpfMap::Members)[&abi::LpmKey::of(&member).to_bytes()], web1.to_bytes());
+    assert!(matches!(route(&d, "10.20.0.0/16"), RouteSpec::Via { mtu: Some(1450), .. }));
+    assert!(matches!(route(&d, "10.10.1.0/24"), RouteSpec::Via { .. }));
+    assert_eq!(d.sysctls["net/ipv4/conf/hm-tun0/forwarding"].spec, "1");
+
+    let mut down = facts_with_mtu("198.51.100.2", 1500);
+    down.peers_down.insert("site-b".into());
+    let d = compile(&c, &down, &Prior::default());
+    assert_eq!(route(&d, "10.20.0.0/16"), RouteSpec::Unreachable);
+    let entry = entries(&d, BpfMap::Peers)[&abi::LpmKey::of(&cidr).to_bytes()].clone();
+    assert_eq!(entry, abi::Endpoint { flags: 0, ..peer }.to_bytes(), "the trie keeps the peer, marked down");
+    assert!(matches!(route(&d, "10.10.1.0/24"), RouteSpec::Via { .. }), "members are not affected");
+}
+
+#[test]
+fn a_gateway_skips_endpoints_of_the_other_family_than_local_ip() {
+    let text = GATEWAY.replace("endpoint = \"198.51.100.2\"", "endpoint = \"2001:db8:7::2\"");
+    let d = compile(&config(&text), &facts_with_mtu("192.0.2.20", 1500), &Prior::default());
+    assert_eq!(
+        d.warnings,
+        ["peer \"site-b\": endpoint 2001:db8:7::2 is IPv6 but local_ip 198.51.100.1 is IPv4; the tunnel runs from local_ip: not applied"]
+    );
+    assert!(!d.routes.contains_key(&RouteKey { table: RT_TABLE_MAIN, dst: "10.20.0.0/16".parse().unwrap() }));
+    assert!(entries(&d, BpfMap::Peers).is_empty() && entries(&d, BpfMap::PeerEndpoints).is_empty());
+    assert!(matches!(route(&d, "10.10.1.0/24"), RouteSpec::Via { .. }), "the member still applies");
+}
+
+#[test]
+fn role_mismatched_entries_are_warned_about() {
+    let mut c = config(MEMBER);
+    c.members = config(GATEWAY).members;
+    c.peers[0].endpoint = Some("198.51.100.2".parse().unwrap());
+    let d = compile(&c, &facts_with_mtu("192.0.2.1", 1500), &Prior::default());
+    assert_eq!(
+        d.warnings,
+        [
+            "peer \"site-b\": endpoint is for gateways; a member sends everything to its gateway",
+            "member \"web-1\" is for gateways; this host is a member: not applied"
+        ]
+    );
 }
 
 const MESH: &str = r#"

@@ -57,6 +57,7 @@ impl fmt::Display for Step {
         match self {
             Step::DeleteLink(n) => write!(f, "delete link {n}"),
             Step::CreateLink(n, LinkSpec::Veth { peer, .. }) => write!(f, "create veth {n} peer {peer}"),
+            Step::CreateLink(n, LinkSpec::Vxlan { port, .. }) => write!(f, "create vxlan {n} external dstport {port}"),
             Step::CreateLink(n, LinkSpec::Foreign { link_kind }) => write!(f, "create {link_kind} link {n}"),
             Step::SetLinkUp(n) => write!(f, "set link {n} up"),
             Step::SetSysctl { path, value, .. } => write!(f, "set sysctl {} = {value}", path.replace('/', ".")),
@@ -70,6 +71,9 @@ impl fmt::Display for Step {
             }
             Step::ReplaceRoute(k, RouteSpec::Local { dev, src }) => {
                 write!(f, "set route local {} dev {dev} src {src} table {}", k.dst, k.table)
+            }
+            Step::ReplaceRoute(k, RouteSpec::Unreachable) => {
+                write!(f, "set route unreachable {} table {}", k.dst, k.table)
             }
             Step::ReplaceNftTable(rules) => write!(f, "set table inet hostmesh ({} rules)", rules.len()),
             Step::DeleteNftTable => write!(f, "delete table inet hostmesh"),
@@ -93,7 +97,7 @@ fn sysctl_dev(path: &str) -> Option<&str> {
 fn link_names(name: &str, spec: &LinkSpec) -> Vec<String> {
     match spec {
         LinkSpec::Veth { peer, .. } => vec![name.to_string(), peer.clone()],
-        LinkSpec::Foreign { .. } => vec![name.to_string()],
+        LinkSpec::Vxlan { .. } | LinkSpec::Foreign { .. } => vec![name.to_string()],
     }
 }
 
@@ -171,7 +175,7 @@ pub fn plan(have: &Observed, want: &Desired, sysctl_originals: &BTreeMap<String,
         .routes
         .iter()
         .filter(|(k, w)| {
-            let current = if on_gone_link(w.spec.dev()) { None } else { have.routes.get(*k) };
+            let current = if w.spec.dev().is_some_and(on_gone_link) { None } else { have.routes.get(*k) };
             current != Some(&w.spec)
         })
         .collect();
@@ -222,6 +226,7 @@ fn same_except_up(have: &LinkSpec, want: &LinkSpec) -> bool {
             LinkSpec::Veth { peer: p1, mac: m1, peer_mac: pm1, .. },
             LinkSpec::Veth { peer: p2, mac: m2, peer_mac: pm2, .. },
         ) => p1 == p2 && m1 == m2 && pm1 == pm2,
+        (LinkSpec::Vxlan { port: p1, mac: m1, .. }, LinkSpec::Vxlan { port: p2, mac: m2, .. }) => p1 == p2 && m1 == m2,
         _ => false,
     }
 }

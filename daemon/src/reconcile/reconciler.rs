@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::backends::{BackendError, Backends, MapSizes};
 use crate::config::{Config, MeshBackend};
-use crate::model::{compile, Desired, Observed, Prior};
+use crate::model::{compile, gateway, Desired, Observed, Prior};
 
 use super::apply::{apply, StepError};
 use super::observe::{observe, observe_sysctls};
@@ -22,6 +22,8 @@ pub struct Reconciler {
     /// What the kernel holds after the last successful sync; `None` forces
     /// the next sync to observe.
     last_applied: Option<Observed>,
+    /// Peers the health probes found down (runtime state, not config).
+    peers_down: BTreeSet<String>,
 }
 
 #[derive(Debug)]
@@ -36,7 +38,16 @@ pub struct SyncOutcome {
 
 impl Reconciler {
     pub fn new(backends: Backends, originals: SysctlOriginals) -> Self {
-        Reconciler { backends, originals, last_applied: None }
+        Reconciler { backends, originals, last_applied: None, peers_down: BTreeSet::new() }
+    }
+
+    /// Which peers are down, for the next sync.
+    pub fn peers_down(&self) -> &BTreeSet<String> {
+        &self.peers_down
+    }
+
+    pub fn set_peers_down(&mut self, down: BTreeSet<String>) {
+        self.peers_down = down;
     }
 
     /// Makes the next sync a full resync.
@@ -67,6 +78,8 @@ impl Reconciler {
         if !config.meshes.is_empty() && config.daemon.mesh_backend == MeshBackend::Auto {
             facts.sk_lookup_unavailable = self.backends.bpf.sk_lookup_unavailable();
         }
+        facts.underlay_mtu = self.backends.host.path_mtus(&gateway::underlay_addresses(config))?;
+        facts.peers_down = self.peers_down.clone();
         let (have, want) = match (&self.last_applied, full) {
             (Some(last), false) => {
                 let want = compile(config, &facts, &Prior::from_entries(last.map_entries.iter()));

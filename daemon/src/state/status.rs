@@ -47,6 +47,8 @@ pub struct Counts {
     pub services: usize,
     pub meshes: usize,
     pub peers: usize,
+    #[serde(default)]
+    pub peers_down: usize,
     pub files: usize,
     pub rejected_files: usize,
     pub routes: usize,
@@ -84,6 +86,10 @@ pub struct ObjectStatus {
     pub state: String,
     pub detail: String,
     pub errors: Vec<String>,
+    /// Unix seconds of the last change of `state`, for states that change
+    /// on their own (a peer going down or up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<u64>,
 }
 
 impl Status {

@@ -1,7 +1,8 @@
-//! Expiry of idle flows in HM_CT. The map is an LRU, so it never grows
-//! past its size; expiring flows that are done (closed TCP, idle UDP) keeps
-//! room for live ones and makes a re-used 5-tuple start afresh. The probes
-//! apply the same timeouts when they look a flow up.
+//! Expiry of idle flows in HM_CT and of learned return paths in HM_GW_CT.
+//! Both maps are LRUs, so they never grow past their size; expiring flows
+//! that are done (closed TCP, idle UDP) keeps room for live ones and makes
+//! a re-used 5-tuple start afresh. The service probes apply the same
+//! timeouts when they look a flow up.
 
 use std::io;
 use std::os::fd::BorrowedFd;
@@ -28,14 +29,30 @@ pub fn timeout_s(v: &CtValue, proto: u8, cfg: Option<HmConfig>) -> u64 {
     }
 }
 
-/// Deletes expired entries; returns how many.
+/// Deletes expired entries of HM_CT; returns how many.
 pub fn expire(fd: BorrowedFd<'_>, cfg: Option<HmConfig>, now: u64) -> io::Result<usize> {
-    let entries = sys::map_dump(fd, std::mem::size_of::<CtKey>(), std::mem::size_of::<CtValue>())?;
+    expire_where(fd, |key: &CtKey, value: &CtValue| idle_s(now, value.last_seen_ns) >= timeout_s(value, key.proto, cfg))
+}
+
+/// Deletes learned return paths of HM_GW_CT idle longer than the TCP or
+/// UDP timeout in `cfg`; returns how many.
+pub fn expire_gateway(fd: BorrowedFd<'_>, cfg: GwConfig, now: u64) -> io::Result<usize> {
+    expire_where(fd, |key: &CtKey, value: &GwCtValue| {
+        let timeout = if key.proto == 17 { cfg.udp_timeout_s } else { cfg.tcp_timeout_s };
+        idle_s(now, value.last_seen_ns) >= u64::from(timeout)
+    })
+}
+
+fn idle_s(now: u64, last_seen_ns: u64) -> u64 {
+    now.saturating_sub(last_seen_ns) / 1_000_000_000
+}
+
+fn expire_where<K: Pod, V: Pod>(fd: BorrowedFd<'_>, expired: impl Fn(&K, &V) -> bool) -> io::Result<usize> {
+    let entries = sys::map_dump(fd, std::mem::size_of::<K>(), std::mem::size_of::<V>())?;
     let mut removed = 0;
     for (k, v) in entries {
-        let (Some(key), Some(value)) = (CtKey::from_bytes(&k), CtValue::from_bytes(&v)) else { continue };
-        let idle_s = now.saturating_sub(value.last_seen_ns) / 1_000_000_000;
-        if idle_s >= timeout_s(&value, key.proto, cfg) {
+        let (Some(key), Some(value)) = (K::from_bytes(&k), V::from_bytes(&v)) else { continue };
+        if expired(&key, &value) {
             sys::map_delete(fd, &k)?;
             removed += 1;
         }

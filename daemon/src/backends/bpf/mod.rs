@@ -181,7 +181,7 @@ impl PinnedBpf {
         let fd = sys::obj_get(pin).map_err(|e| bpf_err(format!("open pinned link {}", pin.display()), e))?;
         let info = sys::link_info(fd.as_fd()).map_err(|e| bpf_err(format!("info of {}", pin.display()), e))?;
         let attached = match &a.hook {
-            Hook::TcIngress(dev) => {
+            Hook::TcIngress(dev) | Hook::TcEgress(dev) => {
                 info.link_type == sys::BPF_LINK_TYPE_TCX
                     && info.tcx_ifindex != 0
                     && ifindex(dev) == Some(info.tcx_ifindex)
@@ -228,6 +228,16 @@ impl PinnedBpf {
     }
 
     /// The conntrack map, if anything is pinned yet.
+    /// Entry 0 of a config array map; None if it was never written (an
+    /// array entry never written reads as zeros).
+    fn config_entry<T: crate::abi::Pod>(&mut self, map: &'static str) -> Result<Option<T>> {
+        let fd = self.map_fd(map)?;
+        let mut value = vec![0u8; std::mem::size_of::<T>()];
+        let found = sys::map_lookup(fd.as_fd(), &0u32.to_ne_bytes(), &mut value)
+            .map_err(|e| bpf_err(format!("read {map}"), e))?;
+        Ok(if found && value.iter().any(|b| *b != 0) { T::from_bytes(&value) } else { None })
+    }
+
     fn conntrack_fd(&mut self) -> Result<Option<&OwnedFd>> {
         if self.loaded.is_none() && !self.has_pins() {
             return Ok(None);
@@ -347,7 +357,9 @@ impl BpfBackend for PinnedBpf {
         }
         let ebpf = &mut loaded.objects[objects::object_of(a.program)];
         let link: FdLink = match (&a.hook, ebpf.program_mut(a.program.name())) {
-            (Hook::TcIngress(dev), Some(aya::programs::Program::SchedClassifier(p))) => {
+            (Hook::TcIngress(dev) | Hook::TcEgress(dev), Some(aya::programs::Program::SchedClassifier(p))) => {
+                let direction =
+                    if matches!(a.hook, Hook::TcEgress(_)) { TcAttachType::Egress } else { TcAttachType::Ingress };
                 if !has_tcx() {
                     return Err(bpf_err(
                         format!("attach {a}"),
@@ -355,7 +367,7 @@ impl BpfBackend for PinnedBpf {
                     ));
                 }
                 let id = p
-                    .attach_with_options(dev, TcAttachType::Ingress, TcAttachOptions::TcxOrder(LinkOrder::default()))
+                    .attach_with_options(dev, direction, TcAttachOptions::TcxOrder(LinkOrder::default()))
                     .map_err(|e| bpf_err(format!("attach {a}"), chain(&e)))?;
                 let link = p.take_link(id).map_err(|e| bpf_err(format!("attach {a}"), chain(&e)))?;
                 FdLink::try_from(link).map_err(|e| bpf_err(format!("attach {a}"), chain(&e)))?
@@ -393,14 +405,17 @@ impl BpfBackend for PinnedBpf {
     fn expire_flows(&mut self) -> Result<usize> {
         let Some(fd) = self.conntrack_fd()? else { return Ok(0) };
         let ct = fd.try_clone().map_err(|e| bpf_err("HM_CT", e))?;
+        let now = conntrack::now_ns();
         // The timeouts the probes use, from HM_CONFIG[0].
-        let cfg_fd = self.map_fd("HM_CONFIG")?;
-        let mut value = vec![0u8; std::mem::size_of::<crate::abi::HmConfig>()];
-        let found = sys::map_lookup(cfg_fd.as_fd(), &0u32.to_ne_bytes(), &mut value)
-            .map_err(|e| bpf_err("read HM_CONFIG", e))?;
-        // An array entry never written reads as zeros: no config, defaults.
-        let config = if found && value.iter().any(|b| *b != 0) { crate::abi::Pod::from_bytes(&value) } else { None };
-        conntrack::expire(ct.as_fd(), config, conntrack::now_ns()).map_err(|e| bpf_err("expire flows in HM_CT", e))
+        let config = self.config_entry::<crate::abi::HmConfig>("HM_CONFIG")?;
+        let mut removed =
+            conntrack::expire(ct.as_fd(), config, now).map_err(|e| bpf_err("expire flows in HM_CT", e))?;
+        if let Some(gw) = self.config_entry::<crate::abi::GwConfig>("HM_GW_CONFIG")? {
+            let fd = self.map_fd("HM_GW_CT")?.try_clone().map_err(|e| bpf_err("HM_GW_CT", e))?;
+            removed += conntrack::expire_gateway(fd.as_fd(), gw, now)
+                .map_err(|e| bpf_err("expire learned return paths in HM_GW_CT", e))?;
+        }
+        Ok(removed)
     }
 
     fn configure(&mut self, sizes: &MapSizes) -> Result<bool> {

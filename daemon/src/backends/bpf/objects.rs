@@ -12,8 +12,15 @@ pub static SERVICE_NAT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DI
 pub static SERVICE_CTLB: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/service_ctlb.o"));
 
 /// Every object, with a name for errors. All share one set of pinned maps.
-pub const OBJECTS: &[(&str, &[u8])] =
-    &[("probes/service_nat.c", SERVICE_NAT), ("probes/service_ctlb.c", SERVICE_CTLB), ("probes/mesh.c", MESH)];
+pub const OBJECTS: &[(&str, &[u8])] = &[
+    ("probes/service_nat.c", SERVICE_NAT),
+    ("probes/service_ctlb.c", SERVICE_CTLB),
+    ("probes/mesh.c", MESH),
+    ("probes/gateway.c", GATEWAY),
+];
+/// probes/gateway.c: gateway peers over hm-tun0.
+pub static GATEWAY: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gateway.o"));
+pub const GATEWAY_OBJECT: usize = 3;
 /// probes/mesh.c: sk_lookup mesh redirects.
 pub static MESH: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/mesh.o"));
 pub const MESH_OBJECT: usize = 2;
@@ -22,6 +29,7 @@ pub const BPF_MAP_TYPE_HASH: u32 = 1;
 pub const BPF_MAP_TYPE_ARRAY: u32 = 2;
 pub const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
 pub const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
+pub const BPF_MAP_TYPE_LPM_TRIE: u32 = 11;
 pub const BPF_MAP_TYPE_SOCKHASH: u32 = 18;
 pub const BPF_F_NO_PREALLOC: u32 = 1;
 
@@ -80,6 +88,32 @@ pub const MAPS: &[MapDef] = &[
         BPF_F_NO_PREALLOC,
     ),
     def("HM_MESH_SOCKETS", BPF_MAP_TYPE_SOCKHASH, size_of::<abi::SockKey>(), 8, abi::MESH_MAP_SIZE, 0),
+    def("HM_GW_CONFIG", BPF_MAP_TYPE_ARRAY, 4, size_of::<abi::GwConfig>(), 1, 0),
+    def(
+        "HM_PEERS",
+        BPF_MAP_TYPE_LPM_TRIE,
+        size_of::<abi::LpmKey>(),
+        size_of::<abi::Endpoint>(),
+        abi::MAX_GW_ROUTES,
+        BPF_F_NO_PREALLOC,
+    ),
+    def(
+        "HM_MEMBERS",
+        BPF_MAP_TYPE_LPM_TRIE,
+        size_of::<abi::LpmKey>(),
+        size_of::<abi::Endpoint>(),
+        abi::MAX_GW_ROUTES,
+        BPF_F_NO_PREALLOC,
+    ),
+    def("HM_PEER_ENDPOINTS", BPF_MAP_TYPE_HASH, size_of::<abi::Endpoint>(), 4, abi::MAX_GW_ROUTES, BPF_F_NO_PREALLOC),
+    def(
+        "HM_GW_CT",
+        BPF_MAP_TYPE_LRU_HASH,
+        size_of::<abi::CtKey>(),
+        size_of::<abi::GwCtValue>(),
+        abi::MAX_GW_CONNTRACK,
+        0,
+    ),
 ];
 
 /// Maps whose capacity the configuration sets.
@@ -103,6 +137,7 @@ pub fn object_of(program: Program) -> usize {
     match program {
         Program::NatOut | Program::Reply => 0,
         Program::Mesh => MESH_OBJECT,
+        Program::TunIn | Program::TunOut => GATEWAY_OBJECT,
         _ => 1,
     }
 }

@@ -3,7 +3,9 @@
 use std::io;
 
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL};
-use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
+use netlink_packet_route::link::{
+    InfoData, InfoKind, InfoVeth, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+};
 use netlink_packet_route::RouteNetlinkMessage;
 
 use super::socket::RouteSocket as NetlinkSocket;
@@ -20,6 +22,9 @@ pub struct Link {
     pub peer_other_netns: bool,
     pub mac: Option<[u8; 6]>,
     pub up: bool,
+    /// VXLAN devices: (destination port, flow-based).
+    pub vxlan: Option<(u16, bool)>,
+    pub mtu: Option<u32>,
 }
 
 pub fn dump_links(sock: &mut NetlinkSocket) -> io::Result<Vec<Link>> {
@@ -42,19 +47,34 @@ fn parse(m: &LinkMessage) -> Link {
         peer_other_netns: false,
         mac: None,
         up: m.header.flags.contains(LinkFlags::Up),
+        vxlan: None,
+        mtu: None,
     };
     for attr in &m.attributes {
         match attr {
             LinkAttribute::IfName(n) => link.name = n.clone(),
             LinkAttribute::Link(i) => link.link = Some(*i),
+            LinkAttribute::Mtu(m) => link.mtu = Some(*m),
             LinkAttribute::LinkNetNsId(_) => link.peer_other_netns = true,
             LinkAttribute::Address(a) if a.len() == 6 => {
                 link.mac = Some(a.as_slice().try_into().expect("length checked"));
             }
             LinkAttribute::LinkInfo(infos) => {
                 for info in infos {
-                    if let LinkInfo::Kind(kind) = info {
-                        link.kind = Some(kind.to_string());
+                    match info {
+                        LinkInfo::Kind(kind) => link.kind = Some(kind.to_string()),
+                        LinkInfo::Data(InfoData::Vxlan(attrs)) => {
+                            let (mut port, mut external) = (0, false);
+                            for a in attrs {
+                                match a {
+                                    InfoVxlan::Port(p) => port = *p,
+                                    InfoVxlan::CollectMetadata(c) => external = *c,
+                                    _ => {}
+                                }
+                            }
+                            link.vxlan = Some((port, external));
+                        }
+                        _ => {}
                     }
                 }
             }
@@ -81,6 +101,22 @@ pub fn create_veth(
     msg.attributes.push(LinkAttribute::LinkInfo(vec![
         LinkInfo::Kind(InfoKind::Veth),
         LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer_msg))),
+    ]));
+    sock.request(RouteNetlinkMessage::NewLink(msg), NLM_F_CREATE | NLM_F_EXCL)
+}
+
+/// `ip link add name address mac type vxlan external dstport port nolearning`
+pub fn create_vxlan(sock: &mut NetlinkSocket, name: &str, mac: [u8; 6], port: u16) -> io::Result<()> {
+    let mut msg = LinkMessage::default();
+    msg.attributes.push(LinkAttribute::IfName(name.to_string()));
+    msg.attributes.push(LinkAttribute::Address(mac.to_vec()));
+    msg.attributes.push(LinkAttribute::LinkInfo(vec![
+        LinkInfo::Kind(InfoKind::Vxlan),
+        LinkInfo::Data(InfoData::Vxlan(vec![
+            InfoVxlan::CollectMetadata(true),
+            InfoVxlan::Port(port),
+            InfoVxlan::Learning(false),
+        ])),
     ]));
     sock.request(RouteNetlinkMessage::NewLink(msg), NLM_F_CREATE | NLM_F_EXCL)
 }

@@ -83,17 +83,46 @@ pub fn owned_links(links: &[Link]) -> BTreeMap<String, LinkSpec> {
                     },
                 );
             }
-            _ => {
-                let kind = l.kind.clone().unwrap_or_else(|| "unknown".into());
-                let kind = if kind == "veth" { "veth with a foreign peer".to_string() } else { kind };
-                out.insert(l.name.clone(), LinkSpec::Foreign { link_kind: kind });
-            }
+            _ => match (l.kind.as_deref(), l.vxlan) {
+                (Some("vxlan"), Some((port, true))) => {
+                    out.insert(l.name.clone(), LinkSpec::Vxlan { port, mac: l.mac.unwrap_or_default(), up: l.up });
+                }
+                _ => {
+                    let kind = l.kind.clone().unwrap_or_else(|| "unknown".into());
+                    let kind = match kind.as_str() {
+                        "veth" => "veth with a foreign peer".to_string(),
+                        "vxlan" => "vxlan that is not flow-based".to_string(),
+                        _ => kind,
+                    };
+                    out.insert(l.name.clone(), LinkSpec::Foreign { link_kind: kind });
+                }
+            },
         }
     }
     out
 }
 
 impl Rtnetlink {
+    /// The MTU of the path to each address: the route's MTU if it has one,
+    /// else its output link's.
+    pub fn path_mtus(&mut self, to: &[std::net::IpAddr]) -> Result<BTreeMap<std::net::IpAddr, u32>> {
+        let mut out = BTreeMap::new();
+        if to.is_empty() {
+            return Ok(out);
+        }
+        let links = self.all_links()?;
+        for ip in to {
+            let Some(r) = route::get(&mut self.sock, *ip).map_err(err(format!("look up the route to {ip}")))? else {
+                continue;
+            };
+            let link_mtu = r.oif.and_then(|i| links.iter().find(|l| l.index == i)).and_then(|l| l.mtu);
+            if let Some(mtu) = r.mtu.or(link_mtu) {
+                out.insert(*ip, mtu);
+            }
+        }
+        Ok(out)
+    }
+
     /// Interfaces and default-route interfaces.
     pub fn link_facts(&mut self) -> Result<HostFacts> {
         let links = self.all_links()?;
@@ -124,6 +153,14 @@ impl NetBackend for Rtnetlink {
                 if *up {
                     self.set_link_up(name)?;
                     self.set_link_up(peer)?;
+                }
+                Ok(())
+            }
+            LinkSpec::Vxlan { port, mac, up } => {
+                link::create_vxlan(&mut self.sock, name, *mac, *port)
+                    .map_err(err(format!("create vxlan {name} external dstport {port}")))?;
+                if *up {
+                    self.set_link_up(name)?;
                 }
                 Ok(())
             }
@@ -164,10 +201,10 @@ impl NetBackend for Rtnetlink {
             .into_iter()
             .filter(|r| r.protocol == RTPROT_HOSTMESH)
             .filter_map(|r| {
-                let dev = names.get(&r.oif?)?.clone();
                 let spec = match r.kind {
-                    route::RouteType::Local => RouteSpec::Local { dev, src: r.prefsrc? },
-                    _ => RouteSpec::Via { gateway: r.gateway?, dev, mtu: r.mtu },
+                    route::RouteType::Unreachable => RouteSpec::Unreachable,
+                    route::RouteType::Local => RouteSpec::Local { dev: names.get(&r.oif?)?.clone(), src: r.prefsrc? },
+                    _ => RouteSpec::Via { gateway: r.gateway?, dev: names.get(&r.oif?)?.clone(), mtu: r.mtu },
                 };
                 Some((RouteKey { table: r.table, dst: r.dst }, spec))
             })
@@ -175,16 +212,19 @@ impl NetBackend for Rtnetlink {
     }
 
     fn replace_route(&mut self, key: &RouteKey, spec: &RouteSpec) -> Result<()> {
-        let oif = self.index_of(spec.dev())?;
         match spec {
             RouteSpec::Via { gateway, dev, mtu } => {
+                let oif = self.index_of(dev)?;
                 route::replace_via(&mut self.sock, key.table, &key.dst, *gateway, oif, *mtu, RTPROT_HOSTMESH)
                     .map_err(err(format!("add route {} via {gateway} dev {dev} table {}", key.dst, key.table)))
             }
             RouteSpec::Local { dev, src } => {
+                let oif = self.index_of(dev)?;
                 route::replace_local(&mut self.sock, key.table, &key.dst, oif, *src, RTPROT_HOSTMESH)
                     .map_err(err(format!("add route local {} dev {dev} src {src} table {}", key.dst, key.table)))
             }
+            RouteSpec::Unreachable => route::replace_unreachable(&mut self.sock, key.table, &key.dst, RTPROT_HOSTMESH)
+                .map_err(err(format!("add route unreachable {} table {}", key.dst, key.table))),
         }
     }
 

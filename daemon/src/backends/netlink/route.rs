@@ -152,12 +152,36 @@ pub fn replace_local(
     sock.request(RouteNetlinkMessage::NewRoute(m), NLM_F_CREATE | NLM_F_REPLACE)
 }
 
+/// `ip route replace unreachable dst proto P table T`
+pub fn replace_unreachable(sock: &mut NetlinkSocket, table: u32, dst: &IpNet, protocol: u8) -> io::Result<()> {
+    let mut m = message(table, dst, protocol);
+    m.header.scope = RouteScope::Universe;
+    m.header.kind = RouteType::Unreachable;
+    sock.request(RouteNetlinkMessage::NewRoute(m), NLM_F_CREATE | NLM_F_REPLACE)
+}
+
 /// Deletes the route with this protocol; one that is gone already is fine.
 pub fn delete(sock: &mut NetlinkSocket, table: u32, dst: &IpNet, protocol: u8) -> io::Result<()> {
     let m = message(table, dst, protocol);
     match sock.request(RouteNetlinkMessage::DelRoute(m), 0) {
         Err(e) if matches!(e.raw_os_error(), Some(libc::ESRCH) | Some(libc::ENOENT)) => Ok(()),
         r => r,
+    }
+}
+
+/// `ip route get dst`: the route the kernel would use, if any.
+pub fn get(sock: &mut NetlinkSocket, dst: IpAddr) -> io::Result<Option<Route>> {
+    let mut m = RouteMessage::default();
+    m.header.address_family = if dst.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
+    m.header.destination_prefix_length = if dst.is_ipv4() { 32 } else { 128 };
+    m.attributes.push(RouteAttribute::Destination(dst.into()));
+    match sock.query(RouteNetlinkMessage::GetRoute(m)) {
+        Ok(answers) => Ok(answers.into_iter().find_map(|a| match a {
+            RouteNetlinkMessage::NewRoute(r) => parse(&r),
+            _ => None,
+        })),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENETUNREACH) | Some(libc::EHOSTUNREACH)) => Ok(None),
+        Err(e) => Err(e),
     }
 }
 

@@ -61,6 +61,12 @@ where
         self.exchange(msg, NLM_F_REQUEST | NLM_F_ACK | flags, false).map(|_| ())
     }
 
+    /// Sends a request answered by messages (not a dump), e.g. a route
+    /// get; the ACK that follows them marks the end.
+    pub fn query(&mut self, msg: M) -> io::Result<Vec<M>> {
+        self.exchange(msg, NLM_F_REQUEST | NLM_F_ACK, false)
+    }
+
     /// Sends a dump request and returns every message of the answer.
     pub fn dump(&mut self, msg: M) -> io::Result<Vec<M>> {
         self.exchange(msg, NLM_F_REQUEST | NLM_F_DUMP, true)

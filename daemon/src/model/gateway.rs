@@ -1,0 +1,219 @@
+//! `[gateway]`, `[[peer]]`, `[[member]]` -> gateway peers (DESIGN.md,
+//! Gateway peers): the flow-based VXLAN device `hm-tun0`, routes for remote
+//! CIDRs through it with an MTU reduced by the encapsulation, and the maps
+//! its TC programs read (who is a peer, which CIDR is behind which
+//! endpoint).
+//!
+//! Every host's `hm-tun0` has the same MAC and reaches its next hop
+//! through a permanent neighbour, so the Ethernet header inside the tunnel
+//! always fits the receiver; the tunnel destination itself comes from the
+//! TC program on egress.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ipnet::IpNet;
+
+use crate::abi::{self, addr16, Endpoint, GwConfig, LpmKey, Pod};
+use crate::config::{Config, Gateway, GatewayRole};
+
+use super::state::*;
+use super::HostFacts;
+
+pub const TUN: &str = "hm-tun0";
+pub const TUN_MAC: [u8; 6] = [0x02, 0x68, 0x6d, 0x00, 0x01, 0x00];
+pub const TUN_NEXT_HOP_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 2, 1);
+pub const TUN_NEXT_HOP_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 2, 1);
+/// VXLAN encapsulation: outer IP + UDP + VXLAN + inner Ethernet.
+pub const OVERHEAD_V4: u32 = 50;
+pub const OVERHEAD_V6: u32 = 70;
+/// Assumed when the underlay's MTU cannot be learned.
+pub const DEFAULT_UNDERLAY_MTU: u32 = 1500;
+
+const OWNER: &str = "gateway";
+
+pub fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
+    let Some(g) = &config.gateway else {
+        if !config.peers.is_empty() || !config.members.is_empty() {
+            out.warnings.push("[[peer]] and [[member]] entries need a [gateway] section; not applied".into());
+        }
+        return;
+    };
+
+    want(&mut out.links, TUN.to_string(), LinkSpec::Vxlan { port: g.udp_port, mac: TUN_MAC, up: true }, OWNER);
+
+    let cidrs =
+        || config.peers.iter().flat_map(|p| p.cidrs.iter()).chain(config.members.iter().flat_map(|m| m.cidrs.iter()));
+    let any_v6 = cidrs().any(|c| c.addr().is_ipv6());
+    // Traffic of remote sites enters on hm-tun0 with sources only routes
+    // through it know (or none: learned return paths).
+    let mut sysctls =
+        vec![("net/ipv4/conf/all/rp_filter".to_string(), "0"), (format!("net/ipv4/conf/{TUN}/rp_filter"), "0")];
+    if g.role == GatewayRole::Gateway {
+        sysctls.push((format!("net/ipv4/conf/{TUN}/forwarding"), "1"));
+    }
+    if any_v6 {
+        sysctls.push((format!("net/ipv6/conf/{TUN}/disable_ipv6"), "0"));
+        if g.role == GatewayRole::Gateway {
+            // IPv6 forwards only with forwarding on for the whole host.
+            sysctls.push(("net/ipv6/conf/all/forwarding".to_string(), "1"));
+        }
+    }
+    for (path, value) in sysctls {
+        want(&mut out.sysctls, path, value.to_string(), OWNER);
+    }
+    let mut hops: Vec<IpAddr> = vec![TUN_NEXT_HOP_V4.into()];
+    if any_v6 {
+        hops.push(TUN_NEXT_HOP_V6.into());
+    }
+    for hop in hops {
+        want(&mut out.neighbours, NeighKey { dev: TUN.to_string(), ip: hop }, NeighSpec { lladdr: TUN_MAC }, OWNER);
+    }
+
+    let role = if g.role == GatewayRole::Gateway { abi::ROLE_GATEWAY } else { abi::ROLE_MEMBER };
+    let cfg = GwConfig {
+        vni: g.vni,
+        role,
+        gateway: g.gateway_ip.map(addr16).unwrap_or_default(),
+        local: addr16(g.local_ip),
+        tcp_timeout_s: abi::secs(config.daemon.conntrack_tcp_timeout),
+        udp_timeout_s: abi::secs(config.daemon.conntrack_udp_timeout),
+    };
+    want(&mut out.map_entries, MapEntryKey { map: BpfMap::GwConfig, key: 0u32.to_bytes() }, cfg.to_bytes(), OWNER);
+    for (program, hook) in
+        [(Program::TunIn, Hook::TcIngress(TUN.into())), (Program::TunOut, Hook::TcEgress(TUN.into()))]
+    {
+        want(&mut out.attachments, Attachment { program, hook }, (), OWNER);
+    }
+
+    match g.role {
+        GatewayRole::Member => member(config, g, facts, out),
+        GatewayRole::Gateway => gateway(config, g, facts, out),
+    }
+}
+
+/// A member routes every peer CIDR to its gateway.
+fn member(config: &Config, g: &Gateway, facts: &HostFacts, out: &mut Desired) {
+    let gateway_ip = g.gateway_ip.expect("validation requires gateway_ip on a member");
+    let mtu = route_mtu(facts, gateway_ip, &mut out.warnings);
+    for p in &config.peers {
+        if p.endpoint.is_some() {
+            out.warnings.push(format!(
+                "peer \"{}\": endpoint is for gateways; a member sends everything to its gateway",
+                p.name
+            ));
+        }
+        for cidr in &p.cidrs {
+            want(
+                &mut out.routes,
+                RouteKey { table: RT_TABLE_MAIN, dst: *cidr },
+                via_tunnel(cidr, mtu),
+                &format!("peer/{}", p.name),
+            );
+        }
+    }
+    for m in &config.members {
+        out.warnings.push(format!("member \"{}\" is for gateways; this host is a member: not applied", m.name));
+    }
+}
+
+/// A gateway routes each peer's CIDRs to that peer's endpoint and each
+/// member's CIDRs to that member; a peer that is down gets `unreachable`
+/// routes so its traffic fails at once.
+fn gateway(config: &Config, g: &Gateway, facts: &HostFacts, out: &mut Desired) {
+    let family = |ip: IpAddr| if ip.is_ipv4() { "IPv4" } else { "IPv6" };
+    for p in &config.peers {
+        let owner = format!("peer/{}", p.name);
+        let Some(endpoint) = p.endpoint else {
+            out.warnings.push(format!(
+                "peer \"{}\" has no endpoint; a gateway needs the remote gateway's address: not applied",
+                p.name
+            ));
+            continue;
+        };
+        if endpoint.is_ipv4() != g.local_ip.is_ipv4() {
+            out.warnings.push(format!(
+                "peer \"{}\": endpoint {endpoint} is {} but local_ip {} is {}; the tunnel runs from local_ip: not applied",
+                p.name,
+                family(endpoint),
+                g.local_ip,
+                family(g.local_ip)
+            ));
+            continue;
+        }
+        let up = !facts.peers_down.contains(&p.name);
+        let ep = Endpoint { addr: addr16(endpoint), flags: 0 };
+        want(
+            &mut out.map_entries,
+            MapEntryKey { map: BpfMap::PeerEndpoints, key: ep.to_bytes() },
+            1u32.to_bytes(),
+            &owner,
+        );
+        let mtu = route_mtu(facts, endpoint, &mut out.warnings);
+        for cidr in &p.cidrs {
+            let value = Endpoint { addr: addr16(endpoint), flags: if up { abi::EP_UP } else { 0 } };
+            want(
+                &mut out.map_entries,
+                MapEntryKey { map: BpfMap::Peers, key: LpmKey::of(cidr).to_bytes() },
+                value.to_bytes(),
+                &owner,
+            );
+            let spec = if up { via_tunnel(cidr, mtu) } else { RouteSpec::Unreachable };
+            want(&mut out.routes, RouteKey { table: RT_TABLE_MAIN, dst: *cidr }, spec, &owner);
+        }
+    }
+    for m in &config.members {
+        let owner = format!("member/{}", m.name);
+        if m.endpoint.is_ipv4() != g.local_ip.is_ipv4() {
+            out.warnings.push(format!(
+                "member \"{}\": endpoint {} is {} but local_ip {} is {}; the tunnel runs from local_ip: not applied",
+                m.name,
+                m.endpoint,
+                family(m.endpoint),
+                g.local_ip,
+                family(g.local_ip)
+            ));
+            continue;
+        }
+        let mtu = route_mtu(facts, m.endpoint, &mut out.warnings);
+        for cidr in &m.cidrs {
+            let value = Endpoint { addr: addr16(m.endpoint), flags: 0 };
+            want(
+                &mut out.map_entries,
+                MapEntryKey { map: BpfMap::Members, key: LpmKey::of(cidr).to_bytes() },
+                value.to_bytes(),
+                &owner,
+            );
+            want(&mut out.routes, RouteKey { table: RT_TABLE_MAIN, dst: *cidr }, via_tunnel(cidr, mtu), &owner);
+        }
+    }
+}
+
+fn via_tunnel(cidr: &IpNet, mtu: u32) -> RouteSpec {
+    let gateway = if cidr.addr().is_ipv4() { IpAddr::V4(TUN_NEXT_HOP_V4) } else { IpAddr::V6(TUN_NEXT_HOP_V6) };
+    RouteSpec::Via { gateway, dev: TUN.to_string(), mtu: Some(mtu) }
+}
+
+/// The MTU of a route into the tunnel towards `underlay`: the underlay's
+/// MTU less the encapsulation, so TCP picks the right MSS by itself.
+pub fn route_mtu(facts: &HostFacts, underlay: IpAddr, warnings: &mut Vec<String>) -> u32 {
+    let overhead = if underlay.is_ipv4() { OVERHEAD_V4 } else { OVERHEAD_V6 };
+    let mtu = facts.underlay_mtu.get(&underlay).copied().unwrap_or_else(|| {
+        let note = format!("no route to {underlay} to learn the underlay's MTU; assuming {DEFAULT_UNDERLAY_MTU}");
+        if !warnings.contains(&note) {
+            warnings.push(note);
+        }
+        DEFAULT_UNDERLAY_MTU
+    });
+    mtu.saturating_sub(overhead)
+}
+
+/// The underlay addresses whose MTU compile needs.
+pub fn underlay_addresses(config: &Config) -> Vec<IpAddr> {
+    let Some(g) = &config.gateway else { return Vec::new() };
+    let mut out: Vec<IpAddr> = g.gateway_ip.into_iter().collect();
+    out.extend(config.peers.iter().filter_map(|p| p.endpoint));
+    out.extend(config.members.iter().map(|m| m.endpoint));
+    out.sort();
+    out.dedup();
+    out
+}

@@ -1,0 +1,248 @@
+// SPDX-License-Identifier: Apache-2.0 OR GPL-2.0
+/*
+ * Gateway peers (DESIGN.md, Gateway peers): TC programs on the flow-based
+ * VXLAN device hm-tun0 choose each packet's tunnel destination and check
+ * what arrives.
+ *
+ * A member sends everything for remote sites to its gateway. A gateway
+ * sends a packet to the member whose [[member]] CIDR holds the destination,
+ * or to the peer gateway whose CIDR does (LPM tries), or — for a reply to a
+ * flow a member started — back to exactly that member: when a flow arrives
+ * from a member, its tunnel source is recorded under the reply's 5-tuple
+ * (the seed's ct_label technique), and a reply arriving from a peer is sent
+ * straight back into the tunnel to it, without needing a route to the
+ * member's address.
+ */
+#include <linux/bpf.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#include "hostmesh_abi.h"
+#include "packet.h"
+
+#define NS_PER_S 1000000000ULL
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct hm_gw_config);
+} HM_GW_CONFIG SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, HM_MAX_GW_ROUTES);
+	__type(key, struct hm_lpm_key);
+	__type(value, struct hm_endpoint);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} HM_PEERS SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, HM_MAX_GW_ROUTES);
+	__type(key, struct hm_lpm_key);
+	__type(value, struct hm_endpoint);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} HM_MEMBERS SEC(".maps");
+
+/* Underlay addresses of peer gateways: anything else sending into the
+ * tunnel is a member. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, HM_MAX_GW_ROUTES);
+	__type(key, struct hm_endpoint);
+	__type(value, __u32);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} HM_PEER_ENDPOINTS SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, HM_MAX_GW_CONNTRACK);
+	__type(key, struct hm_ct_key);
+	__type(value, struct hm_gw_ct_value);
+} HM_GW_CT SEC(".maps");
+
+/*
+ * Every hm-tun0 has the same MAC (model/gateway.rs TUN_MAC), and routes
+ * into it use a permanent neighbour with that MAC, so the inner Ethernet
+ * destination always matches the receiving device. The receiver drops a
+ * frame whose source is its own MAC (the VXLAN driver's loop check), so
+ * frames leave with this source instead.
+ */
+static const __u8 TUN_PEER_MAC[ETH_ALEN] = { 0x02, 0x68, 0x6d, 0x00, 0x01, 0x01 };
+
+static __always_inline int set_inner_source(struct __sk_buff *skb)
+{
+	return bpf_skb_store_bytes(skb, OFF(struct ethhdr, h_source), TUN_PEER_MAC, ETH_ALEN, 0);
+}
+
+static __always_inline struct hm_gw_config *gw_config(void)
+{
+	__u32 zero = 0;
+	struct hm_gw_config *cfg = bpf_map_lookup_elem(&HM_GW_CONFIG, &zero);
+
+	return (cfg && cfg->role) ? cfg : NULL;
+}
+
+static __always_inline int is_v4(const __u8 a[16])
+{
+	__u64 hi;
+	__u32 mid;
+
+	__builtin_memcpy(&hi, a, 8);
+	__builtin_memcpy(&mid, a + 8, 4);
+	return hi == 0 && mid == bpf_htonl(0xffff);
+}
+
+/* The tunnel source of a packet that came out of the tunnel. */
+static __always_inline int tunnel_source(struct __sk_buff *skb, __u8 addr[16], __u32 *vni)
+{
+	struct bpf_tunnel_key key = {};
+
+	if (bpf_skb_get_tunnel_key(skb, &key, sizeof(key), 0) == 0) {
+		hm_v4_mapped(addr, bpf_htonl(key.remote_ipv4));
+	} else if (bpf_skb_get_tunnel_key(skb, &key, sizeof(key), BPF_F_TUNINFO_IPV6) == 0) {
+		__builtin_memcpy(addr, key.remote_ipv6, 16);
+	} else {
+		return -1;
+	}
+	*vni = key.tunnel_id;
+	return 0;
+}
+
+/* Sends the packet into the tunnel to `to`, from local_ip: peers know
+ * each other by these addresses, so a multi-homed gateway must not let
+ * the kernel pick another (a local_ip of the other family is left to the
+ * kernel's choice). */
+static __always_inline int set_destination(struct __sk_buff *skb, const struct hm_gw_config *cfg,
+					   const __u8 to[16])
+{
+	struct bpf_tunnel_key key = {};
+
+	key.tunnel_id = cfg->vni;
+	key.tunnel_ttl = 64;
+	if (is_v4(to)) {
+		__u32 v4;
+
+		__builtin_memcpy(&v4, to + 12, 4);
+		key.remote_ipv4 = bpf_ntohl(v4);
+		if (is_v4(cfg->local)) {
+			__builtin_memcpy(&v4, cfg->local + 12, 4);
+			key.local_ipv4 = bpf_ntohl(v4);
+		}
+		return bpf_skb_set_tunnel_key(skb, &key, sizeof(key), 0);
+	}
+	__builtin_memcpy(key.remote_ipv6, to, 16);
+	if (!is_v4(cfg->local))
+		__builtin_memcpy(key.local_ipv6, cfg->local, 16);
+	return bpf_skb_set_tunnel_key(skb, &key, sizeof(key), BPF_F_TUNINFO_IPV6);
+}
+
+static __always_inline struct hm_endpoint *lpm(void *map, const __u8 addr[16])
+{
+	struct hm_lpm_key key = { .prefixlen = 128 };
+
+	__builtin_memcpy(key.addr, addr, 16);
+	return bpf_map_lookup_elem(map, &key);
+}
+
+static __always_inline void tuple_key(struct hm_ct_key *k, const struct flow *f, int reverse)
+{
+	__builtin_memcpy(k->src, reverse ? f->dst : f->src, 16);
+	__builtin_memcpy(k->dst, reverse ? f->src : f->dst, 16);
+	k->sport = reverse ? f->dport : f->sport;
+	k->dport = reverse ? f->sport : f->dport;
+	k->proto = f->proto;
+}
+
+/* Where a gateway sends a packet for f->dst: back to the member that
+ * started the flow, a [[member]], or a live peer. */
+static __always_inline int gateway_destination(const struct flow *f, __u8 to[16])
+{
+	struct hm_ct_key ck = {};
+	struct hm_gw_ct_value *learned;
+	struct hm_endpoint *ep;
+
+	tuple_key(&ck, f, 0);
+	learned = bpf_map_lookup_elem(&HM_GW_CT, &ck);
+	if (learned) {
+		learned->last_seen_ns = bpf_ktime_get_ns();
+		__builtin_memcpy(to, learned->member, 16);
+		return 0;
+	}
+	ep = lpm(&HM_MEMBERS, f->dst);
+	if (ep) {
+		__builtin_memcpy(to, ep->addr, 16);
+		return 0;
+	}
+	ep = lpm(&HM_PEERS, f->dst);
+	if (ep && (ep->flags & HM_EP_UP)) {
+		__builtin_memcpy(to, ep->addr, 16);
+		return 0;
+	}
+	return -1;
+}
+
+/* TC egress on hm-tun0: pick the tunnel destination. */
+SEC("classifier")
+int hm_tun_out(struct __sk_buff *skb)
+{
+	struct hm_gw_config *cfg = gw_config();
+	struct flow f = {};
+	__u8 to[16];
+
+	if (!cfg || set_inner_source(skb))
+		return TC_ACT_SHOT;
+	if (cfg->role == HM_ROLE_MEMBER)
+		return set_destination(skb, cfg, cfg->gateway) ? TC_ACT_SHOT : TC_ACT_OK;
+	if (parse(skb, &f) == NOT_IP || gateway_destination(&f, to))
+		return TC_ACT_SHOT;
+	return set_destination(skb, cfg, to) ? TC_ACT_SHOT : TC_ACT_OK;
+}
+
+/* TC ingress on hm-tun0: only our VNI; on a gateway, learn return paths
+ * of flows members start, and hand replies from peers straight back. */
+SEC("classifier")
+int hm_tun_in(struct __sk_buff *skb)
+{
+	struct hm_gw_config *cfg = gw_config();
+	struct hm_endpoint sender = {};
+	struct flow f = {};
+	__u32 vni;
+
+	if (!cfg || tunnel_source(skb, sender.addr, &vni) || vni != cfg->vni)
+		return TC_ACT_SHOT;
+	if (cfg->role != HM_ROLE_GATEWAY || parse(skb, &f) == NOT_IP)
+		return TC_ACT_OK;
+
+	if (!bpf_map_lookup_elem(&HM_PEER_ENDPOINTS, &sender)) {
+		/* From a member: remember where to send the replies. */
+		struct hm_ct_key rk = {};
+		struct hm_gw_ct_value v = {};
+
+		tuple_key(&rk, &f, 1);
+		__builtin_memcpy(v.member, sender.addr, 16);
+		v.last_seen_ns = bpf_ktime_get_ns();
+		bpf_map_update_elem(&HM_GW_CT, &rk, &v, BPF_ANY);
+		return TC_ACT_OK;
+	}
+
+	/* From a peer: a reply to a member's flow goes back to that member
+	 * directly (its address may have no route here). */
+	{
+		struct hm_ct_key ck = {};
+		struct hm_gw_ct_value *learned;
+
+		tuple_key(&ck, &f, 0);
+		learned = bpf_map_lookup_elem(&HM_GW_CT, &ck);
+		if (!learned)
+			return TC_ACT_OK;
+		learned->last_seen_ns = bpf_ktime_get_ns();
+		if (set_destination(skb, cfg, learned->member))
+			return TC_ACT_SHOT;
+		return bpf_redirect(skb->ifindex, 0);
+	}
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -1,0 +1,195 @@
+//! Gateway peers for real traffic: two sites, four daemons (sites.rs).
+//! Members reach each other over TCP and UDP through both gateways, the WAN
+//! carries only VXLAN with the configured VNI and port, TCP fits the
+//! reduced route MTU, replies find a member no `[[member]]` CIDR covers,
+//! a service's remote backend answers, and a cut WAN marks the peer down
+//! (and traffic fail fast) until it is restored.
+
+use std::time::{Duration, Instant};
+
+use hm_testkit::wait_until;
+
+use crate::fixtures::*;
+use crate::sites::*;
+
+/// Counters on A's gateway's WAN link: VXLAN with our VNI and port in
+/// each direction, from and to A's `local_ip`, and site traffic that is
+/// not encapsulated (must stay 0).
+const WAN_COUNTERS: &str = r#"
+table inet hmtest {
+    counter vxlan_out {}
+    counter vxlan_in {}
+    counter bare {}
+    chain out {
+        type filter hook postrouting priority 0; policy accept;
+        oifname "wan" ip saddr 198.51.100.11 udp dport 8472 @th,96,24 7001 counter name vxlan_out
+        oifname "wan" ip daddr { 10.10.0.0/16, 10.20.0.0/16 } counter name bare
+    }
+    chain in {
+        type filter hook prerouting priority 0; policy accept;
+        iifname "wan" ip daddr 198.51.100.11 udp dport 8472 @th,96,24 7001 counter name vxlan_in
+        iifname "wan" ip saddr { 10.10.0.0/16, 10.20.0.0/16 } counter name bare
+    }
+}
+"#;
+
+fn load_nft(host: &Host, rules: &str) {
+    use std::io::Write;
+    let mut child =
+        host.ns.command("nft").args(["-f", "-"]).stdin(std::process::Stdio::piped()).spawn().expect("run nft");
+    child.stdin.take().expect("stdin").write_all(rules.as_bytes()).expect("write rules");
+    assert!(child.wait().expect("nft").success(), "nft rejected the counters");
+}
+
+fn counter(sites: &Sites, name: &str) -> u64 {
+    let v = sites.ga.ns.exec("nft", &["-j", "list", "counter", "inet", "hmtest", name]);
+    let json: serde_json::Value = serde_json::from_str(&v).expect("nft json");
+    json["nftables"]
+        .as_array()
+        .and_then(|a| a.iter().find_map(|o| o["counter"]["packets"].as_u64()))
+        .unwrap_or_else(|| panic!("counter {name} in {v}"))
+}
+
+const REMOTE_SERVICE: &str = r#"
+[[service]]
+name = "remote-echo"
+vip = "10.96.7.1"
+port = 80
+backends = ["10.20.1.1:8080"]
+"#;
+
+fn echo_at(ip: &str) -> String {
+    format!("{ip}:{ECHO_PORT}")
+}
+
+/// One request to the remote service from A's member, as a workload in
+/// the test cgroup would make it (no bind: the kernel picks the source).
+fn ask_service(sites: &Sites) -> String {
+    let out = sites
+        .ma
+        .ns
+        .command_in_cgroup("python3", sites.ma.cgroup.path())
+        .args([
+            "-c",
+            "import socket; s = socket.create_connection(('10.96.7.1', 80), timeout=2); \
+             print(s.makefile().readline().strip(), s.getpeername()[0], s.getsockname()[0])",
+        ])
+        .output()
+        .expect("run python3");
+    assert!(out.status.success(), "service client: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn members_of_two_sites_talk_through_their_gateways() {
+    let _serial = serial();
+    let sites = Sites::start(REMOTE_SERVICE);
+    load_nft(&sites.ga, WAN_COUNTERS);
+    let logs = || sites.logs();
+
+    // TCP and UDP, A -> B and B -> A; each side sees the other's workload
+    // address (no translation anywhere).
+    let ab = tcp_exchange(&sites.ma.ns, MA_WORKLOAD, &echo_at(MB_WORKLOAD), 3, 100)
+        .unwrap_or_else(|e| panic!("TCP A -> B: {e}\n{}", logs()));
+    assert_eq!((ab.seen_as.as_str(), ab.echoed), (MA_WORKLOAD, 300));
+    let ba = tcp_exchange(&sites.mb.ns, MB_WORKLOAD, &echo_at(MA_WORKLOAD), 3, 100)
+        .unwrap_or_else(|e| panic!("TCP B -> A: {e}\n{}", logs()));
+    assert_eq!((ba.seen_as.as_str(), ba.echoed), (MB_WORKLOAD, 300));
+    assert_eq!(udp_exchange(&sites.ma.ns, MA_WORKLOAD, &echo_at(MB_WORKLOAD)).expect("UDP A -> B"), MA_WORKLOAD);
+    assert_eq!(udp_exchange(&sites.mb.ns, MB_WORKLOAD, &echo_at(MA_WORKLOAD)).expect("UDP B -> A"), MB_WORKLOAD);
+
+    // The member's route to the peer CIDR: 1500 - 50 bytes of VXLAN over
+    // IPv4; TCP's MSS follows it, and full-size segments cross.
+    let route = sites.ma.ns.ip(&["route", "show", "10.20.0.0/16"]);
+    assert!(route.contains("dev hm-tun0") && route.contains("mtu 1450"), "{route}");
+    let big = tcp_exchange(&sites.ma.ns, MA_WORKLOAD, &echo_at(MB_WORKLOAD), 50, 1400)
+        .unwrap_or_else(|e| panic!("1400-byte writes A -> B: {e}\n{}", logs()));
+    assert_eq!(big.echoed, 50 * 1400);
+    assert!(big.mss <= 1450 - 40, "MSS {} does not fit the tunnel", big.mss);
+
+    // A member address that no [[member]] CIDR covers: A's gateway has no
+    // route to it, yet replies come back along the learned path.
+    let get = sites.ga.ns.exec_output("ip", &["route", "get", MA_UNLISTED]);
+    assert!(!String::from_utf8_lossy(&get.stdout).contains("hm-tun0"), "A's gateway routes {MA_UNLISTED}");
+    let learned = tcp_exchange(&sites.ma.ns, MA_UNLISTED, &echo_at(MB_WORKLOAD), 2, 500)
+        .unwrap_or_else(|e| panic!("TCP from {MA_UNLISTED}: {e}\n{}", logs()));
+    assert_eq!((learned.seen_as.as_str(), learned.echoed), (MA_UNLISTED, 1000));
+    assert_eq!(udp_exchange(&sites.ma.ns, MA_UNLISTED, &echo_at(MB_WORKLOAD)).expect("UDP learned"), MA_UNLISTED);
+
+    // A service on A's member whose backend is B's member.
+    let answer = ask_service(&sites);
+    let words: Vec<&str> = answer.split_whitespace().collect();
+    assert_eq!(words.len(), 4, "{answer}");
+    // greeting (client as seen, server), peer name (the VIP), own address
+    assert_eq!(words[1], MB_WORKLOAD, "served by the backend in site B: {answer}");
+    assert_eq!(words[2], "10.96.7.1", "{answer}");
+    assert_eq!(words[0], words[3], "the backend sees the client's own address: {answer}");
+
+    // The WAN carried all of it as VXLAN with our VNI and port, in both
+    // directions, and nothing of the sites' addresses bare.
+    assert!(counter(&sites, "vxlan_out") >= 60, "VXLAN out: {}", counter(&sites, "vxlan_out"));
+    assert!(counter(&sites, "vxlan_in") >= 60, "VXLAN in: {}", counter(&sites, "vxlan_in"));
+    assert_eq!(counter(&sites, "bare"), 0, "unencapsulated site traffic on the WAN");
+}
+
+fn peer_state(host: &Host, name: &str) -> Option<String> {
+    host.status().objects.iter().find(|o| o.kind == "peer" && o.name == name).map(|o| o.state.clone())
+}
+
+#[test]
+fn a_cut_wan_marks_the_peer_down_and_traffic_fails_fast_until_restored() {
+    let _serial = serial();
+    let sites = Sites::start("");
+    let logs = || sites.logs();
+    tcp_exchange(&sites.ma.ns, MA_WORKLOAD, &echo_at(MB_WORKLOAD), 1, 10).unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    assert_eq!(peer_state(&sites.ga, "site-b").as_deref(), Some("up"));
+
+    // Down within the threshold: probe_loss probes lost in a row, plus one
+    // interval of phase and a sync.
+    let threshold = Duration::from_millis(PROBE_INTERVAL_MS * (PROBE_LOSS as u64 + 1) + 500);
+    let cut = Instant::now();
+    sites.ga.ns.ip(&["link", "set", "wan", "down"]);
+    wait_until("A's gateway marks site-b down", threshold, || {
+        peer_state(&sites.ga, "site-b").as_deref() == Some("down")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    println!("site-b down after {:?} (threshold {threshold:?})", cut.elapsed());
+    wait_until("B's gateway marks site-a down", threshold, || {
+        peer_state(&sites.gb, "site-a").as_deref() == Some("down")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    let (text, _) = sites.ga.status_text();
+    assert!(text.lines().any(|l| l.contains("site-b") && l.contains("down") && l.contains("since")), "{text}");
+    let notify = &sites.daemons[1].notify;
+    wait_until("STATUS= counts the down peer", Duration::from_secs(2), || {
+        notify.messages().iter().any(|m| m.contains("STATUS=") && m.contains("(1 down)"))
+    })
+    .unwrap_or_else(|e| panic!("{e}: {:?}", notify.messages()));
+
+    // Routes withdrawn: the gateway answers at once that site B is
+    // unreachable instead of letting the SYN vanish.
+    let route = sites.ga.ns.ip(&["route", "show", "10.20.0.0/16"]);
+    assert!(route.starts_with("unreachable"), "{route}");
+    // EHOSTUNREACH, not a timeout. (Here the ICMP error can beat connect(2)
+    // releasing its socket, which makes it a soft error until the SYN's
+    // first retransmission at 1 s; across a real network it is at once.)
+    let t = Instant::now();
+    let err = tcp_exchange(&sites.ma.ns, MA_WORKLOAD, &echo_at(MB_WORKLOAD), 1, 10).expect_err("site B is cut off");
+    assert_eq!(err.raw_os_error(), Some(libc::EHOSTUNREACH), "{err}");
+    assert!(t.elapsed() < Duration::from_millis(1500), "failing took {:?}", t.elapsed());
+    let udp = udp_exchange(&sites.ma.ns, MA_WORKLOAD, &echo_at(MB_WORKLOAD)).expect_err("site B is cut off");
+    assert_eq!(udp.raw_os_error(), Some(libc::EHOSTUNREACH), "UDP: {udp}");
+
+    // Restored: up again at the first answer, and traffic flows.
+    sites.ga.ns.ip(&["link", "set", "wan", "up"]);
+    wait_until("A's gateway marks site-b up", Duration::from_secs(3), || {
+        peer_state(&sites.ga, "site-b").as_deref() == Some("up")
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    wait_until("traffic flows again", Duration::from_secs(3), || {
+        tcp_exchange(&sites.ma.ns, MA_WORKLOAD, &echo_at(MB_WORKLOAD), 1, 10).is_ok()
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    let (text, _) = sites.ga.status_text();
+    assert!(text.lines().any(|l| l.contains("site-b") && l.contains("up")), "{text}");
+}

@@ -1,0 +1,273 @@
+//! Two sites joined by their gateways, for the gateway-peer tests:
+//!
+//! ```text
+//!  site A                                             site B
+//!  member "ma"              gateway "ga"   WAN   gateway "gb"              member "mb"
+//!  eth0 192.0.2.20/24 --- a0 192.0.2.1   wan ---- wan   b0 203.0.113.1 --- eth0 203.0.113.20/24
+//!  lo 10.10.1.1/32                198.51.100.1/24  198.51.100.2/24       lo 10.20.1.1/32
+//!  lo 10.10.9.1/32 (in no [[member]] CIDR)   198.51.100.11/32 (A's local_ip)
+//! ```
+//!
+//! A's gateway is known to its peer by a secondary address, so the tunnel
+//! and the probes must leave from `local_ip`, not the kernel's choice.
+//!
+//! Workload addresses live on the members' loopback; nothing in the
+//! underlay routes them. Every host runs its own hostmesh.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use hm_testkit::{Daemon, Netns};
+use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, SockaddrStorage};
+
+use crate::fixtures::*;
+
+pub const VNI: u32 = 7001;
+/// Not the IANA default, to show the configured port is the one used.
+pub const VXLAN_PORT: u16 = 8472;
+pub const PROBE_INTERVAL_MS: u64 = 200;
+pub const PROBE_LOSS: u32 = 5;
+
+pub const MA_WORKLOAD: &str = "10.10.1.1";
+/// On A's member, but outside every `[[member]]` CIDR on A's gateway:
+/// replies to it find their way back only through the learned path.
+pub const MA_UNLISTED: &str = "10.10.9.1";
+pub const MB_WORKLOAD: &str = "10.20.1.1";
+pub const ECHO_PORT: u16 = 8080;
+
+fn gateway(local: &str, extra: &str) -> String {
+    format!(
+        "[gateway]\nrole = \"gateway\"\nlocal_ip = \"{local}\"\nvni = {VNI}\nudp_port = {VXLAN_PORT}\n\
+         probe_interval = \"{PROBE_INTERVAL_MS}ms\"\nprobe_loss = {PROBE_LOSS}\n{extra}"
+    )
+}
+
+fn member(local: &str, gateway_ip: &str, extra: &str) -> String {
+    format!(
+        "[gateway]\nrole = \"member\"\nlocal_ip = \"{local}\"\ngateway_ip = \"{gateway_ip}\"\nvni = {VNI}\n\
+         udp_port = {VXLAN_PORT}\n{extra}"
+    )
+}
+
+const PEER_B: &str = "[[peer]]\nname = \"site-b\"\ncidrs = [\"10.20.0.0/16\"]\n";
+const PEER_A: &str = "[[peer]]\nname = \"site-a\"\ncidrs = [\"10.10.0.0/16\"]\n";
+
+/// Field order is drop order: echo servers and daemons first, then hosts.
+pub struct Sites {
+    _echo: Echo,
+    pub daemons: Vec<Daemon>,
+    pub ma: Host,
+    pub ga: Host,
+    pub gb: Host,
+    pub mb: Host,
+}
+
+impl Sites {
+    /// Builds both sites, writes every host's config (`extra_ma` is added
+    /// to A's member) and starts the four daemons.
+    pub fn start(extra_ma: &str) -> Sites {
+        let (ma, ga, gb, mb) = (Host::new(), Host::new(), Host::new(), Host::new());
+        ma.ns.veth_to(&ga.ns, ("eth0", "192.0.2.20/24"), ("a0", "192.0.2.1/24"));
+        ga.ns.veth_to(&gb.ns, ("wan", "198.51.100.1/24"), ("wan", "198.51.100.2/24"));
+        gb.ns.veth_to(&mb.ns, ("b0", "203.0.113.1/24"), ("eth0", "203.0.113.20/24"));
+        for host in [&ma, &ga, &gb, &mb] {
+            host.ns.ip(&["link", "set", "lo", "up"]);
+        }
+        ga.ns.ip(&["addr", "add", "198.51.100.11/32", "dev", "wan"]);
+        for addr in [MA_WORKLOAD, MA_UNLISTED] {
+            ma.ns.ip(&["addr", "add", &format!("{addr}/32"), "dev", "lo"]);
+        }
+        mb.ns.ip(&["addr", "add", &format!("{MB_WORKLOAD}/32"), "dev", "lo"]);
+
+        ma.write("gateway.toml", &format!("{}{PEER_B}{extra_ma}", member("192.0.2.20", "192.0.2.1", "")));
+        mb.write("gateway.toml", &format!("{}{PEER_A}", member("203.0.113.20", "203.0.113.1", "")));
+        ga.write(
+            "gateway.toml",
+            &gateway(
+                "198.51.100.11",
+                "[[peer]]\nname = \"site-b\"\nendpoint = \"198.51.100.2\"\ncidrs = [\"10.20.0.0/16\"]\n\
+                 [[member]]\nname = \"ma\"\nendpoint = \"192.0.2.20\"\ncidrs = [\"10.10.1.0/24\"]\n",
+            ),
+        );
+        gb.write(
+            "gateway.toml",
+            &gateway(
+                "198.51.100.2",
+                "[[peer]]\nname = \"site-a\"\nendpoint = \"198.51.100.11\"\ncidrs = [\"10.10.0.0/16\"]\n\
+                 [[member]]\nname = \"mb\"\nendpoint = \"203.0.113.20\"\ncidrs = [\"10.20.1.0/24\"]\n",
+            ),
+        );
+        let echo = Echo::start(&mb.ns, &format!("{MB_WORKLOAD}:{ECHO_PORT}").parse().unwrap())
+            .and(Echo::start(&ma.ns, &format!("{MA_WORKLOAD}:{ECHO_PORT}").parse().unwrap()));
+        let daemons = [&ma, &ga, &gb, &mb].iter().map(|h| h.start_ready()).collect();
+        Sites { _echo: echo, daemons, ma, ga, gb, mb }
+    }
+
+    pub fn logs(&self) -> String {
+        let names = ["ma", "ga", "gb", "mb"];
+        self.daemons.iter().zip(names).map(|(d, n)| format!("--- {n}\n{}", d.log_text())).collect()
+    }
+}
+
+/// A socket of `kind` bound to `src` (port 0), created in `ns`.
+fn bound(ns: &Netns, kind: SockType, src: SocketAddr) -> std::io::Result<OwnedFd> {
+    ns.run(move || {
+        let family = if src.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
+        let fd = socket::socket(family, kind, SockFlag::SOCK_CLOEXEC, None)?;
+        socket::bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrStorage::from(src))?;
+        Ok(fd)
+    })
+}
+
+/// What one TCP exchange with the echo server saw.
+#[derive(Debug)]
+pub struct TcpExchange {
+    /// The client address as the server saw it.
+    pub seen_as: String,
+    /// Bytes echoed back intact.
+    pub echoed: usize,
+    /// TCP_MAXSEG of the client's connection.
+    pub mss: usize,
+}
+
+/// From `src` in `ns`, connects to `dst`, reads the greeting and sends
+/// `writes` writes of `size` bytes, checking they come back intact.
+pub fn tcp_exchange(ns: &Netns, src: &str, dst: &str, writes: usize, size: usize) -> std::io::Result<TcpExchange> {
+    let fd = bound(ns, SockType::Stream, SocketAddr::new(src.parse().expect("source"), 0))?;
+    let dst: SocketAddr = dst.parse().expect("destination");
+    let timeout = Duration::from_secs(2);
+    let stream = TcpStream::from(fd);
+    stream.set_write_timeout(Some(timeout))?;
+    // A blocking connect(2) honours SO_SNDTIMEO.
+    socket::connect(std::os::fd::AsRawFd::as_raw_fd(&stream), &SockaddrStorage::from(dst))?;
+    stream.set_read_timeout(Some(timeout))?;
+    let mss = socket::getsockopt(&stream, socket::sockopt::TcpMaxSeg)? as usize;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut seen_as = String::new();
+    reader.read_line(&mut seen_as)?;
+    let mut writer = stream;
+    let mut echoed = 0;
+    for i in 0..writes {
+        let chunk: Vec<u8> = (0..size).map(|j| ((i * 7 + j) % 251) as u8).collect();
+        writer.write_all(&chunk)?;
+        let mut back = vec![0u8; size];
+        reader.read_exact(&mut back)?;
+        if back != chunk {
+            return Err(std::io::Error::other(format!("write {i}: echo differs")));
+        }
+        echoed += size;
+    }
+    let seen_as = seen_as.split_whitespace().next().unwrap_or_default().to_string();
+    Ok(TcpExchange { seen_as, echoed, mss })
+}
+
+/// From `src` in `ns`, one UDP datagram to `dst`; returns the answer (the
+/// client address as the server saw it).
+pub fn udp_exchange(ns: &Netns, src: &str, dst: &str) -> std::io::Result<String> {
+    let fd = bound(ns, SockType::Datagram, SocketAddr::new(src.parse().expect("source"), 0))?;
+    let sock = UdpSocket::from(fd);
+    sock.set_read_timeout(Some(Duration::from_secs(2)))?;
+    // Connected and with IP_RECVERR, so an ICMP error (host unreachable
+    // included, which UDP otherwise ignores) is the error of recv.
+    if sock.local_addr()?.is_ipv4() {
+        socket::setsockopt(&sock, socket::sockopt::Ipv4RecvErr, &true)?;
+    }
+    sock.connect(dst)?;
+    sock.send(b"hello\n")?;
+    let mut buf = [0u8; 128];
+    let (n, _) = sock.recv_from(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
+}
+
+/// A TCP and UDP server that tells each client the address it sees it as
+/// (TCP: a greeting line "<client> <server>", then echoes everything; UDP:
+/// one answer "<client>" per datagram). Stops when dropped.
+pub struct Echo {
+    stops: Vec<Arc<AtomicBool>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Echo {
+    pub fn start(ns: &Netns, addr: &SocketAddr) -> Echo {
+        let addr = *addr;
+        let (listener, udp) = ns.run(move || {
+            let l = TcpListener::bind(addr).unwrap_or_else(|e| panic!("bind tcp {addr}: {e}"));
+            let u = UdpSocket::bind(addr).unwrap_or_else(|e| panic!("bind udp {addr}: {e}"));
+            (l, u)
+        });
+        listener.set_nonblocking(true).unwrap();
+        udp.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let tcp_stop = Arc::clone(&stop);
+        let udp_stop = Arc::clone(&stop);
+        let tcp = std::thread::spawn(move || {
+            let mut conns = Vec::new();
+            while !tcp_stop.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((conn, peer)) => {
+                        let stop = Arc::clone(&tcp_stop);
+                        conns.push(std::thread::spawn(move || echo_conn(conn, peer, &stop)));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+            for c in conns {
+                let _ = c.join();
+            }
+        });
+        let udp = std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            while !udp_stop.load(Ordering::Relaxed) {
+                if let Ok((_, from)) = udp.recv_from(&mut buf) {
+                    let _ = udp.send_to(format!("{}\n", from.ip()).as_bytes(), from);
+                }
+            }
+        });
+        Echo { stops: vec![stop], threads: vec![tcp, udp] }
+    }
+
+    /// One guard for both.
+    pub fn and(mut self, mut other: Echo) -> Echo {
+        self.stops.append(&mut other.stops);
+        self.threads.append(&mut other.threads);
+        self
+    }
+}
+
+fn echo_conn(mut conn: TcpStream, peer: SocketAddr, stop: &AtomicBool) {
+    let _ = conn.set_nonblocking(false);
+    let _ = conn.set_read_timeout(Some(Duration::from_millis(50)));
+    let server = conn.local_addr().map(|a| a.ip().to_string()).unwrap_or_default();
+    if conn.write_all(format!("{} {server}\n", peer.ip()).as_bytes()).is_err() {
+        return;
+    }
+    let mut buf = [0u8; 16384];
+    while !stop.load(Ordering::Relaxed) {
+        match conn.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => {
+                if conn.write_all(&buf[..n]).is_err() {
+                    return;
+                }
+            }
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+impl Drop for Echo {
+    fn drop(&mut self) {
+        for s in &self.stops {
+            s.store(true, Ordering::Relaxed);
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
