@@ -22,6 +22,8 @@
 #include "packet.h"
 
 #define NS_PER_S 1000000000ULL
+/* Learned paths expire after seconds idle; a finer timestamp is waste. */
+#define REFRESH_NS NS_PER_S
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -131,12 +133,34 @@ static __always_inline int set_destination(struct __sk_buff *skb, const struct h
 			__builtin_memcpy(&v4, cfg->local + 12, 4);
 			key.local_ipv4 = bpf_ntohl(v4);
 		}
-		return bpf_skb_set_tunnel_key(skb, &key, sizeof(key), 0);
+		/* No outer UDP checksum over IPv4, as the kernel's own VXLAN
+		 * devices default to (RFC 7348): the inner packet has its own,
+		 * and computing one per segment costs throughput. */
+		return bpf_skb_set_tunnel_key(skb, &key, sizeof(key), BPF_F_ZERO_CSUM_TX);
 	}
 	__builtin_memcpy(key.remote_ipv6, to, 16);
 	if (!is_v4(cfg->local))
 		__builtin_memcpy(key.local_ipv6, cfg->local, 16);
 	return bpf_skb_set_tunnel_key(skb, &key, sizeof(key), BPF_F_TUNINFO_IPV6);
+}
+
+static __always_inline int same_addr(const __u8 a[16], const __u8 b[16])
+{
+	__u64 a0, a1, b0, b1;
+
+	__builtin_memcpy(&a0, a, 8);
+	__builtin_memcpy(&a1, a + 8, 8);
+	__builtin_memcpy(&b0, b, 8);
+	__builtin_memcpy(&b1, b + 8, 8);
+	return a0 == b0 && a1 == b1;
+}
+
+static __always_inline void refresh(struct hm_gw_ct_value *v)
+{
+	__u64 now = bpf_ktime_get_ns();
+
+	if (now - v->last_seen_ns > REFRESH_NS)
+		v->last_seen_ns = now;
 }
 
 static __always_inline struct hm_endpoint *lpm(void *map, const __u8 addr[16])
@@ -167,7 +191,7 @@ static __always_inline int gateway_destination(const struct flow *f, __u8 to[16]
 	tuple_key(&ck, f, 0);
 	learned = bpf_map_lookup_elem(&HM_GW_CT, &ck);
 	if (learned) {
-		learned->last_seen_ns = bpf_ktime_get_ns();
+		refresh(learned);
 		__builtin_memcpy(to, learned->member, 16);
 		return 0;
 	}
@@ -217,11 +241,18 @@ int hm_tun_in(struct __sk_buff *skb)
 		return TC_ACT_OK;
 
 	if (!bpf_map_lookup_elem(&HM_PEER_ENDPOINTS, &sender)) {
-		/* From a member: remember where to send the replies. */
+		/* From a member: remember where to send the replies. A known
+		 * flow is only refreshed, at most once per REFRESH_NS, so bulk
+		 * traffic does not rewrite the entry for every packet. */
 		struct hm_ct_key rk = {};
+		struct hm_gw_ct_value *known;
 		struct hm_gw_ct_value v = {};
-
 		tuple_key(&rk, &f, 1);
+		known = bpf_map_lookup_elem(&HM_GW_CT, &rk);
+		if (known && same_addr(known->member, sender.addr)) {
+			refresh(known);
+			return TC_ACT_OK;
+		}
 		__builtin_memcpy(v.member, sender.addr, 16);
 		v.last_seen_ns = bpf_ktime_get_ns();
 		bpf_map_update_elem(&HM_GW_CT, &rk, &v, BPF_ANY);
@@ -238,7 +269,7 @@ int hm_tun_in(struct __sk_buff *skb)
 		learned = bpf_map_lookup_elem(&HM_GW_CT, &ck);
 		if (!learned)
 			return TC_ACT_OK;
-		learned->last_seen_ns = bpf_ktime_get_ns();
+		refresh(learned);
 		if (set_destination(skb, cfg, learned->member))
 			return TC_ACT_SHOT;
 		return bpf_redirect(skb->ifindex, 0);
