@@ -91,7 +91,7 @@ pub fn teardown(paths: &Paths) -> Result<Vec<String>, TeardownError> {
 
 /// Removes the pin dir; if hostmesh mounted a bpffs on it, unmounts it.
 fn remove_pin_dir(dir: &Path, done: &mut Vec<String>) -> Result<(), TeardownError> {
-    for sub in ["maps", "links"] {
+    for sub in ["maps", "links", "progs"] {
         let p = dir.join(sub);
         if p.exists() {
             fs::remove_dir(&p).map_err(io_err(format!("remove {}", p.display())))?;

@@ -201,12 +201,37 @@ impl PinnedBpf {
             return Ok(AttachStatus::Defunct);
         }
         let want = self.ensure_loaded()?.programs[&a.program].clone();
-        let have = sys::prog_info_by_id(info.prog_id).map_err(|e| bpf_err(format!("program {}", info.prog_id), e))?;
+        let have = match self.pinned_program(a, info.prog_id) {
+            Some(p) => Some(p),
+            // No pin of the program the link runs (an older build's link):
+            // ask by id, which needs CAP_SYS_ADMIN; without it, replace the
+            // program (atomically) rather than guess.
+            None => match sys::prog_info_by_id(info.prog_id) {
+                Ok(p) => p,
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) => return Ok(AttachStatus::Outdated),
+                Err(e) => return Err(bpf_err(format!("program {} behind {}", info.prog_id, pin.display()), e)),
+            },
+        };
         Ok(match have {
             Some(p) if p.tag == want.tag && p.map_ids == want.map_ids => AttachStatus::Current,
             Some(_) => AttachStatus::Outdated,
             None => AttachStatus::Defunct,
         })
+    }
+
+    /// The info of the program pinned next to `a`'s link, if that pin is
+    /// the program the link runs (`prog_id`).
+    fn pinned_program(&self, a: &Attachment, prog_id: u32) -> Option<ProgInfo> {
+        let fd = sys::obj_get(&self.pins.prog(&a.pin_name())).ok()?;
+        sys::prog_info(fd.as_fd()).ok().filter(|p| p.id == prog_id)
+    }
+
+    /// Pins the program `a`'s link now runs, replacing an older pin.
+    fn pin_program(&mut self, a: &Attachment) -> Result<()> {
+        let path = self.pins.prog(&a.pin_name());
+        let prog = program_fd(self.ensure_loaded()?, a.program)?;
+        unpin(&path).map_err(|e| bpf_err(format!("unpin {}", path.display()), e))?;
+        sys::obj_pin(prog.as_fd(), &path).map_err(|e| bpf_err(format!("pin {}", path.display()), e))
     }
 
     /// Unpins everything and drops loaded objects: `hostmesh teardown`.
@@ -216,6 +241,9 @@ impl PinnedBpf {
         for name in self.pins.link_names()? {
             unpin(&self.pins.link(&name))?;
             removed.push(format!("link {name}"));
+        }
+        for name in self.pins.prog_names()? {
+            unpin(&self.pins.prog(&name))?;
         }
         for def in MAPS {
             let p = self.pins.map(def.name);
@@ -350,7 +378,16 @@ impl BpfBackend for PinnedBpf {
             // packet or connect() sees the hook empty.
             let link = sys::obj_get(&pin).map_err(|e| bpf_err(format!("open {}", pin.display()), e))?;
             let prog = program_fd(loaded, a.program)?;
-            return sys::link_update(link.as_fd(), prog.as_fd()).map_err(|e| bpf_err(format!("replace {a}"), e));
+            if status == Some(AttachStatus::Current) {
+                // Running this build's program already: only make sure
+                // its pin is there.
+                if self.pinned_program(a, sys::prog_info(prog.as_fd()).map(|p| p.id).unwrap_or(0)).is_none() {
+                    self.pin_program(a)?;
+                }
+                return Ok(());
+            }
+            sys::link_update(link.as_fd(), prog.as_fd()).map_err(|e| bpf_err(format!("replace {a}"), e))?;
+            return self.pin_program(a);
         }
         if status == Some(AttachStatus::Defunct) {
             unpin(&pin).map_err(|e| bpf_err(format!("unpin {}", pin.display()), e))?;
@@ -394,12 +431,14 @@ impl BpfBackend for PinnedBpf {
             _ => return Err(bpf_err(format!("attach {a}"), "the program does not fit the hook")),
         };
         link.pin(&pin).map_err(|e| bpf_err(format!("pin {}", pin.display()), chain(&e)))?;
-        Ok(())
+        self.pin_program(a)
     }
 
     fn detach(&mut self, a: &Attachment) -> Result<()> {
         let pin = self.pins.link(&a.pin_name());
-        unpin(&pin).map_err(|e| bpf_err(format!("unpin {}", pin.display()), e))
+        unpin(&pin).map_err(|e| bpf_err(format!("unpin {}", pin.display()), e))?;
+        let prog = self.pins.prog(&a.pin_name());
+        unpin(&prog).map_err(|e| bpf_err(format!("unpin {}", prog.display()), e))
     }
 
     fn expire_flows(&mut self) -> Result<usize> {

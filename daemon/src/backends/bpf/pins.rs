@@ -3,10 +3,13 @@
 //! ```text
 //! <dir>/maps/HM_SERVICES             pinned maps, adopted on restart
 //! <dir>/links/hm_natout@tc-ingress@hm-natout   pinned program links
+//! <dir>/progs/hm_natout@tc-ingress@hm-natout   the program each link runs
 //! ```
 //!
 //! Pinned links keep programs attached while the daemon is down or
 //! restarting; pinned maps keep their contents. Both are adopted on start.
+//! A link's program is pinned too, because reading a program by the id a
+//! link reports needs CAP_SYS_ADMIN, which the daemon does not have.
 
 use std::fs;
 use std::io;
@@ -41,6 +44,15 @@ impl PinDir {
         self.links().join(name)
     }
 
+    pub fn progs(&self) -> PathBuf {
+        self.root.join("progs")
+    }
+
+    /// The pin of the program behind the link pinned as `name`.
+    pub fn prog(&self, name: &str) -> PathBuf {
+        self.progs().join(name)
+    }
+
     /// Creates the dir on a bpffs, mounting one on it if it is not on one
     /// (hosts without systemd's /sys/fs/bpf mount, tests).
     pub fn ensure(&self) -> io::Result<()> {
@@ -51,6 +63,7 @@ impl PinDir {
         }
         fs::create_dir_all(self.maps())?;
         fs::create_dir_all(self.links())?;
+        fs::create_dir_all(self.progs())?;
         Ok(())
     }
 
@@ -60,13 +73,20 @@ impl PinDir {
 
     /// Pin file names under `links/`.
     pub fn link_names(&self) -> io::Result<Vec<String>> {
-        match fs::read_dir(self.links()) {
-            Ok(entries) => {
-                Ok(entries.filter_map(|e| e.ok()).filter_map(|e| e.file_name().into_string().ok()).collect())
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
-            Err(e) => Err(e),
-        }
+        names(&self.links())
+    }
+
+    /// Pin file names under `progs/`.
+    pub fn prog_names(&self) -> io::Result<Vec<String>> {
+        names(&self.progs())
+    }
+}
+
+fn names(dir: &Path) -> io::Result<Vec<String>> {
+    match fs::read_dir(dir) {
+        Ok(entries) => Ok(entries.filter_map(|e| e.ok()).filter_map(|e| e.file_name().into_string().ok()).collect()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e),
     }
 }
 

@@ -11,6 +11,7 @@ const BPF_MAP_LOOKUP_ELEM: i64 = 1;
 const BPF_MAP_UPDATE_ELEM: i64 = 2;
 const BPF_MAP_DELETE_ELEM: i64 = 3;
 const BPF_MAP_GET_NEXT_KEY: i64 = 4;
+const BPF_OBJ_PIN: i64 = 6;
 const BPF_OBJ_GET: i64 = 7;
 const BPF_PROG_GET_FD_BY_ID: i64 = 13;
 const BPF_OBJ_GET_INFO_BY_FD: i64 = 15;
@@ -52,6 +53,14 @@ fn bpf(cmd: i64, attr: &mut Attr) -> io::Result<i64> {
 fn fd_from(rc: i64) -> OwnedFd {
     // SAFETY: the kernel just returned this fd to us and nothing else owns it.
     unsafe { OwnedFd::from_raw_fd(rc as i32) }
+}
+
+/// Pins an object (map, program or link) at `path`.
+pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+    let c = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path has a NUL byte"))?;
+    let mut attr = Attr::new().u64(0, c.as_ptr() as u64).u32(8, fd.as_raw_fd() as u32);
+    bpf(BPF_OBJ_PIN, &mut attr).map(|_| ())
 }
 
 /// Opens a pinned object (map, program or link).
@@ -209,6 +218,8 @@ pub fn prog_info(fd: BorrowedFd<'_>) -> io::Result<ProgInfo> {
 }
 
 /// The info of a loaded program by id; `None` once it has been freed.
+/// Needs CAP_SYS_ADMIN: hostmesh reads the program a link runs from the
+/// program's pin instead, and uses this only for pins of older builds.
 pub fn prog_info_by_id(id: u32) -> io::Result<Option<ProgInfo>> {
     let mut attr = Attr::new().u32(0, id);
     match bpf(BPF_PROG_GET_FD_BY_ID, &mut attr) {
