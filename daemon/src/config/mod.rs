@@ -20,3 +20,18 @@ pub use validate::{is_object_name, is_unicast, parse_file};
 
 #[cfg(test)]
 mod tests;
+
+/// One valid file's text as the whole configuration, for other modules'
+/// unit tests.
+#[cfg(test)]
+pub fn from_text(text: &str) -> Config {
+    let f = parse_file(&Source::new(std::path::Path::new("t.toml"), text)).expect("valid config");
+    Config {
+        daemon: f.daemon.unwrap_or_default(),
+        services: f.services,
+        meshes: f.meshes,
+        gateway: f.gateway,
+        peers: f.peers,
+        members: f.members,
+    }
+}

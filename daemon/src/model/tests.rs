@@ -1,22 +1,14 @@
 //! compile: Config -> Desired, without root.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::*;
 use crate::abi::{self, BackendValue, HmConfig, MaglevChunk, MaglevKey, Pod, SvcKey, SvcValue};
-use crate::config::{parse_file, Config, Source};
+use crate::config::Config;
 
 fn config(text: &str) -> Config {
-    let f = parse_file(&Source::new(Path::new("t.toml"), text)).expect("valid config");
-    Config {
-        daemon: f.daemon.unwrap_or_default(),
-        services: f.services,
-        meshes: f.meshes,
-        gateway: f.gateway,
-        peers: f.peers,
-        members: f.members,
-    }
+    crate::config::from_text(text)
 }
 
 fn facts() -> HostFacts {

@@ -1,17 +1,11 @@
 //! plan + apply + sync against the in-memory kernel, without root.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use super::*;
 use crate::backends::fake::FakeKernel;
-use crate::config::{parse_file, Config, Source};
+use crate::config::{from_text as config, Config};
 use crate::model::*;
-
-fn config(text: &str) -> Config {
-    let f = parse_file(&Source::new(Path::new("t.toml"), text)).expect("valid config");
-    Config { daemon: f.daemon.unwrap_or_default(), services: f.services, ..Config::default() }
-}
 
 const WEB: &str = "[[service]]\nname = \"web\"\nvip = \"10.96.0.10\"\nport = 80\nbackends = [\"192.168.1.1:80\"]\n";
 const API: &str = "[[service]]\nname = \"api\"\nvip = \"10.96.0.20\"\nport = 443\n";
@@ -244,8 +238,7 @@ fn the_mesh_fallback_table_comes_before_its_routes_and_goes_after_them() {
     k.state().facts.sk_lookup_unavailable = Some("old kernel".into());
     let mut r = reconciler(&k);
     let mesh = "[[mesh]]\nname = \"m\"\nvip = \"10.96.0.60\"\nport = 80\nredirect_port = 15001\n";
-    let f = parse_file(&Source::new(Path::new("t.toml"), mesh)).unwrap();
-    let with_mesh = Config { meshes: f.meshes, ..Config::default() };
+    let with_mesh = config(mesh);
     let out = r.sync(&with_mesh, false).unwrap();
     assert_eq!(
         out.steps,
