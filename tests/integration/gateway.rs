@@ -193,3 +193,31 @@ fn a_cut_wan_marks_the_peer_down_and_traffic_fails_fast_until_restored() {
     let (text, _) = sites.ga.status_text();
     assert!(text.lines().any(|l| l.contains("site-b") && l.contains("up")), "{text}");
 }
+
+#[test]
+fn a_gateway_learns_which_member_started_a_flow_and_forgets_it_when_idle() {
+    let _serial = serial();
+    use hostmesh::abi::addr16;
+    let sites = Sites::start_with("", "resync_interval = \"1s\"\nconntrack_udp_timeout = \"2s\"");
+    let logs = || sites.logs();
+    tcp_exchange(&sites.ma.ns, MA_UNLISTED, &echo_at(MB_WORKLOAD), 1, 10).unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    udp_exchange(&sites.ma.ns, MA_UNLISTED, &echo_at(MB_WORKLOAD)).unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    // Keyed by the reply's 5-tuple (from B's workload to A's), pointing at
+    // A's member by its underlay address.
+    let reply_to_unlisted = |proto: u8| {
+        sites.learned_paths().into_iter().any(|(k, v)| {
+            k.proto == proto
+                && k.src == addr16(MB_WORKLOAD.parse().unwrap())
+                && u16::from_be(k.sport_be) == ECHO_PORT
+                && k.dst == addr16(MA_UNLISTED.parse().unwrap())
+                && v.member == addr16("192.0.2.20".parse().unwrap())
+        })
+    };
+    assert!(reply_to_unlisted(6), "TCP path learned: {:?}", sites.learned_paths());
+    assert!(reply_to_unlisted(17), "UDP path learned: {:?}", sites.learned_paths());
+    // conntrack_udp_timeout is 2 s here; the TCP timeout (24 h) keeps the
+    // TCP path.
+    wait_until("the idle UDP path is forgotten", Duration::from_secs(6), || !reply_to_unlisted(17))
+        .unwrap_or_else(|e| panic!("{e}: {:?}", sites.learned_paths()));
+    assert!(reply_to_unlisted(6), "the TCP path stays: {:?}", sites.learned_paths());
+}

@@ -71,7 +71,12 @@ impl Sites {
     /// Builds both sites, writes every host's config (`extra_ma` is added
     /// to A's member) and starts the four daemons.
     pub fn start(extra_ma: &str) -> Sites {
-        let (ma, ga, gb, mb) = (Host::new(), Host::new(), Host::new(), Host::new());
+        Self::start_with(extra_ma, "")
+    }
+
+    /// As `start`, with `[daemon]` lines for A's gateway.
+    pub fn start_with(extra_ma: &str, ga_daemon: &str) -> Sites {
+        let (ma, ga, gb, mb) = (Host::new(), Host::with_daemon_config(ga_daemon), Host::new(), Host::new());
         ma.ns.veth_to(&ga.ns, ("eth0", "192.0.2.20/24"), ("a0", "192.0.2.1/24"));
         ga.ns.veth_to(&gb.ns, ("wan", "198.51.100.1/24"), ("wan", "198.51.100.2/24"));
         gb.ns.veth_to(&mb.ns, ("b0", "203.0.113.1/24"), ("eth0", "203.0.113.20/24"));
@@ -106,6 +111,19 @@ impl Sites {
             .and(Echo::start(&ma.ns, &format!("{MA_WORKLOAD}:{ECHO_PORT}").parse().unwrap()));
         let daemons = [&ma, &ga, &gb, &mb].iter().map(|h| h.start_ready()).collect();
         Sites { _echo: echo, daemons, ma, ga, gb, mb }
+    }
+
+    /// A's gateway's learned return paths: (reply 5-tuple, member).
+    pub fn learned_paths(&self) -> Vec<(hostmesh::abi::CtKey, hostmesh::abi::GwCtValue)> {
+        use hostmesh::abi::{CtKey, GwCtValue, Pod};
+        use hostmesh::backends::bpf::sys;
+        use std::os::fd::AsFd;
+        let fd = sys::obj_get(&self.ga.opts.bpffs.join("maps/HM_GW_CT")).expect("pinned HM_GW_CT");
+        sys::map_dump(fd.as_fd(), std::mem::size_of::<CtKey>(), std::mem::size_of::<GwCtValue>())
+            .expect("dump HM_GW_CT")
+            .into_iter()
+            .map(|(k, v)| (CtKey::from_bytes(&k).expect("key"), GwCtValue::from_bytes(&v).expect("value")))
+            .collect()
     }
 
     pub fn logs(&self) -> String {
