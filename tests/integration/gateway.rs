@@ -24,11 +24,13 @@ table inet hmtest {
         type filter hook postrouting priority 0; policy accept;
         oifname "wan" ip saddr 198.51.100.11 udp dport 8472 @th,96,24 7001 counter name vxlan_out
         oifname "wan" ip daddr { 10.10.0.0/16, 10.20.0.0/16 } counter name bare
+        oifname "wan" ip6 daddr { fd10::/16, fd20::/16 } counter name bare
     }
     chain in {
         type filter hook prerouting priority 0; policy accept;
         iifname "wan" ip daddr 198.51.100.11 udp dport 8472 @th,96,24 7001 counter name vxlan_in
         iifname "wan" ip saddr { 10.10.0.0/16, 10.20.0.0/16 } counter name bare
+        iifname "wan" ip6 saddr { fd10::/16, fd20::/16 } counter name bare
     }
 }
 "#;
@@ -220,4 +222,26 @@ fn a_gateway_learns_which_member_started_a_flow_and_forgets_it_when_idle() {
     wait_until("the idle UDP path is forgotten", Duration::from_secs(6), || !reply_to_unlisted(17))
         .unwrap_or_else(|e| panic!("{e}: {:?}", sites.learned_paths()));
     assert!(reply_to_unlisted(6), "the TCP path stays: {:?}", sites.learned_paths());
+}
+
+#[test]
+fn ipv6_workloads_cross_the_ipv4_underlay_both_ways() {
+    let _serial = serial();
+    let sites = Sites::start("");
+    load_nft(&sites.ga, WAN_COUNTERS);
+    let logs = || sites.logs();
+    let at = |ip: &str| format!("[{ip}]:{ECHO_PORT}");
+    let route = sites.ma.ns.ip(&["-6", "route", "show", "fd20::/16"]);
+    assert!(route.contains("dev hm-tun0") && route.contains("mtu 1450"), "{route}");
+    let ab = tcp_exchange(&sites.ma.ns, MA_WORKLOAD6, &at(MB_WORKLOAD6), 20, 1400)
+        .unwrap_or_else(|e| panic!("TCP A -> B over IPv6: {e}\n{}", logs()));
+    assert_eq!((ab.seen_as.as_str(), ab.echoed), (MA_WORKLOAD6, 20 * 1400));
+    assert!(ab.mss <= 1450 - 60, "MSS {} does not fit the tunnel", ab.mss);
+    let ba = tcp_exchange(&sites.mb.ns, MB_WORKLOAD6, &at(MA_WORKLOAD6), 3, 100)
+        .unwrap_or_else(|e| panic!("TCP B -> A over IPv6: {e}\n{}", logs()));
+    assert_eq!(ba.seen_as, MB_WORKLOAD6);
+    assert_eq!(udp_exchange(&sites.ma.ns, MA_WORKLOAD6, &at(MB_WORKLOAD6)).expect("UDP A -> B"), MA_WORKLOAD6);
+    assert_eq!(udp_exchange(&sites.mb.ns, MB_WORKLOAD6, &at(MA_WORKLOAD6)).expect("UDP B -> A"), MB_WORKLOAD6);
+    assert!(counter(&sites, "vxlan_out") >= 20, "VXLAN out: {}", counter(&sites, "vxlan_out"));
+    assert_eq!(counter(&sites, "bare"), 0, "unencapsulated site traffic on the WAN");
 }

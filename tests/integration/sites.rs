@@ -6,7 +6,11 @@
 //!  eth0 192.0.2.20/24 --- a0 192.0.2.1   wan ---- wan   b0 203.0.113.1 --- eth0 203.0.113.20/24
 //!  lo 10.10.1.1/32                198.51.100.1/24  198.51.100.2/24       lo 10.20.1.1/32
 //!  lo 10.10.9.1/32 (in no [[member]] CIDR)   198.51.100.11/32 (A's local_ip)
+//!  lo fd10:1::1/128                                                      lo fd20:1::1/128
 //! ```
+//!
+//! Site A is 10.10.0.0/16 and fd10::/16, site B 10.20.0.0/16 and fd20::/16:
+//! IPv6 workloads cross the same IPv4 underlay.
 //!
 //! A's gateway is known to its peer by a secondary address, so the tunnel
 //! and the probes must leave from `local_ip`, not the kernel's choice.
@@ -38,6 +42,8 @@ pub const MA_WORKLOAD: &str = "10.10.1.1";
 /// replies to it find their way back only through the learned path.
 pub const MA_UNLISTED: &str = "10.10.9.1";
 pub const MB_WORKLOAD: &str = "10.20.1.1";
+pub const MA_WORKLOAD6: &str = "fd10:1::1";
+pub const MB_WORKLOAD6: &str = "fd20:1::1";
 pub const ECHO_PORT: u16 = 8080;
 
 fn gateway(local: &str, extra: &str) -> String {
@@ -54,8 +60,8 @@ fn member(local: &str, gateway_ip: &str, extra: &str) -> String {
     )
 }
 
-const PEER_B: &str = "[[peer]]\nname = \"site-b\"\ncidrs = [\"10.20.0.0/16\"]\n";
-const PEER_A: &str = "[[peer]]\nname = \"site-a\"\ncidrs = [\"10.10.0.0/16\"]\n";
+const PEER_B: &str = "[[peer]]\nname = \"site-b\"\ncidrs = [\"10.20.0.0/16\", \"fd20::/16\"]\n";
+const PEER_A: &str = "[[peer]]\nname = \"site-a\"\ncidrs = [\"10.10.0.0/16\", \"fd10::/16\"]\n";
 
 /// Field order is drop order: echo servers and daemons first, then hosts.
 pub struct Sites {
@@ -88,6 +94,8 @@ impl Sites {
             ma.ns.ip(&["addr", "add", &format!("{addr}/32"), "dev", "lo"]);
         }
         mb.ns.ip(&["addr", "add", &format!("{MB_WORKLOAD}/32"), "dev", "lo"]);
+        ma.ns.ip(&["addr", "add", &format!("{MA_WORKLOAD6}/128"), "dev", "lo", "nodad"]);
+        mb.ns.ip(&["addr", "add", &format!("{MB_WORKLOAD6}/128"), "dev", "lo", "nodad"]);
 
         ma.write("gateway.toml", &format!("{}{PEER_B}{extra_ma}", member("192.0.2.20", "192.0.2.1", "")));
         mb.write("gateway.toml", &format!("{}{PEER_A}", member("203.0.113.20", "203.0.113.1", "")));
@@ -95,20 +103,22 @@ impl Sites {
             "gateway.toml",
             &gateway(
                 "198.51.100.11",
-                "[[peer]]\nname = \"site-b\"\nendpoint = \"198.51.100.2\"\ncidrs = [\"10.20.0.0/16\"]\n\
-                 [[member]]\nname = \"ma\"\nendpoint = \"192.0.2.20\"\ncidrs = [\"10.10.1.0/24\"]\n",
+                "[[peer]]\nname = \"site-b\"\nendpoint = \"198.51.100.2\"\ncidrs = [\"10.20.0.0/16\", \"fd20::/16\"]\n\
+                 [[member]]\nname = \"ma\"\nendpoint = \"192.0.2.20\"\ncidrs = [\"10.10.1.0/24\", \"fd10:1::/64\"]\n",
             ),
         );
         gb.write(
             "gateway.toml",
             &gateway(
                 "198.51.100.2",
-                "[[peer]]\nname = \"site-a\"\nendpoint = \"198.51.100.11\"\ncidrs = [\"10.10.0.0/16\"]\n\
-                 [[member]]\nname = \"mb\"\nendpoint = \"203.0.113.20\"\ncidrs = [\"10.20.1.0/24\"]\n",
+                "[[peer]]\nname = \"site-a\"\nendpoint = \"198.51.100.11\"\ncidrs = [\"10.10.0.0/16\", \"fd10::/16\"]\n\
+                 [[member]]\nname = \"mb\"\nendpoint = \"203.0.113.20\"\ncidrs = [\"10.20.1.0/24\", \"fd20:1::/64\"]\n",
             ),
         );
         let echo = Echo::start(&mb.ns, &format!("{MB_WORKLOAD}:{ECHO_PORT}").parse().unwrap())
-            .and(Echo::start(&ma.ns, &format!("{MA_WORKLOAD}:{ECHO_PORT}").parse().unwrap()));
+            .and(Echo::start(&ma.ns, &format!("{MA_WORKLOAD}:{ECHO_PORT}").parse().unwrap()))
+            .and(Echo::start(&mb.ns, &format!("[{MB_WORKLOAD6}]:{ECHO_PORT}").parse().unwrap()))
+            .and(Echo::start(&ma.ns, &format!("[{MA_WORKLOAD6}]:{ECHO_PORT}").parse().unwrap()));
         let daemons = [&ma, &ga, &gb, &mb].iter().map(|h| h.start_ready()).collect();
         Sites { _echo: echo, daemons, ma, ga, gb, mb }
     }
