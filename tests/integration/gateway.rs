@@ -200,7 +200,7 @@ fn a_cut_wan_marks_the_peer_down_and_traffic_fails_fast_until_restored() {
 fn a_gateway_learns_which_member_started_a_flow_and_forgets_it_when_idle() {
     let _serial = serial();
     use hostmesh::abi::addr16;
-    let sites = Sites::start_with("", "resync_interval = \"1s\"\nconntrack_udp_timeout = \"2s\"");
+    let sites = Sites::start_with(&UNDERLAY_V4, "", "resync_interval = \"1s\"\nconntrack_udp_timeout = \"2s\"");
     let logs = || sites.logs();
     tcp_exchange(&sites.ma.ns, MA_UNLISTED, &echo_at(MB_WORKLOAD), 1, 10).unwrap_or_else(|e| panic!("{e}\n{}", logs()));
     udp_exchange(&sites.ma.ns, MA_UNLISTED, &echo_at(MB_WORKLOAD)).unwrap_or_else(|e| panic!("{e}\n{}", logs()));
@@ -244,4 +244,56 @@ fn ipv6_workloads_cross_the_ipv4_underlay_both_ways() {
     assert_eq!(udp_exchange(&sites.mb.ns, MB_WORKLOAD6, &at(MA_WORKLOAD6)).expect("UDP B -> A"), MB_WORKLOAD6);
     assert!(counter(&sites, "vxlan_out") >= 20, "VXLAN out: {}", counter(&sites, "vxlan_out"));
     assert_eq!(counter(&sites, "bare"), 0, "unencapsulated site traffic on the WAN");
+}
+
+/// The WAN counters for the IPv6 underlay.
+const WAN_COUNTERS_V6: &str = r#"
+table inet hmtest {
+    counter vxlan_out {}
+    counter vxlan_in {}
+    counter bare {}
+    chain out {
+        type filter hook postrouting priority 0; policy accept;
+        oifname "wan" ip6 saddr 2001:db8:f::11 udp dport 8472 @th,96,24 7001 counter name vxlan_out
+        oifname "wan" ip daddr { 10.10.0.0/16, 10.20.0.0/16 } counter name bare
+        oifname "wan" ip6 daddr { fd10::/16, fd20::/16 } counter name bare
+    }
+    chain in {
+        type filter hook prerouting priority 0; policy accept;
+        iifname "wan" ip6 daddr 2001:db8:f::11 udp dport 8472 @th,96,24 7001 counter name vxlan_in
+        iifname "wan" ip saddr { 10.10.0.0/16, 10.20.0.0/16 } counter name bare
+        iifname "wan" ip6 saddr { fd10::/16, fd20::/16 } counter name bare
+    }
+}
+"#;
+
+#[test]
+fn an_ipv6_underlay_carries_both_families_and_its_peers_are_probed() {
+    let _serial = serial();
+    let sites = Sites::start_with(&UNDERLAY_V6, "", "");
+    load_nft(&sites.ga, WAN_COUNTERS_V6);
+    let logs = || sites.logs();
+    // 1500 less 70 bytes of VXLAN over IPv6.
+    let route = sites.ma.ns.ip(&["route", "show", "10.20.0.0/16"]);
+    assert!(route.contains("dev hm-tun0") && route.contains("mtu 1430"), "{route}");
+    let v4 = tcp_exchange(&sites.ma.ns, MA_WORKLOAD, &echo_at(MB_WORKLOAD), 20, 1380)
+        .unwrap_or_else(|e| panic!("TCP A -> B: {e}\n{}", logs()));
+    assert_eq!((v4.seen_as.as_str(), v4.echoed), (MA_WORKLOAD, 20 * 1380));
+    assert!(v4.mss <= 1430 - 40, "MSS {} does not fit the tunnel", v4.mss);
+    let at6 = |ip: &str| format!("[{ip}]:{ECHO_PORT}");
+    let v6 = tcp_exchange(&sites.mb.ns, MB_WORKLOAD6, &at6(MA_WORKLOAD6), 3, 100)
+        .unwrap_or_else(|e| panic!("TCP B -> A over IPv6: {e}\n{}", logs()));
+    assert_eq!(v6.seen_as, MB_WORKLOAD6);
+    assert_eq!(udp_exchange(&sites.ma.ns, MA_UNLISTED, &echo_at(MB_WORKLOAD)).expect("UDP learned"), MA_UNLISTED);
+    assert!(counter(&sites, "vxlan_out") >= 20, "VXLAN out: {}", counter(&sites, "vxlan_out"));
+    assert!(counter(&sites, "vxlan_in") >= 20, "VXLAN in: {}", counter(&sites, "vxlan_in"));
+    assert_eq!(counter(&sites, "bare"), 0, "unencapsulated site traffic on the WAN");
+    // The probes run over IPv6 too: cut and restore.
+    sites.ga.ns.ip(&["link", "set", "wan", "down"]);
+    let threshold = Duration::from_millis(PROBE_INTERVAL_MS * (PROBE_LOSS as u64 + 1) + 500);
+    wait_until("site-b down", threshold, || peer_state(&sites.ga, "site-b").as_deref() == Some("down"))
+        .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    sites.ga.ns.ip(&["link", "set", "wan", "up"]);
+    wait_until("site-b up", Duration::from_secs(3), || peer_state(&sites.ga, "site-b").as_deref() == Some("up"))
+        .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
 }

@@ -46,6 +46,42 @@ pub const MA_WORKLOAD6: &str = "fd10:1::1";
 pub const MB_WORKLOAD6: &str = "fd20:1::1";
 pub const ECHO_PORT: u16 = 8080;
 
+/// The underlay addresses of the four hosts (one prefix length for all
+/// three links); `wan_local` is an extra address on A's gateway's WAN
+/// link, its `local_ip`.
+pub struct Underlay {
+    pub ma: &'static str,
+    pub ga_lan: &'static str,
+    pub ga_wan: &'static str,
+    pub wan_local: &'static str,
+    pub gb_wan: &'static str,
+    pub gb_lan: &'static str,
+    pub mb: &'static str,
+    pub prefix: u8,
+}
+
+pub const UNDERLAY_V4: Underlay = Underlay {
+    ma: "192.0.2.20",
+    ga_lan: "192.0.2.1",
+    ga_wan: "198.51.100.1",
+    wan_local: "198.51.100.11",
+    gb_wan: "198.51.100.2",
+    gb_lan: "203.0.113.1",
+    mb: "203.0.113.20",
+    prefix: 24,
+};
+
+pub const UNDERLAY_V6: Underlay = Underlay {
+    ma: "2001:db8:a::20",
+    ga_lan: "2001:db8:a::1",
+    ga_wan: "2001:db8:f::1",
+    wan_local: "2001:db8:f::11",
+    gb_wan: "2001:db8:f::2",
+    gb_lan: "2001:db8:b::1",
+    mb: "2001:db8:b::20",
+    prefix: 64,
+};
+
 fn gateway(local: &str, extra: &str) -> String {
     format!(
         "[gateway]\nrole = \"gateway\"\nlocal_ip = \"{local}\"\nvni = {VNI}\nudp_port = {VXLAN_PORT}\n\
@@ -74,22 +110,33 @@ pub struct Sites {
 }
 
 impl Sites {
-    /// Builds both sites, writes every host's config (`extra_ma` is added
-    /// to A's member) and starts the four daemons.
+    /// Builds both sites over the IPv4 underlay, writes every host's config
+    /// (`extra_ma` is added to A's member) and starts the four daemons.
     pub fn start(extra_ma: &str) -> Sites {
-        Self::start_with(extra_ma, "")
+        Self::start_with(&UNDERLAY_V4, extra_ma, "")
     }
 
-    /// As `start`, with `[daemon]` lines for A's gateway.
-    pub fn start_with(extra_ma: &str, ga_daemon: &str) -> Sites {
+    /// As `start`, over `u`, with `[daemon]` lines for A's gateway.
+    pub fn start_with(u: &Underlay, extra_ma: &str, ga_daemon: &str) -> Sites {
         let (ma, ga, gb, mb) = (Host::new(), Host::with_daemon_config(ga_daemon), Host::new(), Host::new());
-        ma.ns.veth_to(&ga.ns, ("eth0", "192.0.2.20/24"), ("a0", "192.0.2.1/24"));
-        ga.ns.veth_to(&gb.ns, ("wan", "198.51.100.1/24"), ("wan", "198.51.100.2/24"));
-        gb.ns.veth_to(&mb.ns, ("b0", "203.0.113.1/24"), ("eth0", "203.0.113.20/24"));
+        if u.wan_local.contains(':') {
+            // No duplicate address detection: an address is usable at once;
+            // and a link that goes down keeps its addresses (as IPv4 does),
+            // so the tests can cut the WAN and restore it.
+            for host in [&ma, &ga, &gb, &mb] {
+                host.ns.set_sysctl("net/ipv6/conf/default/accept_dad", "0");
+                host.ns.set_sysctl("net/ipv6/conf/default/keep_addr_on_down", "1");
+            }
+        }
+        let lan = |ip: &str| format!("{ip}/{}", u.prefix);
+        ma.ns.veth_to(&ga.ns, ("eth0", &lan(u.ma)), ("a0", &lan(u.ga_lan)));
+        ga.ns.veth_to(&gb.ns, ("wan", &lan(u.ga_wan)), ("wan", &lan(u.gb_wan)));
+        gb.ns.veth_to(&mb.ns, ("b0", &lan(u.gb_lan)), ("eth0", &lan(u.mb)));
         for host in [&ma, &ga, &gb, &mb] {
             host.ns.ip(&["link", "set", "lo", "up"]);
         }
-        ga.ns.ip(&["addr", "add", "198.51.100.11/32", "dev", "wan"]);
+        let host_prefix = if u.wan_local.contains(':') { 128 } else { 32 };
+        ga.ns.ip(&["addr", "add", &format!("{}/{host_prefix}", u.wan_local), "dev", "wan"]);
         for addr in [MA_WORKLOAD, MA_UNLISTED] {
             ma.ns.ip(&["addr", "add", &format!("{addr}/32"), "dev", "lo"]);
         }
@@ -97,22 +144,28 @@ impl Sites {
         ma.ns.ip(&["addr", "add", &format!("{MA_WORKLOAD6}/128"), "dev", "lo", "nodad"]);
         mb.ns.ip(&["addr", "add", &format!("{MB_WORKLOAD6}/128"), "dev", "lo", "nodad"]);
 
-        ma.write("gateway.toml", &format!("{}{PEER_B}{extra_ma}", member("192.0.2.20", "192.0.2.1", "")));
-        mb.write("gateway.toml", &format!("{}{PEER_A}", member("203.0.113.20", "203.0.113.1", "")));
+        ma.write("gateway.toml", &format!("{}{PEER_B}{extra_ma}", member(u.ma, u.ga_lan, "")));
+        mb.write("gateway.toml", &format!("{}{PEER_A}", member(u.mb, u.gb_lan, "")));
         ga.write(
             "gateway.toml",
             &gateway(
-                "198.51.100.11",
-                "[[peer]]\nname = \"site-b\"\nendpoint = \"198.51.100.2\"\ncidrs = [\"10.20.0.0/16\", \"fd20::/16\"]\n\
-                 [[member]]\nname = \"ma\"\nendpoint = \"192.0.2.20\"\ncidrs = [\"10.10.1.0/24\", \"fd10:1::/64\"]\n",
+                u.wan_local,
+                &format!(
+                    "[[peer]]\nname = \"site-b\"\nendpoint = \"{}\"\ncidrs = [\"10.20.0.0/16\", \"fd20::/16\"]\n\
+                     [[member]]\nname = \"ma\"\nendpoint = \"{}\"\ncidrs = [\"10.10.1.0/24\", \"fd10:1::/64\"]\n",
+                    u.gb_wan, u.ma
+                ),
             ),
         );
         gb.write(
             "gateway.toml",
             &gateway(
-                "198.51.100.2",
-                "[[peer]]\nname = \"site-a\"\nendpoint = \"198.51.100.11\"\ncidrs = [\"10.10.0.0/16\", \"fd10::/16\"]\n\
-                 [[member]]\nname = \"mb\"\nendpoint = \"203.0.113.20\"\ncidrs = [\"10.20.1.0/24\", \"fd20:1::/64\"]\n",
+                u.gb_wan,
+                &format!(
+                    "[[peer]]\nname = \"site-a\"\nendpoint = \"{}\"\ncidrs = [\"10.10.0.0/16\", \"fd10::/16\"]\n\
+                     [[member]]\nname = \"mb\"\nendpoint = \"{}\"\ncidrs = [\"10.20.1.0/24\", \"fd20:1::/64\"]\n",
+                    u.wan_local, u.mb
+                ),
             ),
         );
         let echo = Echo::start(&mb.ns, &format!("{MB_WORKLOAD}:{ECHO_PORT}").parse().unwrap())
