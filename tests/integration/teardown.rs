@@ -14,6 +14,13 @@ fn teardown_leaves_no_link_route_pin_or_program() {
     let host = Host::new();
     host.write("web.toml", WEB);
     host.write("web6.toml", "[[service]]\nname = \"web6\"\nvip = \"fd00::10\"\nport = 80\n");
+    // A mesh entry (a route in table local) and a gateway member (hm-tun0).
+    host.write("mesh.toml", "[[mesh]]\nname = \"m\"\nvip = \"10.96.0.60\"\nport = 80\nredirect_port = 15001\n");
+    host.write(
+        "gateway.toml",
+        "[gateway]\nrole = \"member\"\nlocal_ip = \"192.0.2.20\"\ngateway_ip = \"192.0.2.1\"\nvni = 7\n\
+         [[peer]]\nname = \"b\"\ncidrs = [\"10.20.0.0/16\"]\n",
+    );
     host.ns.set_sysctl("net/ipv4/conf/all/rp_filter", "2");
     let mut d = host.start_ready();
     let link = sys::obj_get(&host.opts.bpffs.join("links/hm_natout@tc-ingress@hm-natout")).unwrap();
@@ -34,7 +41,10 @@ fn teardown_leaves_no_link_route_pin_or_program() {
         "unpinned link hm_natout@tc-ingress@hm-natout",
         "deleted route 10.96.0.10/32",
         "deleted route fd00::10/128",
+        "deleted route 10.96.0.60/32 table 255",
+        "deleted route 10.20.0.0/16",
         "deleted link hm-natin",
+        "deleted link hm-tun0",
         "restored sysctl net.ipv4.conf.all.rp_filter = 2",
     ] {
         assert!(said.contains(line), "missing {line:?} in:\n{said}");

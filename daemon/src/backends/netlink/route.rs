@@ -162,7 +162,11 @@ pub fn replace_unreachable(sock: &mut NetlinkSocket, table: u32, dst: &IpNet, pr
 
 /// Deletes the route with this protocol; one that is gone already is fine.
 pub fn delete(sock: &mut NetlinkSocket, table: u32, dst: &IpNet, protocol: u8) -> io::Result<()> {
-    let m = message(table, dst, protocol);
+    let mut m = message(table, dst, protocol);
+    // Any scope (`ip route del` does the same): the default, universe,
+    // would not match a `local` route (scope host), and the kernel would
+    // answer ESRCH as if it were gone already.
+    m.header.scope = RouteScope::NoWhere;
     match sock.request(RouteNetlinkMessage::DelRoute(m), 0) {
         Err(e) if matches!(e.raw_os_error(), Some(libc::ESRCH) | Some(libc::ENOENT)) => Ok(()),
         r => r,
