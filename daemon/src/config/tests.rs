@@ -490,3 +490,25 @@ fn hostmesh_keys_are_validated_too() {
     .unwrap();
     assert_eq!((d.maglev_table_size, d.mesh_map_size, d.conntrack_tcp_timeout.as_secs()), (251, 4096, 7200));
 }
+
+#[test]
+fn the_packaged_example_is_valid_and_declares_nothing() {
+    // Installing the package must change no traffic (etc/hostmesh.toml).
+    let text = include_str!("../../../etc/hostmesh.toml");
+    let f = parse_file(&Source::new(Path::new("hostmesh.toml"), text)).expect("the packaged example parses");
+    assert!(f.daemon.is_none() && f.gateway.is_none());
+    assert!(f.services.is_empty() && f.meshes.is_empty() && f.peers.is_empty() && f.members.is_empty());
+    // Its commented sections (from the first "# [") are valid configuration
+    // once uncommented.
+    let uncommented: String = text
+        .lines()
+        .skip_while(|l| !l.starts_with("# ["))
+        .filter_map(|l| l.strip_prefix("# "))
+        .filter(|l| !l.starts_with("# "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let f = parse_file(&Source::new(Path::new("hostmesh.toml"), &uncommented))
+        .unwrap_or_else(|e| panic!("the example, uncommented: {e:?}\n{uncommented}"));
+    assert!(f.daemon.is_some() && f.gateway.is_some());
+    assert_eq!((f.services.len(), f.meshes.len(), f.peers.len(), f.members.len()), (1, 1, 1, 1));
+}
