@@ -163,8 +163,11 @@ fn a_cut_wan_marks_the_peer_down_and_traffic_fails_fast_until_restored() {
     let (text, _) = sites.ga.status_text();
     assert!(text.lines().any(|l| l.contains("site-b") && l.contains("down") && l.contains("since")), "{text}");
     let notify = &sites.daemons[1].notify;
-    wait_until("STATUS= counts the down peer", Duration::from_secs(2), || {
-        notify.messages().iter().any(|m| m.contains("STATUS=") && m.contains("(1 down)"))
+    wait_until("STATUS= names the down peer and since when", Duration::from_secs(2), || {
+        notify
+            .messages()
+            .iter()
+            .any(|m| m.contains("STATUS=") && m.contains("(1 down: site-b since 20") && m.contains(" UTC)"))
     })
     .unwrap_or_else(|e| panic!("{e}: {:?}", notify.messages()));
 

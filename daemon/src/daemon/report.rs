@@ -266,7 +266,18 @@ pub fn status_line(s: &Status) -> String {
         plural(c.peers, "peer", "peers")
     );
     if c.peers_down > 0 {
-        line.push_str(&format!(" ({} down)", c.peers_down));
+        // Which peers, and since when: systemctl status shows this line.
+        let down: Vec<String> = s
+            .objects
+            .iter()
+            .filter(|o| o.kind == "peer" && o.state == "down")
+            .map(|o| match o.since {
+                Some(t) => format!("{} since {}", o.name, utc(t)),
+                None => o.name.clone(),
+            })
+            .collect();
+        let more = if down.len() > 3 { ", and others" } else { "" };
+        line.push_str(&format!(" ({} down: {}{more})", c.peers_down, down[..down.len().min(3)].join(", ")));
     }
     let rejected: Vec<&FileStatus> = s.files.iter().filter(|f| f.state != "applied").collect();
     if let Some(first) = rejected.first() {
@@ -283,4 +294,32 @@ pub fn status_line(s: &Status) -> String {
         line.push_str(&format!("; {}", plural(s.warnings.len(), "warning", "warnings")));
     }
     line
+}
+
+/// Unix seconds as "2026-11-30 09:31:02 UTC" (days to civil date after
+/// Howard Hinnant's algorithm).
+fn utc(secs: u64) -> String {
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_formats_unix_seconds() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(951_782_400), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc(1_796_031_062), "2026-11-30 09:31:02 UTC");
+    }
 }
