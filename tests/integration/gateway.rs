@@ -104,6 +104,8 @@ fn members_of_two_sites_talk_through_their_gateways() {
     // IPv4; TCP's MSS follows it, and full-size segments cross.
     let route = sites.ma.ns.ip(&["route", "show", "10.20.0.0/16"]);
     assert!(route.contains("dev hm-tun0") && route.contains("mtu 1450"), "{route}");
+    // A gateway-only host has no bpfnat veth, and status does not claim one.
+    assert!(sites.ga.status().objects.iter().all(|o| o.kind != "bpfnat"), "{:?}", sites.ga.status().objects);
     let big = tcp_exchange(&sites.ma.ns, MA_WORKLOAD, &echo_at(MB_WORKLOAD), 50, 1400)
         .unwrap_or_else(|e| panic!("1400-byte writes A -> B: {e}\n{}", logs()));
     assert_eq!(big.echoed, 50 * 1400);

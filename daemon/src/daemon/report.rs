@@ -3,8 +3,8 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::config::{Config, ConfigError, CtlbMode, FileState, GatewayRole, Loaded, Protocol};
-use crate::model::{gateway, Hook, MeshPath, Program, RouteKey, RouteSpec, RT_TABLE_MAIN};
+use crate::config::{ConfigError, CtlbMode, FileState, GatewayRole, Loaded, Protocol};
+use crate::model::{gateway, Hook, MeshPath, Program, RouteKey, RouteSpec, NATIN, RT_TABLE_MAIN};
 use crate::peer_health::PeerHealth;
 use crate::reconcile::{StepError, SyncOutcome};
 use crate::sidecars::{self, Registration};
@@ -64,7 +64,7 @@ pub fn objects(
     health: Option<&PeerHealth>,
 ) -> Vec<ObjectStatus> {
     let d = &outcome.desired;
-    let veth = !d.links.is_empty();
+    let veth = d.links.contains_key(NATIN);
     let mode = loaded.config.daemon.connect_time_lb;
     let cgroups: std::collections::BTreeSet<String> = d
         .attachments
@@ -95,8 +95,8 @@ pub fn objects(
             None,
             format!(
                 "veth pair, {} VIP routes, {} program(s) attached",
-                d.routes.len(),
-                d.attachments.len() - Program::CONNECT_TIME.len() * cgroups.len()
+                d.routes.values().filter(|r| r.spec.dev() == Some(NATIN)).count(),
+                d.attachments.keys().filter(|a| matches!(a.program, Program::NatOut | Program::Reply)).count()
             ),
             errors_for(&outcome.errors, &["bpfnat".to_string()]),
         ));
@@ -133,8 +133,7 @@ pub fn objects(
         None => String::new(),
     };
     for m in &loaded.config.meshes {
-        let key = sidecars::wanted(&Config { meshes: vec![m.clone()], ..Config::default() }).into_iter().next();
-        let reg = key.as_ref().and_then(|k| registrations.get(k));
+        let reg = registrations.get(&sidecars::sock_key(m));
         let vip = match m.vip {
             std::net::IpAddr::V6(v6) => format!("[{v6}]"),
             v4 => v4.to_string(),

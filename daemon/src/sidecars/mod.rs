@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use crate::abi::{self, Pod, SockKey};
 use crate::backends::bpf::sys;
-use crate::config::Config;
+use crate::config::{Config, Mesh};
 use crate::model::MeshPath;
 
 pub use listeners::expected_addr;
@@ -54,15 +54,16 @@ pub struct Registrar {
 /// The listener keys the configuration needs: one per (family, protocol,
 /// redirect port).
 pub fn wanted(config: &Config) -> BTreeSet<SockKey> {
-    config
-        .meshes
-        .iter()
-        .map(|m| SockKey {
-            port: m.redirect_port,
-            family: if m.vip.is_ipv4() { abi::AF_INET } else { abi::AF_INET6 },
-            proto: m.protocol.number(),
-        })
-        .collect()
+    config.meshes.iter().map(sock_key).collect()
+}
+
+/// The listener a mesh entry's traffic goes to.
+pub fn sock_key(m: &Mesh) -> SockKey {
+    SockKey {
+        port: m.redirect_port,
+        family: if m.vip.is_ipv4() { abi::AF_INET } else { abi::AF_INET6 },
+        proto: m.protocol.number(),
+    }
 }
 
 fn proto_name(key: &SockKey) -> &'static str {
