@@ -76,13 +76,6 @@ pub struct PeerHealth {
     thread: Option<JoinHandle<()>>,
 }
 
-/// A change of state, for the log.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Change {
-    pub peer: String,
-    pub up: bool,
-}
-
 impl PeerHealth {
     /// Starts probing; `changed` is sent when a peer goes down or up.
     pub fn start(settings: Settings, changed: Sender<crate::daemon::Event>) -> PeerHealth {

@@ -255,7 +255,6 @@ impl PinnedBpf {
         Ok(removed)
     }
 
-    /// The conntrack map, if anything is pinned yet.
     /// Entry 0 of a config array map; None if it was never written (an
     /// array entry never written reads as zeros).
     fn config_entry<T: crate::abi::Pod>(&mut self, map: &'static str) -> Result<Option<T>> {
@@ -266,6 +265,7 @@ impl PinnedBpf {
         Ok(if found && value.iter().any(|b| *b != 0) { T::from_bytes(&value) } else { None })
     }
 
+    /// The conntrack map, if anything is pinned yet.
     fn conntrack_fd(&mut self) -> Result<Option<&OwnedFd>> {
         if self.loaded.is_none() && !self.has_pins() {
             return Ok(None);
@@ -378,14 +378,6 @@ impl BpfBackend for PinnedBpf {
             // packet or connect() sees the hook empty.
             let link = sys::obj_get(&pin).map_err(|e| bpf_err(format!("open {}", pin.display()), e))?;
             let prog = program_fd(loaded, a.program)?;
-            if status == Some(AttachStatus::Current) {
-                // Running this build's program already: only make sure
-                // its pin is there.
-                if self.pinned_program(a, sys::prog_info(prog.as_fd()).map(|p| p.id).unwrap_or(0)).is_none() {
-                    self.pin_program(a)?;
-                }
-                return Ok(());
-            }
             sys::link_update(link.as_fd(), prog.as_fd()).map_err(|e| bpf_err(format!("replace {a}"), e))?;
             return self.pin_program(a);
         }
