@@ -18,3 +18,10 @@ pub fn write_section(path: &Path, name: &str, body: &str) -> std::io::Result<()>
     };
     std::fs::write(path, new)
 }
+
+/// The median of a run's samples (the upper one of an even count).
+pub fn median(mut samples: Vec<f64>) -> f64 {
+    assert!(!samples.is_empty(), "no samples");
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}

@@ -15,13 +15,9 @@ use std::net::{IpAddr, SocketAddr};
 
 use hm_bench::load::{catch_interrupts, interrupted, tcp_rate, udp_rate};
 use hm_bench::options::Options;
+use hm_bench::results::median;
 
 use topology::{Sites, Way, MA_WORKLOAD, MB_WORKLOAD};
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
 
 /// Medians for one topology.
 #[derive(Default)]

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use hm_bench::load::{catch_interrupts, interrupted, tcp_rate, udp_rate, EchoServers};
 use hm_bench::options::Options;
+use hm_bench::results::median;
 use hm_testkit::{Daemon, DaemonOptions, Netns, TempDir};
 
 const SIDECAR: &str = "127.0.0.1:15001";
@@ -93,7 +94,7 @@ impl Setup {
                      \x20   ip daddr {VIP} tcp dport 80 redirect to :15001\n\
                      \x20   ip daddr {VIP} udp dport 53 redirect to :15001\n  }}\n}}\n"
                 );
-                run_nft(&ns, &rules);
+                ns.exec_with_input("nft", &["-f", "-"], &rules);
             }
         }
         Setup { _daemon: daemon, _dir: dir, _servers: servers, ns }
@@ -115,18 +116,6 @@ fn wait_registered(opts: &DaemonOptions) {
         std::thread::sleep(Duration::from_millis(50));
     }
     panic!("the sidecar was not registered: {}", std::fs::read_to_string(&status).unwrap_or_default());
-}
-
-fn run_nft(ns: &Netns, rules: &str) {
-    use std::io::Write;
-    let mut child = ns.command("nft").args(["-f", "-"]).stdin(std::process::Stdio::piped()).spawn().expect("nft");
-    child.stdin.take().unwrap().write_all(rules.as_bytes()).unwrap();
-    assert!(child.wait().unwrap().success(), "nft -f failed");
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
 }
 
 struct Row {

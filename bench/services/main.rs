@@ -16,6 +16,7 @@ use hm_testkit::{Cgroup, Netns};
 
 use hm_bench::load::{catch_interrupts, interrupted, tcp_rate, udp_rate, EchoServers, Rate};
 use hm_bench::options::Options;
+use hm_bench::results::median;
 use systems::*;
 
 const ALL_SIZES: [usize; 3] = [1, 1000, 10000];
@@ -56,11 +57,6 @@ impl Topology {
             }
         }
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
 }
 
 #[derive(Debug, Clone)]
@@ -183,7 +179,7 @@ fn main() {
     {
         let t = Topology::new();
         for n in ALL_SIZES {
-            run_with_input(&t.client, "iptables-restore", &[], &iptables_rules(n));
+            t.client.exec_with_input("iptables-restore", &[], &iptables_rules(n));
             t.short_conntrack_timeouts();
             rows.push(measure(&t, &o, "iptables DNAT", n));
         }
@@ -193,7 +189,7 @@ fn main() {
     {
         let t = Topology::new();
         for n in ALL_SIZES {
-            run_with_input(&t.client, "nft", &["-f", "-"], &format!("flush ruleset\n{}", nftables_ruleset(n)));
+            t.client.exec_with_input("nft", &["-f", "-"], &format!("flush ruleset\n{}", nftables_ruleset(n)));
             t.short_conntrack_timeouts();
             rows.push(measure(&t, &o, "nftables DNAT (map)", n));
         }

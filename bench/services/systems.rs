@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use hm_testkit::{Daemon, DaemonOptions, Netns, TempDir};
@@ -62,22 +62,6 @@ pub fn nftables_ruleset(n: usize) -> String {
         tcp_elems.join(", "),
         udp_elems.join(", ")
     )
-}
-
-/// Runs `program args` in `ns` with `input` on stdin; panics on failure.
-pub fn run_with_input(ns: &Netns, program: &str, args: &[&str], input: &str) {
-    use std::io::Write;
-    let mut child = ns
-        .command(program)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{program} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// A hostmesh daemon for the client namespace.

@@ -81,6 +81,29 @@ impl Netns {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Runs a command in the namespace with `input` on its stdin (`nft -f
+    /// -`); panics with its output if it fails.
+    pub fn exec_with_input(&self, program: &str, args: &[&str], input: &str) -> String {
+        use std::io::Write;
+        let mut child = self
+            .command(program)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {program}: {e}"));
+        child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write stdin");
+        let out = child.wait_with_output().expect("wait for the command");
+        assert!(
+            out.status.success(),
+            "{program} {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// Runs a command in the namespace and returns its output, failed or not.
     pub fn exec_output(&self, program: &str, args: &[&str]) -> Output {
         self.command(program).args(args).output().expect("spawn command")

@@ -1,6 +1,7 @@
-//! Echo servers that answer every request with their name, so a test sees
-//! which backend it reached. They run on threads inside a namespace and stop
-//! when dropped.
+//! Test servers on threads inside a namespace, stopped when dropped:
+//! named servers answer every request with their name, so a test sees which
+//! backend it reached; echo servers tell each client the address they see
+//! it as and echo what it sends.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -19,31 +20,55 @@ pub enum Proto {
     Udp,
 }
 
+/// What a server answers.
+#[derive(Debug, Clone)]
+enum Answer {
+    /// Its name, once per request (TCP: per read; UDP: per datagram).
+    Name(String),
+    /// TCP: a greeting "<client ip> <server ip>", then everything back;
+    /// UDP: "<client ip>" per datagram.
+    Echo,
+}
+
 pub struct Servers {
     stops: Vec<Arc<AtomicBool>>,
     threads: Vec<JoinHandle<()>>,
 }
 
 impl Servers {
-    /// Starts one server per (address, protocol, name) in `ns`.
+    /// Starts one named server per (address, protocol, name) in `ns`.
     pub fn start(ns: &Netns, specs: &[(&str, Proto, &str)]) -> Servers {
+        let specs: Vec<(SocketAddr, Proto, Answer)> = specs
+            .iter()
+            .map(|(addr, proto, name)| (addr.parse().expect("server address"), *proto, Answer::Name(name.to_string())))
+            .collect();
+        Self::spawn(ns, specs)
+    }
+
+    /// Starts a TCP and a UDP echo server on each address in `ns`.
+    pub fn echo(ns: &Netns, addrs: &[SocketAddr]) -> Servers {
+        let specs =
+            addrs.iter().flat_map(|a| [(*a, Proto::Tcp, Answer::Echo), (*a, Proto::Udp, Answer::Echo)]).collect();
+        Self::spawn(ns, specs)
+    }
+
+    fn spawn(ns: &Netns, specs: Vec<(SocketAddr, Proto, Answer)>) -> Servers {
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
-        for (addr, proto, name) in specs {
-            let addr: SocketAddr = addr.parse().expect("server address");
-            let (name, stop) = (name.to_string(), Arc::clone(&stop));
+        for (addr, proto, answer) in specs {
+            let stop = Arc::clone(&stop);
             // Bind in the namespace, then serve on a thread of our own.
             let handle = match proto {
                 Proto::Tcp => {
                     let listener =
                         ns.run(move || TcpListener::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}")));
                     listener.set_nonblocking(true).unwrap();
-                    std::thread::spawn(move || serve_tcp(listener, name, stop))
+                    std::thread::spawn(move || serve_tcp(listener, answer, stop))
                 }
                 Proto::Udp => {
                     let socket = ns.run(move || UdpSocket::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}")));
                     socket.set_read_timeout(Some(POLL)).unwrap();
-                    std::thread::spawn(move || serve_udp(socket, name, stop))
+                    std::thread::spawn(move || serve_udp(socket, answer, stop))
                 }
             };
             threads.push(handle);
@@ -52,13 +77,13 @@ impl Servers {
     }
 }
 
-fn serve_tcp(listener: TcpListener, name: String, stop: Arc<AtomicBool>) {
+fn serve_tcp(listener: TcpListener, answer: Answer, stop: Arc<AtomicBool>) {
     let mut handlers = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
-            Ok((conn, _)) => {
-                let (name, stop) = (name.clone(), Arc::clone(&stop));
-                handlers.push(std::thread::spawn(move || serve_conn(conn, &name, &stop)));
+            Ok((conn, peer)) => {
+                let (answer, stop) = (answer.clone(), Arc::clone(&stop));
+                handlers.push(std::thread::spawn(move || serve_conn(conn, peer, &answer, &stop)));
             }
             Err(_) => std::thread::sleep(Duration::from_millis(5)),
         }
@@ -68,29 +93,42 @@ fn serve_tcp(listener: TcpListener, name: String, stop: Arc<AtomicBool>) {
     }
 }
 
-fn serve_conn(mut conn: TcpStream, name: &str, stop: &AtomicBool) {
+fn serve_conn(mut conn: TcpStream, peer: SocketAddr, answer: &Answer, stop: &AtomicBool) {
     let _ = conn.set_nonblocking(false);
     let _ = conn.set_read_timeout(Some(POLL));
-    let mut buf = [0u8; 512];
+    if let Answer::Echo = answer {
+        let server = conn.local_addr().map(|a| a.ip().to_string()).unwrap_or_default();
+        if conn.write_all(format!("{} {server}\n", peer.ip()).as_bytes()).is_err() {
+            return;
+        }
+    }
+    let mut buf = [0u8; 16384];
     while !stop.load(Ordering::Relaxed) {
-        match conn.read(&mut buf) {
+        let n = match conn.read(&mut buf) {
             Ok(0) => return,
-            Ok(_) => {
-                if conn.write_all(format!("{name}\n").as_bytes()).is_err() {
-                    return;
-                }
-            }
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Ok(n) => n,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => continue,
             Err(_) => return,
+        };
+        let written = match answer {
+            Answer::Name(name) => conn.write_all(format!("{name}\n").as_bytes()),
+            Answer::Echo => conn.write_all(&buf[..n]),
+        };
+        if written.is_err() {
+            return;
         }
     }
 }
 
-fn serve_udp(socket: UdpSocket, name: String, stop: Arc<AtomicBool>) {
+fn serve_udp(socket: UdpSocket, answer: Answer, stop: Arc<AtomicBool>) {
     let mut buf = [0u8; 512];
     while !stop.load(Ordering::Relaxed) {
         if let Ok((_, from)) = socket.recv_from(&mut buf) {
-            let _ = socket.send_to(format!("{name}\n").as_bytes(), from);
+            let reply = match &answer {
+                Answer::Name(name) => format!("{name}\n"),
+                Answer::Echo => format!("{}\n", from.ip()),
+            };
+            let _ = socket.send_to(reply.as_bytes(), from);
         }
     }
 }

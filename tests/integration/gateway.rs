@@ -12,35 +12,34 @@ use hm_testkit::wait_until;
 use crate::fixtures::*;
 use crate::sites::*;
 
-/// Counters on A's gateway's WAN link: VXLAN with our VNI and port in
-/// each direction, from and to A's `local_ip`, and site traffic that is
-/// not encapsulated (must stay 0).
-const WAN_COUNTERS: &str = r#"
-table inet hmtest {
-    counter vxlan_out {}
-    counter vxlan_in {}
-    counter bare {}
-    chain out {
+/// Counts, on A's gateway's WAN link, VXLAN with our VNI and port in each
+/// direction from and to A's `local_ip` (of the underlay `u`), and site
+/// traffic that is not encapsulated (must stay 0).
+fn count_wan_traffic(sites: &Sites, u: &Underlay) {
+    let ip = if u.wan_local.contains(':') { "ip6" } else { "ip" };
+    let local = u.wan_local;
+    let rules = format!(
+        r#"
+table inet hmtest {{
+    counter vxlan_out {{}}
+    counter vxlan_in {{}}
+    counter bare {{}}
+    chain out {{
         type filter hook postrouting priority 0; policy accept;
-        oifname "wan" ip saddr 198.51.100.11 udp dport 8472 @th,96,24 7001 counter name vxlan_out
-        oifname "wan" ip daddr { 10.10.0.0/16, 10.20.0.0/16 } counter name bare
-        oifname "wan" ip6 daddr { fd10::/16, fd20::/16 } counter name bare
-    }
-    chain in {
+        oifname "wan" {ip} saddr {local} udp dport {VXLAN_PORT} @th,96,24 {VNI} counter name vxlan_out
+        oifname "wan" ip daddr {{ 10.10.0.0/16, 10.20.0.0/16 }} counter name bare
+        oifname "wan" ip6 daddr {{ fd10::/16, fd20::/16 }} counter name bare
+    }}
+    chain in {{
         type filter hook prerouting priority 0; policy accept;
-        iifname "wan" ip daddr 198.51.100.11 udp dport 8472 @th,96,24 7001 counter name vxlan_in
-        iifname "wan" ip saddr { 10.10.0.0/16, 10.20.0.0/16 } counter name bare
-        iifname "wan" ip6 saddr { fd10::/16, fd20::/16 } counter name bare
-    }
-}
-"#;
-
-fn load_nft(host: &Host, rules: &str) {
-    use std::io::Write;
-    let mut child =
-        host.ns.command("nft").args(["-f", "-"]).stdin(std::process::Stdio::piped()).spawn().expect("run nft");
-    child.stdin.take().expect("stdin").write_all(rules.as_bytes()).expect("write rules");
-    assert!(child.wait().expect("nft").success(), "nft rejected the counters");
+        iifname "wan" {ip} daddr {local} udp dport {VXLAN_PORT} @th,96,24 {VNI} counter name vxlan_in
+        iifname "wan" ip saddr {{ 10.10.0.0/16, 10.20.0.0/16 }} counter name bare
+        iifname "wan" ip6 saddr {{ fd10::/16, fd20::/16 }} counter name bare
+    }}
+}}
+"#
+    );
+    sites.ga.ns.exec_with_input("nft", &["-f", "-"], &rules);
 }
 
 fn counter(sites: &Sites, name: &str) -> u64 {
@@ -86,7 +85,7 @@ fn ask_service(sites: &Sites) -> String {
 fn members_of_two_sites_talk_through_their_gateways() {
     let _serial = serial();
     let sites = Sites::start(REMOTE_SERVICE);
-    load_nft(&sites.ga, WAN_COUNTERS);
+    count_wan_traffic(&sites, &UNDERLAY_V4);
     let logs = || sites.logs();
 
     // TCP and UDP, A -> B and B -> A; each side sees the other's workload
@@ -233,7 +232,7 @@ fn a_gateway_learns_which_member_started_a_flow_and_forgets_it_when_idle() {
 fn ipv6_workloads_cross_the_ipv4_underlay_both_ways() {
     let _serial = serial();
     let sites = Sites::start("");
-    load_nft(&sites.ga, WAN_COUNTERS);
+    count_wan_traffic(&sites, &UNDERLAY_V4);
     let logs = || sites.logs();
     let at = |ip: &str| format!("[{ip}]:{ECHO_PORT}");
     let route = sites.ma.ns.ip(&["-6", "route", "show", "fd20::/16"]);
@@ -251,32 +250,11 @@ fn ipv6_workloads_cross_the_ipv4_underlay_both_ways() {
     assert_eq!(counter(&sites, "bare"), 0, "unencapsulated site traffic on the WAN");
 }
 
-/// The WAN counters for the IPv6 underlay.
-const WAN_COUNTERS_V6: &str = r#"
-table inet hmtest {
-    counter vxlan_out {}
-    counter vxlan_in {}
-    counter bare {}
-    chain out {
-        type filter hook postrouting priority 0; policy accept;
-        oifname "wan" ip6 saddr 2001:db8:f::11 udp dport 8472 @th,96,24 7001 counter name vxlan_out
-        oifname "wan" ip daddr { 10.10.0.0/16, 10.20.0.0/16 } counter name bare
-        oifname "wan" ip6 daddr { fd10::/16, fd20::/16 } counter name bare
-    }
-    chain in {
-        type filter hook prerouting priority 0; policy accept;
-        iifname "wan" ip6 daddr 2001:db8:f::11 udp dport 8472 @th,96,24 7001 counter name vxlan_in
-        iifname "wan" ip saddr { 10.10.0.0/16, 10.20.0.0/16 } counter name bare
-        iifname "wan" ip6 saddr { fd10::/16, fd20::/16 } counter name bare
-    }
-}
-"#;
-
 #[test]
 fn an_ipv6_underlay_carries_both_families_and_its_peers_are_probed() {
     let _serial = serial();
     let sites = Sites::start_with(&UNDERLAY_V6, "", "");
-    load_nft(&sites.ga, WAN_COUNTERS_V6);
+    count_wan_traffic(&sites, &UNDERLAY_V6);
     let logs = || sites.logs();
     // 1500 less 70 bytes of VXLAN over IPv6.
     let route = sites.ma.ns.ip(&["route", "show", "10.20.0.0/16"]);

@@ -19,14 +19,11 @@
 //! underlay routes them. Every host runs its own hostmesh.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
-use hm_testkit::{Daemon, Netns};
+use hm_testkit::{Daemon, Netns, Servers};
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, SockaddrStorage};
 
 use crate::fixtures::*;
@@ -82,26 +79,52 @@ pub const UNDERLAY_V6: Underlay = Underlay {
     prefix: 64,
 };
 
-fn gateway(local: &str, extra: &str) -> String {
+/// A site's addresses, and the member host it has.
+struct Site {
+    name: &'static str,
+    cidrs: &'static str,
+    member: &'static str,
+    member_cidrs: &'static str,
+}
+
+const SITE_A: Site = Site {
+    name: "site-a",
+    cidrs: r#""10.10.0.0/16", "fd10::/16""#,
+    member: "ma",
+    member_cidrs: r#""10.10.1.0/24", "fd10:1::/64""#,
+};
+
+const SITE_B: Site = Site {
+    name: "site-b",
+    cidrs: r#""10.20.0.0/16", "fd20::/16""#,
+    member: "mb",
+    member_cidrs: r#""10.20.1.0/24", "fd20:1::/64""#,
+};
+
+/// A gateway at `local` of site `own` (its member at `member_ip`), peered
+/// with the gateway of site `remote` at `remote_ip`.
+fn gateway(local: &str, own: &Site, member_ip: &str, remote: &Site, remote_ip: &str) -> String {
     format!(
         "[gateway]\nrole = \"gateway\"\nlocal_ip = \"{local}\"\nvni = {VNI}\nudp_port = {VXLAN_PORT}\n\
-         probe_interval = \"{PROBE_INTERVAL_MS}ms\"\nprobe_loss = {PROBE_LOSS}\n{extra}"
+         probe_interval = \"{PROBE_INTERVAL_MS}ms\"\nprobe_loss = {PROBE_LOSS}\n\
+         [[peer]]\nname = \"{}\"\nendpoint = \"{remote_ip}\"\ncidrs = [{}]\n\
+         [[member]]\nname = \"{}\"\nendpoint = \"{member_ip}\"\ncidrs = [{}]\n",
+        remote.name, remote.cidrs, own.member, own.member_cidrs
     )
 }
 
-fn member(local: &str, gateway_ip: &str, extra: &str) -> String {
+/// A member at `local` behind the gateway at `gateway_ip`, reaching `remote`.
+fn member(local: &str, gateway_ip: &str, remote: &Site) -> String {
     format!(
         "[gateway]\nrole = \"member\"\nlocal_ip = \"{local}\"\ngateway_ip = \"{gateway_ip}\"\nvni = {VNI}\n\
-         udp_port = {VXLAN_PORT}\n{extra}"
+         udp_port = {VXLAN_PORT}\n[[peer]]\nname = \"{}\"\ncidrs = [{}]\n",
+        remote.name, remote.cidrs
     )
 }
-
-const PEER_B: &str = "[[peer]]\nname = \"site-b\"\ncidrs = [\"10.20.0.0/16\", \"fd20::/16\"]\n";
-const PEER_A: &str = "[[peer]]\nname = \"site-a\"\ncidrs = [\"10.10.0.0/16\", \"fd10::/16\"]\n";
 
 /// Field order is drop order: echo servers and daemons first, then hosts.
 pub struct Sites {
-    _echo: Echo,
+    _echo: Servers,
     pub daemons: Vec<Daemon>,
     pub ma: Host,
     pub ga: Host,
@@ -144,34 +167,13 @@ impl Sites {
         ma.ns.ip(&["addr", "add", &format!("{MA_WORKLOAD6}/128"), "dev", "lo", "nodad"]);
         mb.ns.ip(&["addr", "add", &format!("{MB_WORKLOAD6}/128"), "dev", "lo", "nodad"]);
 
-        ma.write("gateway.toml", &format!("{}{PEER_B}{extra_ma}", member(u.ma, u.ga_lan, "")));
-        mb.write("gateway.toml", &format!("{}{PEER_A}", member(u.mb, u.gb_lan, "")));
-        ga.write(
-            "gateway.toml",
-            &gateway(
-                u.wan_local,
-                &format!(
-                    "[[peer]]\nname = \"site-b\"\nendpoint = \"{}\"\ncidrs = [\"10.20.0.0/16\", \"fd20::/16\"]\n\
-                     [[member]]\nname = \"ma\"\nendpoint = \"{}\"\ncidrs = [\"10.10.1.0/24\", \"fd10:1::/64\"]\n",
-                    u.gb_wan, u.ma
-                ),
-            ),
-        );
-        gb.write(
-            "gateway.toml",
-            &gateway(
-                u.gb_wan,
-                &format!(
-                    "[[peer]]\nname = \"site-a\"\nendpoint = \"{}\"\ncidrs = [\"10.10.0.0/16\", \"fd10::/16\"]\n\
-                     [[member]]\nname = \"mb\"\nendpoint = \"{}\"\ncidrs = [\"10.20.1.0/24\", \"fd20:1::/64\"]\n",
-                    u.wan_local, u.mb
-                ),
-            ),
-        );
-        let echo = Echo::start(&mb.ns, &format!("{MB_WORKLOAD}:{ECHO_PORT}").parse().unwrap())
-            .and(Echo::start(&ma.ns, &format!("{MA_WORKLOAD}:{ECHO_PORT}").parse().unwrap()))
-            .and(Echo::start(&mb.ns, &format!("[{MB_WORKLOAD6}]:{ECHO_PORT}").parse().unwrap()))
-            .and(Echo::start(&ma.ns, &format!("[{MA_WORKLOAD6}]:{ECHO_PORT}").parse().unwrap()));
+        ma.write("gateway.toml", &format!("{}{extra_ma}", member(u.ma, u.ga_lan, &SITE_B)));
+        mb.write("gateway.toml", &member(u.mb, u.gb_lan, &SITE_A));
+        ga.write("gateway.toml", &gateway(u.wan_local, &SITE_A, u.ma, &SITE_B, u.gb_wan));
+        gb.write("gateway.toml", &gateway(u.gb_wan, &SITE_B, u.mb, &SITE_A, u.wan_local));
+        let at = |ip: &str| SocketAddr::new(ip.parse().expect("workload address"), ECHO_PORT);
+        let echo = Servers::echo(&mb.ns, &[at(MB_WORKLOAD), at(MB_WORKLOAD6)])
+            .join(Servers::echo(&ma.ns, &[at(MA_WORKLOAD), at(MA_WORKLOAD6)]));
         let daemons = [&ma, &ga, &gb, &mb].iter().map(|h| h.start_ready()).collect();
         Sites { _echo: echo, daemons, ma, ga, gb, mb }
     }
@@ -263,92 +265,4 @@ pub fn udp_exchange(ns: &Netns, src: &str, dst: &str) -> std::io::Result<String>
     let mut buf = [0u8; 128];
     let (n, _) = sock.recv_from(&mut buf)?;
     Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
-}
-
-/// A TCP and UDP server that tells each client the address it sees it as
-/// (TCP: a greeting line "<client> <server>", then echoes everything; UDP:
-/// one answer "<client>" per datagram). Stops when dropped.
-pub struct Echo {
-    stops: Vec<Arc<AtomicBool>>,
-    threads: Vec<JoinHandle<()>>,
-}
-
-impl Echo {
-    pub fn start(ns: &Netns, addr: &SocketAddr) -> Echo {
-        let addr = *addr;
-        let (listener, udp) = ns.run(move || {
-            let l = TcpListener::bind(addr).unwrap_or_else(|e| panic!("bind tcp {addr}: {e}"));
-            let u = UdpSocket::bind(addr).unwrap_or_else(|e| panic!("bind udp {addr}: {e}"));
-            (l, u)
-        });
-        listener.set_nonblocking(true).unwrap();
-        udp.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let tcp_stop = Arc::clone(&stop);
-        let udp_stop = Arc::clone(&stop);
-        let tcp = std::thread::spawn(move || {
-            let mut conns = Vec::new();
-            while !tcp_stop.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((conn, peer)) => {
-                        let stop = Arc::clone(&tcp_stop);
-                        conns.push(std::thread::spawn(move || echo_conn(conn, peer, &stop)));
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
-                }
-            }
-            for c in conns {
-                let _ = c.join();
-            }
-        });
-        let udp = std::thread::spawn(move || {
-            let mut buf = [0u8; 512];
-            while !udp_stop.load(Ordering::Relaxed) {
-                if let Ok((_, from)) = udp.recv_from(&mut buf) {
-                    let _ = udp.send_to(format!("{}\n", from.ip()).as_bytes(), from);
-                }
-            }
-        });
-        Echo { stops: vec![stop], threads: vec![tcp, udp] }
-    }
-
-    /// One guard for both.
-    pub fn and(mut self, mut other: Echo) -> Echo {
-        self.stops.append(&mut other.stops);
-        self.threads.append(&mut other.threads);
-        self
-    }
-}
-
-fn echo_conn(mut conn: TcpStream, peer: SocketAddr, stop: &AtomicBool) {
-    let _ = conn.set_nonblocking(false);
-    let _ = conn.set_read_timeout(Some(Duration::from_millis(50)));
-    let server = conn.local_addr().map(|a| a.ip().to_string()).unwrap_or_default();
-    if conn.write_all(format!("{} {server}\n", peer.ip()).as_bytes()).is_err() {
-        return;
-    }
-    let mut buf = [0u8; 16384];
-    while !stop.load(Ordering::Relaxed) {
-        match conn.read(&mut buf) {
-            Ok(0) => return,
-            Ok(n) => {
-                if conn.write_all(&buf[..n]).is_err() {
-                    return;
-                }
-            }
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
-            Err(_) => return,
-        }
-    }
-}
-
-impl Drop for Echo {
-    fn drop(&mut self) {
-        for s in &self.stops {
-            s.store(true, Ordering::Relaxed);
-        }
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-    }
 }
