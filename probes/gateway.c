@@ -87,16 +87,6 @@ static __always_inline struct hm_gw_config *gw_config(void)
 	return (cfg && cfg->role) ? cfg : NULL;
 }
 
-static __always_inline int is_v4(const __u8 a[16])
-{
-	__u64 hi;
-	__u32 mid;
-
-	__builtin_memcpy(&hi, a, 8);
-	__builtin_memcpy(&mid, a + 8, 4);
-	return hi == 0 && mid == bpf_htonl(0xffff);
-}
-
 /* The tunnel source of a packet that came out of the tunnel. */
 static __always_inline int tunnel_source(struct __sk_buff *skb, __u8 addr[16], __u32 *vni)
 {
@@ -124,12 +114,12 @@ static __always_inline int set_destination(struct __sk_buff *skb, const struct h
 
 	key.tunnel_id = cfg->vni;
 	key.tunnel_ttl = 64;
-	if (is_v4(to)) {
+	if (hm_is_v4(to)) {
 		__u32 v4;
 
 		__builtin_memcpy(&v4, to + 12, 4);
 		key.remote_ipv4 = bpf_ntohl(v4);
-		if (is_v4(cfg->local)) {
+		if (hm_is_v4(cfg->local)) {
 			__builtin_memcpy(&v4, cfg->local + 12, 4);
 			key.local_ipv4 = bpf_ntohl(v4);
 		}
@@ -139,20 +129,9 @@ static __always_inline int set_destination(struct __sk_buff *skb, const struct h
 		return bpf_skb_set_tunnel_key(skb, &key, sizeof(key), BPF_F_ZERO_CSUM_TX);
 	}
 	__builtin_memcpy(key.remote_ipv6, to, 16);
-	if (!is_v4(cfg->local))
+	if (!hm_is_v4(cfg->local))
 		__builtin_memcpy(key.local_ipv6, cfg->local, 16);
 	return bpf_skb_set_tunnel_key(skb, &key, sizeof(key), BPF_F_TUNINFO_IPV6);
-}
-
-static __always_inline int same_addr(const __u8 a[16], const __u8 b[16])
-{
-	__u64 a0, a1, b0, b1;
-
-	__builtin_memcpy(&a0, a, 8);
-	__builtin_memcpy(&a1, a + 8, 8);
-	__builtin_memcpy(&b0, b, 8);
-	__builtin_memcpy(&b1, b + 8, 8);
-	return a0 == b0 && a1 == b1;
 }
 
 static __always_inline void refresh(struct hm_gw_ct_value *v)
@@ -249,7 +228,7 @@ int hm_tun_in(struct __sk_buff *skb)
 		struct hm_gw_ct_value v = {};
 		tuple_key(&rk, &f, 1);
 		known = bpf_map_lookup_elem(&HM_GW_CT, &rk);
-		if (known && same_addr(known->member, sender.addr)) {
+		if (known && hm_same_addr(known->member, sender.addr)) {
 			refresh(known);
 			return TC_ACT_OK;
 		}

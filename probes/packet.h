@@ -33,6 +33,27 @@ static __always_inline void hm_v4_mapped(__u8 addr[16], __be32 v4)
 	__builtin_memcpy(&addr[12], &v4, 4);
 }
 
+/* Is a 16-byte address IPv4-mapped? */
+static __always_inline int hm_is_v4(const __u8 a[16])
+{
+	__u64 hi;
+	__u32 mid;
+
+	__builtin_memcpy(&hi, a, 8);
+	__builtin_memcpy(&mid, a + 8, 4);
+	return hi == 0 && mid == bpf_htonl(0xffff);
+}
+
+/* memcmp is a library call BPF does not have: compare two 64-bit halves. */
+static __always_inline int hm_same_addr(const __u8 a[16], const __u8 b[16])
+{
+	__u64 x[2], y[2];
+
+	__builtin_memcpy(x, a, 16);
+	__builtin_memcpy(y, b, 16);
+	return x[0] == y[0] && x[1] == y[1];
+}
+
 /* What hostmesh needs to know about a packet. */
 struct flow {
 	__u8 src[16];

@@ -68,16 +68,6 @@ static __always_inline void write_addr(struct bpf_sock_addr *ctx, int v6, const 
 	ctx->user_port = (__u32)port;
 }
 
-/* memcmp is a library call BPF does not have: compare two 64-bit halves. */
-static __always_inline int same_addr(const __u8 a[16], const __u8 b[16])
-{
-	__u64 x[2], y[2];
-
-	__builtin_memcpy(x, a, 16);
-	__builtin_memcpy(y, b, 16);
-	return x[0] == y[0] && x[1] == y[1];
-}
-
 static __always_inline int refuse(void)
 {
 	bpf_set_retval(-ECONNREFUSED);
@@ -126,7 +116,7 @@ static __always_inline int to_backend(struct bpf_sock_addr *ctx, int v6)
 	 * when it is not already there (an LRU update costs far more than a
 	 * lookup). */
 	known = bpf_map_lookup_elem(&HM_REVERSE_SOCK, &rk);
-	if (!known || known->port != key.port || !same_addr(known->addr, key.addr)) {
+	if (!known || known->port != key.port || !hm_same_addr(known->addr, key.addr)) {
 		__builtin_memcpy(rv.addr, key.addr, 16);
 		rv.port = key.port;
 		bpf_map_update_elem(&HM_REVERSE_SOCK, &rk, &rv, BPF_ANY);
