@@ -1,5 +1,5 @@
 //! Compiles every eBPF probe under `probes/` with clang into `OUT_DIR`, where
-//! `src/dataplane/objects.rs` embeds them with `include_bytes_aligned!`.
+//! `src/backends/bpf/objects.rs` embeds them with `include_bytes_aligned!`.
 //! The probes are C (DESIGN.md, "Fixed choices"); clang and libbpf's headers
 //! come from Debian (`apt-get install -y clang libbpf-dev`).
 
@@ -9,8 +9,18 @@ use std::{
     process::Command,
 };
 
-/// Every probe the daemon embeds. One C file per feature.
-const PROBES: &[&str] = &["service_nat", "service_ctlb", "mesh", "gateway"];
+/// Every object the daemon embeds: (object name, C file, extra defines).
+/// One C file per feature; a file built twice is a variant for kernels
+/// that lack something (model/kernel.rs says which).
+const PROBES: &[(&str, &str, &[&str])] = &[
+    ("service_nat", "service_nat", &[]),
+    ("service_ctlb", "service_ctlb", &[]),
+    // Without bpf_set_retval() (before 5.18): refusals are EPERM.
+    ("service_ctlb_eperm", "service_ctlb", &["-DHM_NO_SET_RETVAL"]),
+    ("mesh", "mesh", &[]),
+    ("gateway", "gateway", &[]),
+    ("netns_cookie", "netns_cookie", &[]),
+];
 
 fn main() {
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
@@ -22,19 +32,20 @@ fn main() {
     for header in ["hostmesh_abi.h", "service_maps.h", "packet.h"] {
         println!("cargo:rerun-if-changed={}", probes.join(header).display());
     }
-    for probe in PROBES {
-        let src = probes.join(format!("{probe}.c"));
+    for (object, source, defines) in PROBES {
+        let src = probes.join(format!("{source}.c"));
         println!("cargo:rerun-if-changed={}", src.display());
-        compile(&clang, &src, &out.join(format!("{probe}.o")), &probes);
+        compile(&clang, &src, &out.join(format!("{object}.o")), &probes, defines);
     }
 }
 
-fn compile(clang: &str, src: &Path, obj: &Path, include: &Path) {
+fn compile(clang: &str, src: &Path, obj: &Path, include: &Path, defines: &[&str]) {
     let arch_include = format!("/usr/include/{}-linux-gnu", env::consts::ARCH);
     let output = Command::new(clang)
         .args(["-O2", "-g", "-target", "bpf", "-Wall", "-Werror", "-c"])
         .arg(format!("-I{}", include.display()))
         .arg(format!("-I{arch_include}"))
+        .args(defines)
         .arg(src)
         .arg("-o")
         .arg(obj)

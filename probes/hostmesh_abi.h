@@ -208,4 +208,9 @@ struct hm_gw_ct_value {
 };
 _Static_assert(sizeof(struct hm_gw_ct_value) == 24, "hm_gw_ct_value layout");
 
+/* probes/netns_cookie.c records the cookie of sockets that connect to
+ * this address and port over UDP (127.0.0.1:9, discard: nothing is sent). */
+#define HM_NETNS_COOKIE_ADDR 0x7f000001
+#define HM_NETNS_COOKIE_PORT 9
+
 #endif /* HOSTMESH_ABI_H */

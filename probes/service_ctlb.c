@@ -10,7 +10,7 @@
  * - What the socket asked for is remembered in HM_REVERSE_SOCK, so that
  *   getpeername() and recvmsg() show the VIP, not the backend.
  * - A VIP with no backends refuses at once: connect() fails with
- *   ECONNREFUSED.
+ *   ECONNREFUSED (EPERM on kernels without bpf_set_retval()).
  * - The programs act only in the daemon's network namespace (netns
  *   cookie), so daemons in two namespaces never see each other's services,
  *   even when attached to the same cgroup; and only for the protocols the
@@ -68,9 +68,14 @@ static __always_inline void write_addr(struct bpf_sock_addr *ctx, int v6, const 
 	ctx->user_port = (__u32)port;
 }
 
+/* Returning 0 refuses the call with EPERM; bpf_set_retval() (5.18) makes
+ * it the ECONNREFUSED a closed port gives. Built without it as
+ * service_ctlb_eperm.o for older kernels (daemon/build.rs). */
 static __always_inline int refuse(void)
 {
+#ifndef HM_NO_SET_RETVAL
 	bpf_set_retval(-ECONNREFUSED);
+#endif
 	return 0;
 }
 

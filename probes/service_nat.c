@@ -278,7 +278,13 @@ int hm_natout(struct __sk_buff *skb)
 }
 
 /* TC ingress on host interfaces and lo: replies from backends get their
- * VIP back as the source. Everything else passes untouched. */
+ * VIP back as the source. Everything else passes untouched.
+ *
+ * These are other tools' interfaces too: every packet goes on with
+ * TC_ACT_UNSPEC ("next"), so TC programs and filters after hostmesh's
+ * still see it (TC_ACT_OK would end classification there). A translated
+ * reply no longer matches any reverse entry, so a second copy of this
+ * program (while a hook moves between TCX and clsact) leaves it alone. */
 SEC("classifier")
 int hm_reply(struct __sk_buff *skb)
 {
@@ -290,11 +296,11 @@ int hm_reply(struct __sk_buff *skb)
 	__u64 now;
 
 	if (parse(skb, &f) != PARSED)
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	ct_key(&rk, f.src, f.dst, f.sport, f.dport, f.proto, HM_CT_REVERSE);
 	rev = bpf_map_lookup_elem(&HM_CT, &rk);
 	if (!rev)
-		return TC_ACT_OK;
+		return TC_ACT_UNSPEC;
 	now = bpf_ktime_get_ns();
 	rev->last_seen_ns = now;
 	rev->flags |= HM_CT_F_REPLIED | closing(&f);
@@ -311,7 +317,7 @@ int hm_reply(struct __sk_buff *skb)
 
 	if (rewrite(skb, &f, 0, vip, vport))
 		return TC_ACT_SHOT;
-	return TC_ACT_OK;
+	return TC_ACT_UNSPEC;
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

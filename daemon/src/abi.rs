@@ -211,6 +211,11 @@ pub const MESH_MAP_SIZE: u32 = 16384;
 pub const MIN_MESH_MAP_SIZE: u32 = 4096;
 pub const MAX_MESH_MAP_SIZE: u32 = 1 << 20;
 
+/// probes/netns_cookie.c answers sockets that connect here over UDP
+/// (`HM_NETNS_COOKIE_ADDR`, `HM_NETNS_COOKIE_PORT`).
+pub const NETNS_COOKIE_ADDR: std::net::Ipv4Addr = std::net::Ipv4Addr::new(127, 0, 0, 1);
+pub const NETNS_COOKIE_PORT: u16 = 9;
+
 /// An address as the probes store it: IPv6, or IPv4-mapped.
 pub fn addr16(ip: IpAddr) -> [u8; 16] {
     match ip {

@@ -13,6 +13,7 @@ use crate::backends::netlink::{owned_links, Rtnetlink};
 use crate::backends::nft::NftCli;
 use crate::backends::sysctl::ProcSys;
 use crate::backends::{BackendError, NetBackend, NftBackend, SysctlBackend};
+use crate::model::KernelFeatures;
 use crate::paths::Paths;
 use crate::reconcile::SysctlOriginals;
 use crate::state::STATUS_FILE;
@@ -36,11 +37,11 @@ pub fn teardown(paths: &Paths) -> Result<Vec<String>, TeardownError> {
 
     // Programs first: unpinning a link detaches its program, so nothing
     // steers traffic into a veth that is about to go.
+    // clsact filters are found on the qdiscs, pin dir or not. (Teardown
+    // removes TCX links and filters alike, whatever this kernel has.)
+    let mut bpf = PinnedBpf::new(&paths.bpffs, KernelFeatures::complete());
+    done.extend(bpf.remove_all()?);
     if paths.bpffs.exists() {
-        let mut bpf = PinnedBpf::new(&paths.bpffs);
-        for removed in bpf.remove_all().map_err(io_err(format!("remove pins in {}", paths.bpffs.display())))? {
-            done.push(format!("unpinned {removed}"));
-        }
         remove_pin_dir(&paths.bpffs, &mut done)?;
     }
 
@@ -91,7 +92,7 @@ pub fn teardown(paths: &Paths) -> Result<Vec<String>, TeardownError> {
 
 /// Removes the pin dir; if hostmesh mounted a bpffs on it, unmounts it.
 fn remove_pin_dir(dir: &Path, done: &mut Vec<String>) -> Result<(), TeardownError> {
-    for sub in ["maps", "links", "progs"] {
+    for sub in ["maps", "links", "progs", "qdiscs"] {
         let p = dir.join(sub);
         if p.exists() {
             fs::remove_dir(&p).map_err(io_err(format!("remove {}", p.display())))?;

@@ -112,8 +112,9 @@ impl Daemon {
         self.notify.wait_for("READY=1", 0, timeout).unwrap_or_else(|e| panic!("{e}\ndaemon log:\n{}", self.log_text()))
     }
 
-    /// Sends SIGTERM and waits for the exit (at most `timeout`).
+    /// Sends SIGTERM and waits for the exit (at most `timeout`, scaled).
     pub fn stop(&mut self, timeout: Duration) -> ExitStatus {
+        let timeout = crate::scaled(timeout);
         self.signal(Signal::SIGTERM);
         self.wait_exit(timeout)
             .unwrap_or_else(|| panic!("hostmesh did not exit within {timeout:?}\n{}", self.log_text()))
@@ -140,7 +141,7 @@ impl Drop for Daemon {
         if let Some(child) = &self.child {
             let pid = Pid::from_raw(child.id() as i32);
             let _ = kill(pid, Signal::SIGTERM);
-            if self.wait_exit(Duration::from_secs(5)).is_none() {
+            if self.wait_exit(crate::scaled(Duration::from_secs(5))).is_none() {
                 if let Some(mut child) = self.child.take() {
                     let _ = child.kill();
                     let _ = child.wait();

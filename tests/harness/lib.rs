@@ -25,7 +25,7 @@ pub use netns::Netns;
 pub use notify::NotifyListener;
 pub use servers::{Proto, Servers};
 pub use tempdir::TempDir;
-pub use wait::{wait_until, Waited};
+pub use wait::{scaled, scaled_secs, time_scale, wait_until, Waited};
 
 /// A name unique to this process and call, for namespaces and dirs.
 pub fn unique(prefix: &str) -> String {

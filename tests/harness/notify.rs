@@ -50,8 +50,9 @@ impl NotifyListener {
     }
 
     /// Waits for a message (at index >= `from`) containing the line `line`
-    /// (`READY=1`); returns its index.
+    /// (`READY=1`) for at most `timeout` (scaled); returns its index.
     pub fn wait_for(&self, line: &str, from: usize, timeout: Duration) -> Result<usize, String> {
+        let timeout = crate::scaled(timeout);
         let deadline = Instant::now() + timeout;
         let (lock, cv) = &*self.messages;
         let mut msgs = lock.lock().unwrap();

@@ -5,9 +5,28 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone, Copy)]
 pub struct Waited(pub Duration);
 
-/// Polls `cond` every 20 ms until it holds or `timeout` passes. Returns
-/// how long it took, or an error naming `what`.
+/// How many times slower than a 2-CPU host this machine runs the suite
+/// (`HM_TEST_TIME_SCALE`, default 1): a VM under software emulation
+/// (`scripts/test-kernels`) is 3 to 10 times slower. Every deadline and
+/// every timing bound the tests assert is multiplied by it.
+pub fn time_scale() -> u32 {
+    std::env::var("HM_TEST_TIME_SCALE").ok().and_then(|v| v.parse().ok()).filter(|n| *n >= 1).unwrap_or(1)
+}
+
+/// `d` on this machine.
+pub fn scaled(d: Duration) -> Duration {
+    d * time_scale()
+}
+
+/// `secs` seconds on this machine (bounds on times a client measured).
+pub fn scaled_secs(secs: f64) -> f64 {
+    secs * f64::from(time_scale())
+}
+
+/// Polls `cond` every 20 ms until it holds or `timeout` (scaled) passes.
+/// Returns how long it took, or an error naming `what`.
 pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) -> Result<Waited, String> {
+    let timeout = scaled(timeout);
     let start = Instant::now();
     loop {
         if cond() {

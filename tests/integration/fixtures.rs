@@ -81,9 +81,20 @@ impl Host {
         host
     }
 
-    /// Rewrites `00-daemon.toml`: the test cgroup plus `extra` lines.
+    /// Rewrites `00-daemon.toml`: the test cgroup plus `extra` lines (and
+    /// the TC attach mode of `HM_TEST_TC_ATTACH`, when the suite runs in
+    /// one, unless `extra` sets it).
     pub fn set_daemon_config(&self, extra: &str) {
-        self.write("00-daemon.toml", &format!("[daemon]\ncgroup = \"{}\"\n{extra}\n", self.cgroup.path().display()));
+        self.set_daemon_config_in(self.cgroup.path(), extra);
+    }
+
+    /// As `set_daemon_config`, with the connect-time programs on `cgroup`.
+    pub fn set_daemon_config_in(&self, cgroup: &Path, extra: &str) {
+        let tc = match std::env::var("HM_TEST_TC_ATTACH") {
+            Ok(mode) if !extra.contains("tc_attach") => format!("tc_attach = \"{mode}\"\n"),
+            _ => String::new(),
+        };
+        self.write("00-daemon.toml", &format!("[daemon]\ncgroup = \"{}\"\n{tc}{extra}\n", cgroup.display()));
     }
 
     pub fn start(&self) -> Daemon {
@@ -136,5 +147,103 @@ impl Host {
         args.extend(self.opts.path_args());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         self.hostmesh(&args)
+    }
+}
+
+/// A filter on a clsact qdisc, as `tc -j filter show` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcFilter {
+    pub dev: String,
+    /// "ingress" or "egress".
+    pub dir: String,
+    pub pref: u64,
+    pub kind: String,
+    /// "0x1" (hexadecimal, as tc prints it).
+    pub handle: String,
+    /// bpf filters: the name given at attach time (`bpf_name`).
+    pub name: Option<String>,
+    /// bpf filters: the program's id.
+    pub prog: Option<u32>,
+}
+
+impl TcFilter {
+    /// At hostmesh's priority and handle, a bpf filter named `hm_*`.
+    pub fn is_hostmesh(&self) -> bool {
+        self.pref == u64::from(hostmesh::backends::netlink::tc::PRIO)
+            && self.handle == "0x1"
+            && self.kind == "bpf"
+            && self.name.as_deref().is_some_and(|n| n.starts_with("hm_"))
+    }
+}
+
+/// Interfaces of `ns` with a clsact qdisc (`tc qdisc show`).
+pub fn clsact_devices(ns: &hm_testkit::Netns) -> Vec<String> {
+    let text = ns.exec("tc", &["-j", "qdisc", "show"]);
+    let qdiscs: Vec<serde_json::Value> =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("tc qdisc: {e}: {text}"));
+    qdiscs.iter().filter(|q| q["kind"] == "clsact").filter_map(|q| q["dev"].as_str().map(String::from)).collect()
+}
+
+/// Every filter on every clsact qdisc of `ns`.
+pub fn tc_filters(ns: &hm_testkit::Netns) -> Vec<TcFilter> {
+    let mut out = Vec::new();
+    for dev in clsact_devices(ns) {
+        for dir in ["ingress", "egress"] {
+            let text = ns.exec("tc", &["-j", "filter", "show", "dev", &dev, dir]);
+            let list: Vec<serde_json::Value> = if text.trim().is_empty() {
+                Vec::new()
+            } else {
+                serde_json::from_str(&text).unwrap_or_else(|e| panic!("tc filter: {e}: {text}"))
+            };
+            // Each priority's head entry has no options.
+            for f in list.iter().filter(|f| f.get("options").is_some()) {
+                let o = &f["options"];
+                out.push(TcFilter {
+                    dev: dev.clone(),
+                    dir: dir.to_string(),
+                    pref: f["pref"].as_u64().unwrap_or(0),
+                    kind: f["kind"].as_str().unwrap_or("").to_string(),
+                    handle: o["handle"].as_str().unwrap_or("").to_string(),
+                    name: o["bpf_name"].as_str().map(String::from),
+                    prog: o["prog"]["id"].as_u64().map(|id| id as u32),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// hostmesh's own filters in `ns`.
+pub fn hostmesh_filters(ns: &hm_testkit::Netns) -> Vec<TcFilter> {
+    tc_filters(ns).into_iter().filter(TcFilter::is_hostmesh).collect()
+}
+
+impl Host {
+    /// How the daemon attaches TC programs here (its status says).
+    pub fn tc_mode(&self) -> hostmesh::model::TcAttach {
+        self.status().kernel.expect("the status has a kernel section").tc_attach
+    }
+
+    /// Every program hostmesh attached, as `(hook, program id)`: pinned
+    /// links by pin name, clsact filters as `name@tc-DIR@DEV`.
+    pub fn attached_programs(&self) -> Vec<(String, u32)> {
+        use std::os::fd::AsFd;
+        let links = self.opts.bpffs.join("links");
+        let mut out: Vec<(String, u32)> = std::fs::read_dir(&links)
+            .map(|dir| {
+                dir.map(|e| {
+                    let name = e.unwrap().file_name().into_string().unwrap();
+                    let fd = hostmesh::backends::bpf::sys::obj_get(&links.join(&name)).unwrap();
+                    (name, hostmesh::backends::bpf::sys::link_info(fd.as_fd()).unwrap().prog_id)
+                })
+                .collect()
+            })
+            .unwrap_or_default();
+        for f in hostmesh_filters(&self.ns) {
+            let id = f.prog.expect("a bpf filter has a program");
+            out.push((format!("{}@tc-{}@{}", f.name.unwrap_or_default(), f.dir, f.dev), id));
+        }
+        out.sort();
+        out
     }
 }

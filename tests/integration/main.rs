@@ -3,6 +3,7 @@
 
 mod fixtures;
 mod gateway;
+mod kernel;
 mod lifecycle;
 mod mesh;
 mod resync;

@@ -190,7 +190,7 @@ fn check_sidecar_lifecycle(backend: &str) {
     // No sidecar on 15001: refused at once, never a hang.
     let v = client(&host, &["refused", "tcp", "10.96.0.60", "80"]);
     assert_eq!(v["error"], "ECONNREFUSED", "{backend}: {v}");
-    assert!(v["seconds"].as_f64().unwrap() < 1.0, "{backend}: {v}");
+    assert!(v["seconds"].as_f64().unwrap() < hm_testkit::scaled_secs(1.0), "{backend}: {v}");
 
     // A sidecar comes, is killed, and another takes the port: connections
     // land on the new one within 1 s.
@@ -206,7 +206,11 @@ fn check_sidecar_lifecycle(backend: &str) {
         tcp_ask(&host.ns, "10.96.0.60:80").is_ok_and(|a| a == "second 10.96.0.60:80")
     })
     .unwrap_or_else(|e| panic!("{backend}: {e}"));
-    assert!(waited.0 < Duration::from_secs(1), "{backend}: {:?} after the sidecar started", started.elapsed());
+    assert!(
+        waited.0 < hm_testkit::scaled(Duration::from_secs(1)),
+        "{backend}: {:?} after the sidecar started",
+        started.elapsed()
+    );
     let (answer, _) = ask(&host, "udp", "10.96.0.60", 53);
     assert_eq!(answer, "second 10.96.0.60:53", "{backend}: UDP follows the new sidecar too");
 
@@ -220,7 +224,7 @@ fn check_sidecar_lifecycle(backend: &str) {
         host.status().generation > generation && tcp_ask(&host.ns, "10.96.0.60:80").is_err()
     })
     .unwrap_or_else(|e| panic!("{backend}: {e}"));
-    assert!(waited.0 < Duration::from_secs(2));
+    assert!(waited.0 < hm_testkit::scaled(Duration::from_secs(2)));
     drop(second);
 }
 

@@ -1,10 +1,10 @@
 //! `hostmesh teardown` removes every kind of thing hostmesh owns.
 
-use std::os::fd::AsFd;
 use std::time::Duration;
 
 use hm_testkit::wait_until;
 use hostmesh::backends::bpf::sys;
+use hostmesh::model::TcAttach;
 
 use crate::fixtures::*;
 
@@ -23,10 +23,13 @@ fn teardown_leaves_no_link_route_pin_or_program() {
     );
     host.ns.set_sysctl("net/ipv4/conf/all/rp_filter", "2");
     let mut d = host.start_ready();
-    let link = sys::obj_get(&host.opts.bpffs.join("links/hm_natout@tc-ingress@hm-natout")).unwrap();
-    let prog_id = sys::link_info(link.as_fd()).unwrap().prog_id;
-    drop(link);
+    let attached = host.attached_programs();
+    let prog_id = attached.iter().find(|(hook, _)| hook == "hm_natout@tc-ingress@hm-natout").unwrap().1;
     assert!(sys::prog_info_by_id(prog_id).unwrap().is_some());
+    let natout_removed = match host.tc_mode() {
+        TcAttach::Tcx => "unpinned link hm_natout@tc-ingress@hm-natout",
+        TcAttach::Netlink => "deleted tc filter hm_natout on ingress of hm-natout",
+    };
 
     // Refused while the daemon runs.
     let out = host.teardown();
@@ -38,7 +41,8 @@ fn teardown_leaves_no_link_route_pin_or_program() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let said = String::from_utf8_lossy(&out.stdout);
     for line in [
-        "unpinned link hm_natout@tc-ingress@hm-natout",
+        natout_removed,
+        "unpinned link hm_connect4@cgroup@",
         "deleted route 10.96.0.10/32",
         "deleted route fd00::10/128",
         "deleted route 10.96.0.60/32 table 255",
@@ -50,8 +54,10 @@ fn teardown_leaves_no_link_route_pin_or_program() {
         assert!(said.contains(line), "missing {line:?} in:\n{said}");
     }
 
-    // Links.
+    // Links, and filters and the qdiscs hostmesh added for them.
     assert!(host.ns.links().iter().all(|l| !l.starts_with("hm-")), "{:?}", host.ns.links());
+    assert_eq!(hostmesh_filters(&host.ns), [], "no hostmesh filter left");
+    assert_eq!(clsact_devices(&host.ns), Vec::<String>::new(), "hostmesh's clsact qdiscs go with its filters");
     // Routes.
     assert!(host.owned_routes().is_empty(), "{:?}", host.owned_routes());
     // Pins (and the bpffs hostmesh mounted for them).

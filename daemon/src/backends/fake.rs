@@ -235,7 +235,7 @@ impl BpfBackend for FakeKernel {
         Ok(0)
     }
 
-    fn configure(&mut self, _sizes: &MapSizes) -> Result<bool> {
+    fn configure(&mut self, _settings: &BpfSettings) -> Result<bool> {
         Ok(false)
     }
 

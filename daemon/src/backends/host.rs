@@ -1,35 +1,59 @@
 //! Facts about the host that compile needs: interfaces, default-route
-//! interfaces, the network namespace's cookie and the cgroup2 mount.
+//! interfaces, the network namespace's cookie, the cgroup2 mount and the
+//! kernel's features.
 
 use std::fs;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
+use super::bpf::netns_cookie;
 use super::netlink::Rtnetlink;
 use super::{BackendError, HostBackend, Result};
-use crate::model::HostFacts;
+use crate::model::{Feature, HostFacts, KernelFeatures};
 
 const SO_NETNS_COOKIE: libc::c_int = 71;
 
 pub struct LiveHost {
     net: Rtnetlink,
     cgroup2_root: Option<PathBuf>,
+    features: KernelFeatures,
+    /// The namespace's cookie, read once (the daemon never changes
+    /// namespace).
+    cookie: Option<u64>,
 }
 
 impl LiveHost {
     /// `state_dir` is where cgroup2 gets mounted on a host that has none.
-    pub fn new(state_dir: &Path) -> io::Result<Self> {
-        Ok(LiveHost { net: Rtnetlink::open()?, cgroup2_root: ensure_cgroup2(state_dir)? })
+    pub fn new(state_dir: &Path, features: KernelFeatures) -> io::Result<Self> {
+        Ok(LiveHost { net: Rtnetlink::open()?, cgroup2_root: ensure_cgroup2(state_dir)?, features, cookie: None })
+    }
+
+    fn cookie(&mut self) -> Result<u64> {
+        if let Some(c) = self.cookie {
+            return Ok(c);
+        }
+        let cookie = if self.features.has(Feature::NetnsCookieSockopt) {
+            netns_cookie().map_err(|source| BackendError::Netlink { op: "read the netns cookie".into(), source })?
+        } else {
+            let read = |root: &Path| netns_cookie::read_with_bpf(&netns_cookie::own_cgroup(root)?);
+            let root = self.cgroup2_root.as_deref().ok_or_else(|| io::Error::other("no cgroup2 mount"));
+            root.and_then(read).map_err(|e| BackendError::Bpf {
+                op: "read the netns cookie (this kernel has no SO_NETNS_COOKIE)".into(),
+                detail: e.to_string(),
+            })?
+        };
+        self.cookie = Some(cookie);
+        Ok(cookie)
     }
 }
 
 impl HostBackend for LiveHost {
     fn facts(&mut self) -> Result<HostFacts> {
         let mut facts = self.net.link_facts()?;
-        facts.netns_cookie =
-            netns_cookie().map_err(|source| BackendError::Netlink { op: "read the netns cookie".into(), source })?;
+        facts.netns_cookie = self.cookie()?;
         facts.cgroup2_root = self.cgroup2_root.clone();
+        facts.features = self.features.clone();
         Ok(facts)
     }
 

@@ -1,6 +1,7 @@
-//! The three kernel backends the reconciler drives, behind small traits so
-//! the planner and sync loop are tested with `fake::FakeKernel`:
+//! The kernel backends the reconciler drives, behind small traits so the
+//! planner and sync loop are tested with `fake::FakeKernel`:
 //!
+//! - `HostBackend`: facts about the host (interfaces, netns cookie, MTUs);
 //! - `NetBackend`: links, routes, neighbours (rtnetlink);
 //! - `SysctlBackend`: /proc/sys, read-compare-write;
 //! - `BpfBackend`: pinned maps and attached programs (aya);
@@ -87,9 +88,10 @@ pub trait BpfBackend {
     /// Removes flows idle past their timeout from the conntrack map;
     /// returns how many. (The map is bounded anyway; this keeps it lean.)
     fn expire_flows(&mut self) -> Result<usize>;
-    /// Sets the capacity of configurable maps. Returns true when that
-    /// replaced loaded maps (their contents must then be re-read).
-    fn configure(&mut self, sizes: &MapSizes) -> Result<bool>;
+    /// Sets the capacity of configurable maps and how TC programs are
+    /// attached. Returns true when that replaced loaded maps or changed the
+    /// TC mode (the kernel must then be re-read).
+    fn configure(&mut self, settings: &BpfSettings) -> Result<bool>;
     /// Why the sk_lookup program cannot be used here, if it cannot.
     fn sk_lookup_unavailable(&mut self) -> Option<String>;
 }
@@ -106,6 +108,13 @@ impl Default for MapSizes {
     }
 }
 
+/// What the configuration decides about the BPF backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BpfSettings {
+    pub sizes: MapSizes,
+    pub tc_attach: TcAttachPref,
+}
+
 /// `table inet hostmesh`: the nftables fallback of mesh redirects.
 pub trait NftBackend {
     /// The table's rules, or `None` when the table does not exist.
@@ -115,7 +124,7 @@ pub trait NftBackend {
     fn delete_mesh_table(&mut self) -> Result<()>;
 }
 
-/// The three backends together, as the reconciler uses them.
+/// The backends together, as the reconciler uses them.
 pub struct Backends {
     pub host: Box<dyn HostBackend + Send>,
     pub net: Box<dyn NetBackend + Send>,

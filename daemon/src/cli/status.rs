@@ -125,6 +125,12 @@ pub fn render(s: &Status, liveness: &Liveness) -> String {
     for e in &l.errors {
         out.push_str(&format!("  error: {e}\n"));
     }
+    if let Some(k) = &s.kernel {
+        out.push_str(&format!("kernel: {}; TC programs attached with {}\n", k.release, k.tc_attach.describe()));
+        for m in &k.missing {
+            out.push_str(&format!("  missing {} ({}, Linux {}): {}\n", m.feature, m.what, m.since, m.without));
+        }
+    }
     let rejected = s.files.iter().filter(|f| f.state != "applied").count();
     out.push_str(&format!("config: {} ({} file(s), {} rejected)\n", s.config_dir.display(), s.files.len(), rejected));
     for f in s.files.iter().filter(|f| f.state != "applied") {

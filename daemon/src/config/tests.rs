@@ -60,6 +60,12 @@ backends = ["192.168.10.11:8080", { address = "192.168.10.12:8080", weight = 2 }
 "#;
 
 #[test]
+fn tc_attach_may_ask_for_clsact_filters() {
+    let f = parse_file(&Source::new(Path::new("t.toml"), "[daemon]\ntc_attach = \"netlink\"\n")).expect("valid");
+    assert_eq!(f.daemon.unwrap().tc_attach, TcAttachPref::Netlink);
+}
+
+#[test]
 fn full_contract_example_parses() {
     let text = r#"
 [daemon]
@@ -112,6 +118,7 @@ cidrs = ["10.10.1.0/24"]
     assert_eq!(d.host_interfaces, Some(vec!["eth0".to_string()]));
     assert_eq!(d.mesh_backend, MeshBackend::SkLookup);
     assert_eq!(d.resync_interval, std::time::Duration::from_secs(10));
+    assert_eq!(d.tc_attach, TcAttachPref::Auto, "the default");
     assert_eq!(f.services.len(), 2);
     let web = &f.services[0];
     assert_eq!(web.vip, "10.96.0.10".parse::<IpAddr>().unwrap());
@@ -266,6 +273,10 @@ fn names_weights_enums_and_durations() {
     assert_eq!(
         one_error("[daemon]\nmesh_backend = \"iptables\"\n"),
         "t.toml:2:16: [daemon]: mesh_backend \"iptables\" is not one of \"auto\", \"sk_lookup\" or \"nftables\""
+    );
+    assert_eq!(
+        one_error("[daemon]\ntc_attach = \"tcx\"\n"),
+        "t.toml:2:13: [daemon]: tc_attach \"tcx\" is not one of \"auto\" or \"netlink\""
     );
     assert_eq!(
         one_error("[daemon]\nresync_interval = \"soon\"\n"),

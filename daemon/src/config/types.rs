@@ -48,6 +48,29 @@ pub enum CtlbMode {
     Off,
 }
 
+impl CtlbMode {
+    /// Whether connect-time load balancing handles this protocol (the rest
+    /// takes the bpfnat veth).
+    pub fn handles(self, protocol: Protocol) -> bool {
+        match self {
+            CtlbMode::All => true,
+            CtlbMode::Tcp => protocol == Protocol::Tcp,
+            CtlbMode::Off => false,
+        }
+    }
+}
+
+/// `[daemon] tc_attach`: how TC programs are attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum TcAttachPref {
+    /// TCX where the kernel has it, clsact filters otherwise.
+    #[default]
+    Auto,
+    /// clsact filters even where TCX exists.
+    Netlink,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum MeshBackend {
@@ -76,6 +99,8 @@ pub struct DaemonSettings {
     pub conntrack_udp_timeout: Duration,
     /// Capacity of the mesh maps (entries, sidecar listeners).
     pub mesh_map_size: u32,
+    /// How TC programs are attached.
+    pub tc_attach: TcAttachPref,
     pub origin: Option<Origin>,
 }
 
@@ -91,6 +116,7 @@ impl Default for DaemonSettings {
             conntrack_tcp_timeout: DEFAULT_CONNTRACK_TCP_TIMEOUT,
             conntrack_udp_timeout: DEFAULT_CONNTRACK_UDP_TIMEOUT,
             mesh_map_size: crate::abi::MESH_MAP_SIZE,
+            tc_attach: TcAttachPref::default(),
             origin: None,
         }
     }

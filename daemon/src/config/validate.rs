@@ -120,6 +120,17 @@ impl Check<'_, '_> {
                 ),
             }
         }
+        if let Some(v) = d.tc_attach {
+            match v.get_ref().as_str() {
+                "auto" => out.tc_attach = TcAttachPref::Auto,
+                "netlink" => out.tc_attach = TcAttachPref::Netlink,
+                other => self.fail(
+                    &v.span(),
+                    "tc_attach",
+                    format!("{ctx}: tc_attach \"{other}\" is not one of \"auto\" or \"netlink\""),
+                ),
+            }
+        }
         if let Some(v) = d.resync_interval {
             match parse_duration(v.get_ref()) {
                 Ok(d) if d.as_millis() >= 100 => out.resync_interval = d,

@@ -15,13 +15,14 @@ use std::time::{Duration, Instant};
 
 use slog::{error, info, warn, Logger};
 
-use crate::backends::bpf::PinnedBpf;
+use crate::backends::bpf::{features, PinnedBpf};
 use crate::backends::host::LiveHost;
 use crate::backends::netlink::Rtnetlink;
 use crate::backends::nft::NftCli;
 use crate::backends::sysctl::ProcSys;
 use crate::backends::Backends;
 use crate::config::{ConfigStore, Loaded};
+use crate::model::KernelFeatures;
 use crate::paths::Paths;
 use crate::peer_health::{self, PeerHealth};
 use crate::reconcile::{Reconciler, SyncOutcome, SysctlOriginals};
@@ -52,6 +53,8 @@ pub enum RunError {
     Signals(std::io::Error),
     #[error("cannot read sysctl originals in {dir}: {source}")]
     Originals { dir: String, source: std::io::Error },
+    #[error("{0}")]
+    NoBpf(#[from] crate::backends::bpf::features::NoBpf),
 }
 
 /// How a burst of file events ended.
@@ -78,6 +81,8 @@ struct Daemon {
     health: Option<PeerHealth>,
     /// For threads started later (peer health) to wake the loop.
     events: Sender<Event>,
+    /// What the kernel offers (probed once, at start).
+    features: KernelFeatures,
 }
 
 pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
@@ -88,11 +93,14 @@ pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
         .map_err(|source| RunError::StateDir { dir: paths.state_dir.display().to_string(), source })?;
     let originals = SysctlOriginals::load(&paths.state_dir)
         .map_err(|source| RunError::Originals { dir: paths.state_dir.display().to_string(), source })?;
+    raise_memlock_limit();
+    let features = features::probe()?;
+    info!(log, "kernel features probed"; "release" => report::kernel_release(), "result" => features.summary());
     let backends = Backends {
-        host: Box::new(LiveHost::new(&paths.state_dir).map_err(RunError::Netlink)?),
+        host: Box::new(LiveHost::new(&paths.state_dir, features.clone()).map_err(RunError::Netlink)?),
         net: Box::new(Rtnetlink::open().map_err(RunError::Netlink)?),
         sysctl: Box::new(ProcSys::new()),
-        bpf: Box::new(PinnedBpf::new(&paths.bpffs)),
+        bpf: Box::new(PinnedBpf::new(&paths.bpffs, features.clone())),
         nft: Box::new(NftCli::new()),
     };
 
@@ -121,11 +129,24 @@ pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
         registrar: Registrar::new(&paths.bpffs),
         health: None,
         events: tx,
+        features,
         paths,
         log,
     };
     d.run_loop(rx);
     Ok(())
+}
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; systemd's unit
+/// lifts it (LimitMEMLOCK=infinity), and so does the daemon when run by
+/// hand. Where it may not raise the hard limit, the soft one goes up to it.
+fn raise_memlock_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
+    if setrlimit(Resource::RLIMIT_MEMLOCK, RLIM_INFINITY, RLIM_INFINITY).is_err() {
+        if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_MEMLOCK) {
+            let _ = setrlimit(Resource::RLIMIT_MEMLOCK, hard, hard);
+        }
+    }
 }
 
 impl Daemon {
@@ -411,6 +432,7 @@ impl Daemon {
                 .map(|o| report::objects(&self.loaded, o, self.registrar.report(), self.health.as_ref()))
                 .unwrap_or_default(),
             warnings: outcome.map(|o| o.desired.warnings.clone()).unwrap_or_default(),
+            kernel: Some(report::kernel(&self.features, self.loaded.config.daemon.tc_attach)),
         }
     }
 

@@ -3,12 +3,38 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::config::{ConfigError, CtlbMode, FileState, GatewayRole, Loaded, Protocol};
-use crate::model::{gateway, Hook, MeshPath, Program, RouteKey, RouteSpec, NATIN, RT_TABLE_MAIN};
+use crate::config::{ConfigError, CtlbMode, FileState, GatewayRole, Loaded, TcAttachPref};
+use crate::model::{
+    gateway, Hook, KernelFeatures, MeshPath, Program, RouteKey, RouteSpec, TcAttach, NATIN, RT_TABLE_MAIN,
+};
 use crate::peer_health::PeerHealth;
 use crate::reconcile::{StepError, SyncOutcome};
 use crate::sidecars::{self, Registration};
 use crate::state::*;
+
+/// `uname -r`.
+pub fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|r| r.trim().to_string()).unwrap_or_default()
+}
+
+/// The kernel section of the status: how TC programs are attached and
+/// every feature the probes found missing, with what that changes.
+pub fn kernel(features: &KernelFeatures, tc_attach: TcAttachPref) -> KernelStatus {
+    KernelStatus {
+        release: kernel_release(),
+        tc_attach: TcAttach::choose(tc_attach, features),
+        missing: features
+            .missing
+            .iter()
+            .map(|f| MissingFeature {
+                feature: *f,
+                what: f.what().to_string(),
+                since: f.since().to_string(),
+                without: f.without().to_string(),
+            })
+            .collect(),
+    }
+}
 
 pub fn now_unix() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
@@ -65,7 +91,7 @@ pub fn objects(
 ) -> Vec<ObjectStatus> {
     let d = &outcome.desired;
     let veth = d.links.contains_key(NATIN);
-    let mode = loaded.config.daemon.connect_time_lb;
+    let mode = d.connect_time;
     let cgroups: std::collections::BTreeSet<String> = d
         .attachments
         .keys()
@@ -106,10 +132,7 @@ pub fn objects(
         if veth {
             owners.push("bpfnat".into());
         }
-        let path = match (mode, s.protocol) {
-            (CtlbMode::All, _) | (CtlbMode::Tcp, Protocol::Tcp) => "connect-time",
-            _ => "bpfnat veth",
-        };
+        let path = if mode.handles(s.protocol) { "connect-time" } else { "bpfnat veth" };
         let backends: Vec<String> = s
             .backends
             .iter()

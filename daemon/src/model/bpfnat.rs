@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 
-use crate::config::{Config, CtlbMode, Protocol};
+use crate::config::{Config, CtlbMode};
 
 use super::mesh;
 use super::state::*;
@@ -28,7 +28,7 @@ const OWNER: &str = "bpfnat";
 
 pub fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
     // With connect-time LB for every protocol, nothing needs the veth.
-    if config.services.is_empty() || config.daemon.connect_time_lb == CtlbMode::All {
+    if config.services.is_empty() || out.connect_time == CtlbMode::All {
         return;
     }
 
@@ -74,12 +74,8 @@ pub fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
         // A mesh VIP has a local route: the whole VIP is delivered to this
         // host, where the sidecar takes its mesh ports.
         if mesh::is_mesh_vip(&config.meshes, svc.vip) {
-            let at_connect = match config.daemon.connect_time_lb {
-                CtlbMode::All => true,
-                CtlbMode::Tcp => svc.protocol == Protocol::Tcp,
-                CtlbMode::Off => false,
-            };
-            if !at_connect && !mesh::covers(&config.meshes, svc.vip, svc.port, svc.protocol) {
+            if !out.connect_time.handles(svc.protocol) && !mesh::covers(&config.meshes, svc.vip, svc.port, svc.protocol)
+            {
                 out.warnings.push(format!(
                     "service \"{}\" ({} port {}/{}) shares its VIP with a mesh entry that does not cover it: its \
                      traffic reaches this host, not a backend, unless connect-time load balancing handles it \

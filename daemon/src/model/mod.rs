@@ -5,6 +5,7 @@
 mod bpfnat;
 pub mod gateway;
 pub mod ids;
+mod kernel;
 pub mod maglev;
 mod mesh;
 mod services;
@@ -14,9 +15,10 @@ use std::collections::BTreeSet;
 
 pub use bpfnat::{GATEWAY_V4, GATEWAY_V6, NATIN, NATIN_MAC, NATOUT, NATOUT_MAC};
 pub use ids::{Prior, ServiceIds};
+pub use kernel::{Feature, KernelFeatures, TcAttach, TcAttachPref};
 pub use state::*;
 
-use crate::config::Config;
+use crate::config::{Config, CtlbMode};
 
 /// What compile needs to know about the host.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -37,11 +39,42 @@ pub struct HostFacts {
     pub underlay_mtu: std::collections::BTreeMap<std::net::IpAddr, u32>,
     /// Peers that stopped answering their probes.
     pub peers_down: BTreeSet<String>,
+    /// What the kernel lacks (probed at start).
+    pub features: KernelFeatures,
+}
+
+/// The connect-time mode in force: the configured one, unless this kernel
+/// lacks one of the two service paths (model/kernel.rs), in which case the
+/// other takes everything and a warning says so.
+pub fn ctlb_mode(config: &Config, facts: &HostFacts, warnings: &mut Vec<String>) -> CtlbMode {
+    let wanted = config.daemon.connect_time_lb;
+    let (forced, missing) = if !facts.features.has(Feature::ConnectTimeHooks) {
+        (CtlbMode::Off, Feature::ConnectTimeHooks)
+    } else if !facts.features.has(Feature::RedirectNeigh) {
+        (CtlbMode::All, Feature::RedirectNeigh)
+    } else {
+        return wanted;
+    };
+    if wanted != forced && !config.services.is_empty() {
+        warnings.push(format!(
+            "connect_time_lb = \"{}\" cannot be honoured: this kernel lacks {} ({}), so {}",
+            match wanted {
+                CtlbMode::All => "all",
+                CtlbMode::Tcp => "tcp",
+                CtlbMode::Off => "off",
+            },
+            missing.what(),
+            missing.name(),
+            missing.without()
+        ));
+    }
+    forced
 }
 
 /// Config -> the kernel state it needs. `prior` keeps ids stable.
 pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior) -> Desired {
     let mut out = Desired::default();
+    out.connect_time = ctlb_mode(config, facts, &mut out.warnings);
     services::compile(config, facts, prior, &mut out);
     bpfnat::compile(config, facts, &mut out);
     mesh::compile(config, facts, &mut out);

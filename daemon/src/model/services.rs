@@ -47,7 +47,7 @@ pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &mut Desi
         }
     };
 
-    let flags = match d.connect_time_lb {
+    let flags = match out.connect_time {
         CtlbMode::All => abi::CFG_CTLB_TCP | abi::CFG_CTLB_UDP,
         CtlbMode::Tcp => abi::CFG_CTLB_TCP,
         CtlbMode::Off => 0,
@@ -114,7 +114,7 @@ pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &mut Desi
         );
     }
 
-    if d.connect_time_lb != CtlbMode::Off {
+    if out.connect_time != CtlbMode::Off {
         match d.cgroup.clone().or_else(|| facts.cgroup2_root.clone()) {
             Some(cgroup) => {
                 for program in Program::CONNECT_TIME {

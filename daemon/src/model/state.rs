@@ -338,6 +338,8 @@ pub struct Desired {
     pub nft_rules: BTreeMap<NftRule, Owned<()>>,
     /// How mesh entries are carried out, when there are any.
     pub mesh_path: Option<MeshPath>,
+    /// The connect-time mode in force (`model::ctlb_mode`).
+    pub connect_time: crate::config::CtlbMode,
     /// Things compile could not honour, in plain sentences.
     pub warnings: Vec<String>,
 }

@@ -20,6 +20,7 @@ fn facts() -> HostFacts {
         sk_lookup_unavailable: None,
         underlay_mtu: Default::default(),
         peers_down: Default::default(),
+        features: KernelFeatures::complete(),
     }
 }
 
@@ -139,6 +140,27 @@ fn mode_all_needs_no_veth_and_off_no_connect_time_programs() {
     assert!(attached(&off).iter().all(|p| p.contains("@tc-ingress@")));
     assert_eq!(HmConfig::from_bytes(&entries(&off, BpfMap::Config)[&0u32.to_bytes()]).unwrap().flags, 0);
     assert_eq!(off.routes.len(), 1);
+}
+
+#[test]
+fn a_kernel_without_one_service_path_sends_everything_down_the_other_and_says_so() {
+    let mut no_ctlb = facts();
+    no_ctlb.features = KernelFeatures::lacking([Feature::ConnectTimeHooks]);
+    let d = compile(&mode("tcp"), &no_ctlb, &Prior::default());
+    assert_eq!(d.connect_time, crate::config::CtlbMode::Off);
+    assert!(attached(&d).iter().all(|p| p.contains("@tc-ingress@")), "no connect-time programs");
+    assert_eq!(d.warnings.len(), 1, "{:?}", d.warnings);
+    assert!(d.warnings[0].starts_with("connect_time_lb = \"tcp\" cannot be honoured: this kernel lacks cgroup"));
+    assert!(d.warnings[0].ends_with("every service takes the bpfnat veth path"), "{}", d.warnings[0]);
+
+    let mut no_veth = facts();
+    no_veth.features = KernelFeatures::lacking([Feature::RedirectNeigh]);
+    let d = compile(&mode("off"), &no_veth, &Prior::default());
+    assert_eq!(d.connect_time, crate::config::CtlbMode::All);
+    assert!(d.links.is_empty() && d.routes.is_empty(), "no veth");
+    assert!(d.warnings[0].contains("redirect_neigh"), "{:?}", d.warnings);
+    // Asking for what the kernel can do anyway is no warning.
+    assert!(compile(&mode("all"), &no_veth, &Prior::default()).warnings.is_empty());
 }
 
 #[test]

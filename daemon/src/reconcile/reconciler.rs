@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use crate::backends::{BackendError, Backends, MapSizes};
+use crate::backends::{BackendError, Backends, BpfSettings, MapSizes};
 use crate::config::{Config, MeshBackend};
 use crate::model::{compile, gateway, Desired, Observed, Prior};
 
@@ -57,8 +57,11 @@ impl Reconciler {
 
     pub fn sync(&mut self, config: &Config, full: bool) -> Result<SyncOutcome, BackendError> {
         let started = Instant::now();
-        // New map capacities replace maps: their contents must be re-read.
-        let resized = match self.backends.bpf.configure(&MapSizes { mesh: config.daemon.mesh_map_size }) {
+        // New map capacities replace maps, and another TC mode moves every
+        // TC hook: the kernel must be re-read.
+        let settings =
+            BpfSettings { sizes: MapSizes { mesh: config.daemon.mesh_map_size }, tc_attach: config.daemon.tc_attach };
+        let resized = match self.backends.bpf.configure(&settings) {
             Ok(r) => r,
             Err(e) => {
                 self.last_applied = None;

@@ -30,6 +30,30 @@ pub struct Status {
     pub files: Vec<FileStatus>,
     pub objects: Vec<ObjectStatus>,
     pub warnings: Vec<String>,
+    /// What the kernel offers, as probed at start.
+    #[serde(default)]
+    pub kernel: Option<KernelStatus>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelStatus {
+    /// `uname -r`.
+    pub release: String,
+    /// How TC programs are attached: "tcx" or "netlink".
+    pub tc_attach: crate::model::TcAttach,
+    /// Features the probes found missing, and what that changes.
+    pub missing: Vec<MissingFeature>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MissingFeature {
+    /// "tcx", "set_retval", ... (model::Feature).
+    pub feature: crate::model::Feature,
+    pub what: String,
+    /// The upstream release that brought it.
+    pub since: String,
+    /// What hostmesh does without it.
+    pub without: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

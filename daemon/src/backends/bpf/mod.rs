@@ -1,15 +1,19 @@
 //! The BPF backend: maps pinned under hostmesh's bpffs dir (adopted on
 //! restart, checked for layout first), programs attached through pinned
-//! links (TCX for TC, bpf links for cgroups), and byte-level map access
+//! bpf links (cgroups, the netns) or at TC hooks (`tc.rs`: TCX links, or
+//! clsact filters where the kernel has no TCX), and byte-level map access
 //! for the reconciler.
 //!
 //! The objects are loaded lazily, the first time a map or program is
 //! needed: a host with nothing configured gets no BPF state at all.
 
 mod conntrack;
+pub mod features;
+pub mod netns_cookie;
 pub mod objects;
 pub mod pins;
 pub mod sys;
+mod tc;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -19,19 +23,24 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use aya::programs::links::FdLink;
-use aya::programs::tc::TcAttachOptions;
-use aya::programs::{CgroupAttachMode, LinkOrder, TcAttachType};
+use aya::programs::CgroupAttachMode;
 use aya::{Ebpf, EbpfLoader};
 
-use self::objects::{def_of, MapDef, BPF_MAP_TYPE_ARRAY, MAPS, OBJECTS};
+use self::objects::{def_of, MapDef, BPF_MAP_TYPE_ARRAY, MAPS};
 use self::pins::{unpin, PinDir};
 use self::sys::ProgInfo;
-use super::{BackendError, BpfBackend, MapSizes, Result};
+use super::netlink::RouteSocket;
+use super::{BackendError, BpfBackend, BpfSettings, MapSizes, Result};
 use crate::model::*;
 
 pub struct PinnedBpf {
     pins: PinDir,
+    features: KernelFeatures,
     sizes: MapSizes,
+    /// How TC programs are attached (TCX, or clsact filters).
+    tc_mode: TcAttach,
+    /// rtnetlink for clsact filters, opened when first needed.
+    tc_sock: Option<RouteSocket>,
     loaded: Option<Loaded>,
     /// Whether sk_lookup programs load here (probed once, without pins).
     sk_lookup: Option<Option<String>>,
@@ -65,10 +74,13 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 impl PinnedBpf {
-    pub fn new(dir: &Path) -> Self {
+    pub fn new(dir: &Path, features: KernelFeatures) -> Self {
         PinnedBpf {
             pins: PinDir::new(dir),
+            tc_mode: TcAttach::choose(TcAttachPref::default(), &features),
+            features,
             sizes: MapSizes::default(),
+            tc_sock: None,
             loaded: None,
             sk_lookup: None,
             notes: Vec::new(),
@@ -81,7 +93,9 @@ impl PinnedBpf {
 
     /// Whether anything is pinned (nothing to observe otherwise).
     fn has_pins(&self) -> bool {
-        MAPS.iter().any(|m| self.pins.map(m.name).exists()) || !self.pins.link_names().unwrap_or_default().is_empty()
+        MAPS.iter().any(|m| self.pins.map(m.name).exists())
+            || !self.pins.link_names().unwrap_or_default().is_empty()
+            || !self.pins.prog_names().unwrap_or_default().is_empty()
     }
 
     fn ensure_loaded(&mut self) -> Result<&mut Loaded> {
@@ -100,7 +114,7 @@ impl PinnedBpf {
             MAPS.iter().map(|m| (m.name, self.pins.map(m.name))).collect();
         let mut objects = Vec::new();
         let mut programs = BTreeMap::new();
-        for (index, (source, bytes)) in OBJECTS.iter().enumerate() {
+        for (index, (source, bytes)) in objects::objects(&self.features).into_iter().enumerate() {
             let mut loader = EbpfLoader::new();
             for (name, path) in &paths {
                 loader.map_pin_path(name, path.as_path());
@@ -200,16 +214,22 @@ impl PinnedBpf {
         if !attached {
             return Ok(AttachStatus::Defunct);
         }
+        self.program_status(a, info.prog_id, &pin.display().to_string())
+    }
+
+    /// Is program `prog_id`, attached at `a` (by the link or filter named
+    /// `what`), this build's program with this build's maps?
+    fn program_status(&mut self, a: &Attachment, prog_id: u32, what: &str) -> Result<AttachStatus> {
         let want = self.ensure_loaded()?.programs[&a.program].clone();
-        let have = match self.pinned_program(a, info.prog_id) {
+        let have = match self.pinned_program(a, prog_id) {
             Some(p) => Some(p),
-            // No pin of the program the link runs (an older build's link):
-            // ask by id, which needs CAP_SYS_ADMIN; without it, replace the
-            // program (atomically) rather than guess.
-            None => match sys::prog_info_by_id(info.prog_id) {
+            // No pin of the program that runs there (an older build's
+            // attachment): ask by id, which needs CAP_SYS_ADMIN; without
+            // it, replace the program (atomically) rather than guess.
+            None => match sys::prog_info_by_id(prog_id) {
                 Ok(p) => p,
                 Err(e) if e.raw_os_error() == Some(libc::EPERM) => return Ok(AttachStatus::Outdated),
-                Err(e) => return Err(bpf_err(format!("program {} behind {}", info.prog_id, pin.display()), e)),
+                Err(e) => return Err(bpf_err(format!("program {prog_id} behind {what}"), e)),
             },
         };
         Ok(match have {
@@ -234,13 +254,22 @@ impl PinnedBpf {
         sys::obj_pin(prog.as_fd(), &path).map_err(|e| bpf_err(format!("pin {}", path.display()), e))
     }
 
-    /// Unpins everything and drops loaded objects: `hostmesh teardown`.
-    pub fn remove_all(&mut self) -> io::Result<Vec<String>> {
+    /// Removes hostmesh's clsact filters (and the qdiscs it added, when
+    /// nothing else is on them), unpins everything and drops loaded
+    /// objects: `hostmesh teardown`.
+    pub fn remove_all(&mut self) -> Result<Vec<String>> {
         self.loaded = None;
+        let mut removed = self.remove_all_filters()?;
+        let root = self.pins.root.display().to_string();
+        removed.extend(self.unpin_all().map_err(|e| bpf_err(format!("remove pins in {root}"), e))?);
+        Ok(removed)
+    }
+
+    fn unpin_all(&mut self) -> io::Result<Vec<String>> {
         let mut removed = Vec::new();
         for name in self.pins.link_names()? {
             unpin(&self.pins.link(&name))?;
-            removed.push(format!("link {name}"));
+            removed.push(format!("unpinned link {name}"));
         }
         for name in self.pins.prog_names()? {
             unpin(&self.pins.prog(&name))?;
@@ -249,7 +278,7 @@ impl PinnedBpf {
             let p = self.pins.map(def.name);
             if p.exists() {
                 unpin(&p)?;
-                removed.push(format!("map {}", def.name));
+                removed.push(format!("unpinned map {}", def.name));
             }
         }
         Ok(removed)
@@ -294,12 +323,6 @@ fn load_program(ebpf: &mut Ebpf, program: Program) -> Result<ProgInfo> {
         None => return Err(bpf_err(format!("load program {name}"), "not in the object")),
     };
     sys::prog_info(fd.as_fd()).map_err(|e| bpf_err(format!("info of {name}"), e))
-}
-
-/// TCX (BPF links for TC) arrived in Linux 6.6.
-fn has_tcx() -> bool {
-    use aya::util::KernelVersion;
-    KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0))
 }
 
 fn ifindex(dev: &str) -> Option<u32> {
@@ -361,14 +384,23 @@ impl BpfBackend for PinnedBpf {
             // A name this build does not write (another build's) is left
             // alone rather than guessed at.
             if let Some(a) = Attachment::from_pin_name(&name) {
-                let status = self.link_status(&a, &self.pins.link(&name))?;
+                let mut status = self.link_status(&a, &self.pins.link(&name))?;
+                // A TCX link where clsact filters are wanted: re-attach
+                // (the filter goes in before the link goes).
+                if a.device().is_some() && self.tc_mode == TcAttach::Netlink && status == AttachStatus::Current {
+                    status = AttachStatus::Outdated;
+                }
                 out.insert(a, status);
             }
         }
+        self.observe_filters(&mut out)?;
         Ok(out)
     }
 
     fn attach(&mut self, a: &Attachment) -> Result<()> {
+        if let (Some(dev), TcAttach::Netlink) = (a.device(), self.tc_mode) {
+            return self.attach_filter(a, dev);
+        }
         let pin = self.pins.link(&a.pin_name());
         let status = if pin.exists() { Some(self.link_status(a, &pin)?) } else { None };
         let loaded = self.ensure_loaded()?;
@@ -379,7 +411,9 @@ impl BpfBackend for PinnedBpf {
             let link = sys::obj_get(&pin).map_err(|e| bpf_err(format!("open {}", pin.display()), e))?;
             let prog = program_fd(loaded, a.program)?;
             sys::link_update(link.as_fd(), prog.as_fd()).map_err(|e| bpf_err(format!("replace {a}"), e))?;
-            return self.pin_program(a);
+            self.pin_program(a)?;
+            // A clsact filter left from netlink mode goes once the link runs.
+            return self.remove_filter(a);
         }
         if status == Some(AttachStatus::Defunct) {
             unpin(&pin).map_err(|e| bpf_err(format!("unpin {}", pin.display()), e))?;
@@ -387,19 +421,7 @@ impl BpfBackend for PinnedBpf {
         let ebpf = &mut loaded.objects[objects::object_of(a.program)];
         let link: FdLink = match (&a.hook, ebpf.program_mut(a.program.name())) {
             (Hook::TcIngress(dev) | Hook::TcEgress(dev), Some(aya::programs::Program::SchedClassifier(p))) => {
-                let direction =
-                    if matches!(a.hook, Hook::TcEgress(_)) { TcAttachType::Egress } else { TcAttachType::Ingress };
-                if !has_tcx() {
-                    return Err(bpf_err(
-                        format!("attach {a}"),
-                        "hostmesh attaches TC programs with TCX, which needs Linux 6.6 or newer",
-                    ));
-                }
-                let id = p
-                    .attach_with_options(dev, direction, TcAttachOptions::TcxOrder(LinkOrder::default()))
-                    .map_err(|e| bpf_err(format!("attach {a}"), chain(&e)))?;
-                let link = p.take_link(id).map_err(|e| bpf_err(format!("attach {a}"), chain(&e)))?;
-                FdLink::try_from(link).map_err(|e| bpf_err(format!("attach {a}"), chain(&e)))?
+                tc::attach_tcx(p, dev, a)?
             }
             (Hook::Cgroup(path), Some(aya::programs::Program::CgroupSockAddr(p))) => {
                 let cgroup = File::open(path).map_err(|e| bpf_err(format!("attach {a}: open the cgroup"), e))?;
@@ -423,12 +445,19 @@ impl BpfBackend for PinnedBpf {
             _ => return Err(bpf_err(format!("attach {a}"), "the program does not fit the hook")),
         };
         link.pin(&pin).map_err(|e| bpf_err(format!("pin {}", pin.display()), chain(&e)))?;
-        self.pin_program(a)
+        self.pin_program(a)?;
+        if a.device().is_some() {
+            self.remove_filter(a)?;
+        }
+        Ok(())
     }
 
     fn detach(&mut self, a: &Attachment) -> Result<()> {
         let pin = self.pins.link(&a.pin_name());
         unpin(&pin).map_err(|e| bpf_err(format!("unpin {}", pin.display()), e))?;
+        if a.device().is_some() {
+            self.remove_filter(a)?;
+        }
         let prog = self.pins.prog(&a.pin_name());
         unpin(&prog).map_err(|e| bpf_err(format!("unpin {}", prog.display()), e))
     }
@@ -449,14 +478,19 @@ impl BpfBackend for PinnedBpf {
         Ok(removed)
     }
 
-    fn configure(&mut self, sizes: &MapSizes) -> Result<bool> {
-        if *sizes == self.sizes {
-            return Ok(false);
+    fn configure(&mut self, settings: &BpfSettings) -> Result<bool> {
+        let tc_mode = TcAttach::choose(settings.tc_attach, &self.features);
+        // Another TC mode: the next (full) sync observes every hook anew
+        // and moves each one over.
+        let moved = tc_mode != self.tc_mode;
+        self.tc_mode = tc_mode;
+        if settings.sizes == self.sizes {
+            return Ok(moved);
         }
-        self.sizes = *sizes;
+        self.sizes = settings.sizes;
         // Reload at next use: maps of the old size are retired and the
         // programs, now using other maps, show as outdated and are swapped.
-        Ok(self.loaded.take().is_some() || self.has_pins())
+        Ok(self.loaded.take().is_some() || self.has_pins() || moved)
     }
 
     fn sk_lookup_unavailable(&mut self) -> Option<String> {

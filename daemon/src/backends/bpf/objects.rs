@@ -4,20 +4,25 @@
 
 use crate::abi;
 use crate::backends::MapSizes;
-use crate::model::{BpfMap, Program};
+use crate::model::{BpfMap, Feature, KernelFeatures, Program};
 
 /// probes/service_nat.c: the bpfnat veth path.
 pub static SERVICE_NAT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/service_nat.o"));
 /// probes/service_ctlb.c: connect-time load balancing.
 pub static SERVICE_CTLB: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/service_ctlb.o"));
+/// The same without bpf_set_retval(), for kernels that lack it.
+pub static SERVICE_CTLB_EPERM: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/service_ctlb_eperm.o"));
 
-/// Every object, with a name for errors. All share one set of pinned maps.
-pub const OBJECTS: &[(&str, &[u8])] = &[
-    ("probes/service_nat.c", SERVICE_NAT),
-    ("probes/service_ctlb.c", SERVICE_CTLB),
-    ("probes/mesh.c", MESH),
-    ("probes/gateway.c", GATEWAY),
-];
+/// Every object this kernel gets, with a name for errors, in the order
+/// `object_of` numbers them. All share one set of pinned maps.
+pub fn objects(features: &KernelFeatures) -> [(&'static str, &'static [u8]); 4] {
+    let ctlb = if features.has(Feature::SetRetval) {
+        ("probes/service_ctlb.c", SERVICE_CTLB)
+    } else {
+        ("probes/service_ctlb.c (without bpf_set_retval)", SERVICE_CTLB_EPERM)
+    };
+    [("probes/service_nat.c", SERVICE_NAT), ctlb, ("probes/mesh.c", MESH), ("probes/gateway.c", GATEWAY)]
+}
 /// probes/gateway.c: gateway peers over hm-tun0.
 pub static GATEWAY: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gateway.o"));
 pub const GATEWAY_OBJECT: usize = 3;

@@ -3,13 +3,19 @@
 //! ```text
 //! <dir>/maps/HM_SERVICES             pinned maps, adopted on restart
 //! <dir>/links/hm_natout@tc-ingress@hm-natout   pinned program links
-//! <dir>/progs/hm_natout@tc-ingress@hm-natout   the program each link runs
+//! <dir>/progs/hm_natout@tc-ingress@hm-natout   the program each hook runs
+//! <dir>/qdiscs/7                     clsact qdiscs hostmesh created (ifindex)
 //! ```
 //!
 //! Pinned links keep programs attached while the daemon is down or
 //! restarting; pinned maps keep their contents. Both are adopted on start.
-//! A link's program is pinned too, because reading a program by the id a
-//! link reports needs CAP_SYS_ADMIN, which the daemon does not have.
+//! TC programs attached as clsact filters (kernels without TCX) need no
+//! link: the filter belongs to the qdisc and outlives the daemon. The
+//! program behind every hook is pinned too, because reading a program by
+//! the id a link or filter reports needs CAP_SYS_ADMIN, which the daemon
+//! does not have. `qdiscs/` holds an empty dir per clsact qdisc hostmesh
+//! added, so teardown removes only those (and only when nothing else is
+//! on them); it lives on the bpffs because it shares the qdiscs' lifetime.
 
 use std::fs;
 use std::io;
@@ -53,6 +59,20 @@ impl PinDir {
         self.progs().join(name)
     }
 
+    pub fn qdiscs(&self) -> PathBuf {
+        self.root.join("qdiscs")
+    }
+
+    /// The mark of a clsact qdisc hostmesh added to interface `ifindex`.
+    pub fn qdisc(&self, ifindex: u32) -> PathBuf {
+        self.qdiscs().join(ifindex.to_string())
+    }
+
+    /// Interfaces whose clsact qdisc hostmesh added.
+    pub fn qdisc_marks(&self) -> io::Result<Vec<u32>> {
+        Ok(names(&self.qdiscs())?.iter().filter_map(|n| n.parse().ok()).collect())
+    }
+
     /// Creates the dir on a bpffs, mounting one on it if it is not on one
     /// (hosts without systemd's /sys/fs/bpf mount, tests).
     pub fn ensure(&self) -> io::Result<()> {
@@ -64,6 +84,7 @@ impl PinDir {
         fs::create_dir_all(self.maps())?;
         fs::create_dir_all(self.links())?;
         fs::create_dir_all(self.progs())?;
+        fs::create_dir_all(self.qdiscs())?;
         Ok(())
     }
 

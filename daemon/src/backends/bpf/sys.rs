@@ -11,10 +11,12 @@ const BPF_MAP_LOOKUP_ELEM: i64 = 1;
 const BPF_MAP_UPDATE_ELEM: i64 = 2;
 const BPF_MAP_DELETE_ELEM: i64 = 3;
 const BPF_MAP_GET_NEXT_KEY: i64 = 4;
+const BPF_PROG_LOAD: i64 = 5;
 const BPF_OBJ_PIN: i64 = 6;
 const BPF_OBJ_GET: i64 = 7;
 const BPF_PROG_GET_FD_BY_ID: i64 = 13;
 const BPF_OBJ_GET_INFO_BY_FD: i64 = 15;
+const BPF_LINK_CREATE: i64 = 28;
 const BPF_LINK_UPDATE: i64 = 29;
 
 pub const BPF_LINK_TYPE_CGROUP: u32 = 3;
@@ -187,6 +189,46 @@ pub fn link_info(fd: BorrowedFd<'_>) -> io::Result<LinkInfo> {
         cgroup_id: u64::from_ne_bytes(b[16..24].try_into().expect("8 bytes")),
         netns_ino: rd32(&b, 16),
     })
+}
+
+/// One eBPF instruction (`struct bpf_insn`).
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+pub struct Insn {
+    pub code: u8,
+    /// dst_reg in the low nibble, src_reg in the high one.
+    pub regs: u8,
+    pub off: i16,
+    pub imm: i32,
+}
+
+/// Loads a program from raw instructions (the feature probes). On failure
+/// returns the errno and the verifier's log.
+pub fn prog_load(prog_type: u32, expected_attach_type: u32, insns: &[Insn]) -> Result<OwnedFd, (io::Error, String)> {
+    let license = c"GPL";
+    let mut log = vec![0u8; 4096];
+    let mut attr = Attr::new()
+        .u32(0, prog_type)
+        .u32(4, insns.len() as u32)
+        .u64(8, insns.as_ptr() as u64)
+        .u64(16, license.as_ptr() as u64)
+        .u32(24, 1)
+        .u32(28, log.len() as u32)
+        .u64(32, log.as_mut_ptr() as u64)
+        .u32(68, expected_attach_type);
+    match bpf(BPF_PROG_LOAD, &mut attr) {
+        Ok(rc) => Ok(fd_from(rc)),
+        Err(e) => {
+            let end = log.iter().position(|b| *b == 0).unwrap_or(log.len());
+            Err((e, String::from_utf8_lossy(&log[..end]).trim().to_string()))
+        }
+    }
+}
+
+/// BPF_LINK_CREATE for a program on an interface (`target_ifindex`).
+pub fn link_create(prog: BorrowedFd<'_>, target: u32, attach_type: u32) -> io::Result<OwnedFd> {
+    let mut attr = Attr::new().u32(0, prog.as_raw_fd() as u32).u32(4, target).u32(8, attach_type);
+    bpf(BPF_LINK_CREATE, &mut attr).map(fd_from)
 }
 
 /// Atomically replaces the program behind a link.

@@ -8,6 +8,7 @@ use netlink_packet_route::link::{
 };
 use netlink_packet_route::RouteNetlinkMessage;
 
+use super::socket::errno;
 use super::socket::RouteSocket as NetlinkSocket;
 
 /// What hostmesh needs to know about a link.
@@ -134,7 +135,7 @@ pub fn delete(sock: &mut NetlinkSocket, name: &str) -> io::Result<()> {
     let mut msg = LinkMessage::default();
     msg.attributes.push(LinkAttribute::IfName(name.to_string()));
     match sock.request(RouteNetlinkMessage::DelLink(msg), 0) {
-        Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(()),
+        Err(e) if errno(&e) == Some(libc::ENODEV) => Ok(()),
         r => r,
     }
 }

@@ -6,6 +6,7 @@ mod link;
 mod neigh;
 mod route;
 mod socket;
+pub mod tc;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;

@@ -8,6 +8,7 @@ use netlink_packet_route::neighbour::{NeighbourAddress, NeighbourAttribute, Neig
 use netlink_packet_route::route::RouteType;
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
+use super::socket::errno;
 use super::socket::RouteSocket as NetlinkSocket;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,7 +73,7 @@ pub fn replace_permanent(sock: &mut NetlinkSocket, ifindex: u32, ip: IpAddr, lla
 
 pub fn delete(sock: &mut NetlinkSocket, ifindex: u32, ip: IpAddr) -> io::Result<()> {
     match sock.request(RouteNetlinkMessage::DelNeighbour(message(ifindex, ip)), 0) {
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH) | Some(libc::ENODEV)) => Ok(()),
+        Err(e) if matches!(errno(&e), Some(libc::ENOENT) | Some(libc::ESRCH) | Some(libc::ENODEV)) => Ok(()),
         r => r,
     }
 }

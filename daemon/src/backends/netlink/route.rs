@@ -13,6 +13,7 @@ use netlink_packet_route::route::{
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
+use super::socket::errno;
 use super::socket::RouteSocket as NetlinkSocket;
 
 /// A route as read back, with the fields hostmesh compares.
@@ -168,7 +169,7 @@ pub fn delete(sock: &mut NetlinkSocket, table: u32, dst: &IpNet, protocol: u8) -
     // answer ESRCH as if it were gone already.
     m.header.scope = RouteScope::NoWhere;
     match sock.request(RouteNetlinkMessage::DelRoute(m), 0) {
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ESRCH) | Some(libc::ENOENT)) => Ok(()),
+        Err(e) if matches!(errno(&e), Some(libc::ESRCH) | Some(libc::ENOENT)) => Ok(()),
         r => r,
     }
 }
@@ -184,7 +185,7 @@ pub fn get(sock: &mut NetlinkSocket, dst: IpAddr) -> io::Result<Option<Route>> {
             RouteNetlinkMessage::NewRoute(r) => parse(&r),
             _ => None,
         })),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENETUNREACH) | Some(libc::EHOSTUNREACH)) => Ok(None),
+        Err(e) if matches!(errno(&e), Some(libc::ENETUNREACH) | Some(libc::EHOSTUNREACH)) => Ok(None),
         Err(e) => Err(e),
     }
 }

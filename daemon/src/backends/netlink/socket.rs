@@ -122,13 +122,33 @@ const NLM_F_CAPPED: u16 = 0x100;
 const NLM_F_ACK_TLVS: u16 = 0x200;
 const NLMSGERR_ATTR_MSG: u16 = 1;
 
-/// Adds the kernel's explanation ("Nexthop has invalid gateway") to an
-/// errno, when it sent one.
-fn with_extack(err: io::Error, raw: &[u8]) -> io::Error {
-    match extack_message(raw) {
-        Some(msg) => io::Error::new(err.kind(), format!("{err}: {msg}")),
-        None => err,
+/// An errno with the kernel's explanation of it (extended ack).
+#[derive(Debug)]
+struct Explained {
+    errno: i32,
+    message: String,
+}
+
+impl std::fmt::Display for Explained {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", io::Error::from_raw_os_error(self.errno), self.message)
     }
+}
+
+impl std::error::Error for Explained {}
+
+/// Adds the kernel's explanation ("Nexthop has invalid gateway") to an
+/// errno, when it sent one; `errno` still finds the number.
+fn with_extack(err: io::Error, raw: &[u8]) -> io::Error {
+    match (extack_message(raw), err.raw_os_error()) {
+        (Some(message), Some(errno)) => io::Error::new(err.kind(), Explained { errno, message }),
+        _ => err,
+    }
+}
+
+/// The errno of a netlink error, explained or not.
+pub fn errno(e: &io::Error) -> Option<i32> {
+    e.raw_os_error().or_else(|| e.get_ref()?.downcast_ref::<Explained>().map(|x| x.errno))
 }
 
 /// The NLMSGERR_ATTR_MSG of an error message: after the 16-byte netlink

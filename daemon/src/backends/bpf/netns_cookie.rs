@@ -1,0 +1,77 @@
+//! The daemon's network namespace cookie on kernels without
+//! SO_NETNS_COOKIE (before 5.14): the connect-time programs compare
+//! `bpf_get_netns_cookie()` with it so they act only in this namespace.
+//!
+//! probes/netns_cookie.c is attached for a moment to the cgroup the daemon
+//! runs in (a bpf link next to whatever else is there; it changes no
+//! connect()), the daemon connects a UDP socket to 127.0.0.1:9 (a UDP
+//! connect sends nothing), the program records the namespace's cookie
+//! under the socket's, and dropping the objects detaches it again.
+
+use std::fs::File;
+use std::io;
+use std::net::UdpSocket;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use aya::maps::HashMap;
+use aya::programs::{CgroupAttachMode, CgroupSockAddr};
+use aya::EbpfLoader;
+
+use crate::abi::{NETNS_COOKIE_ADDR, NETNS_COOKIE_PORT};
+
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/netns_cookie.o"));
+
+const SO_COOKIE: libc::c_int = 57;
+
+/// The cgroup2 dir of the calling process (`0::/path` in /proc/self/cgroup).
+pub fn own_cgroup(cgroup2_root: &Path) -> io::Result<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/cgroup")?;
+    let rel = text
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .ok_or_else(|| io::Error::other("/proc/self/cgroup has no cgroup2 entry (0::)"))?;
+    Ok(cgroup2_root.join(rel.trim_start_matches('/')))
+}
+
+/// Reads this network namespace's cookie through a BPF program attached
+/// to `cgroup`, which must hold the calling process.
+pub fn read_with_bpf(cgroup: &Path) -> io::Result<u64> {
+    let fail = |what: &str, e: &dyn std::fmt::Display| io::Error::other(format!("{what}: {e}"));
+    let mut ebpf = EbpfLoader::new().load(OBJECT).map_err(|e| fail("load probes/netns_cookie.c", &e))?;
+    let program: &mut CgroupSockAddr = ebpf
+        .program_mut("hm_netns_cookie")
+        .ok_or_else(|| io::Error::other("probes/netns_cookie.c has no hm_netns_cookie"))?
+        .try_into()
+        .map_err(|e| fail("hm_netns_cookie", &e))?;
+    program.load().map_err(|e| fail("verify hm_netns_cookie", &e))?;
+    let dir = File::open(cgroup).map_err(|e| fail(&format!("open cgroup {}", cgroup.display()), &e))?;
+    program
+        .attach(&dir, CgroupAttachMode::Single)
+        .map_err(|e| fail(&format!("attach hm_netns_cookie to cgroup {}", cgroup.display()), &e))?;
+
+    let sock = UdpSocket::bind((NETNS_COOKIE_ADDR, 0)).or_else(|_| UdpSocket::bind("0.0.0.0:0"))?;
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: a valid socket and a buffer of the size passed.
+    let rc = unsafe {
+        libc::getsockopt(sock.as_raw_fd(), libc::SOL_SOCKET, SO_COOKIE, &mut cookie as *mut u64 as *mut _, &mut len)
+    };
+    if rc != 0 {
+        return Err(fail("getsockopt(SO_COOKIE)", &io::Error::last_os_error()));
+    }
+    // The program runs before the kernel routes the connect(), so even an
+    // error here (no loopback) has been seen by it.
+    let _ = sock.connect((NETNS_COOKIE_ADDR, NETNS_COOKIE_PORT));
+
+    let map = ebpf.map("HM_NETNS_COOKIE").ok_or_else(|| io::Error::other("no HM_NETNS_COOKIE map"))?;
+    let cookies: HashMap<_, u64, u64> = HashMap::try_from(map).map_err(|e| fail("HM_NETNS_COOKIE", &e))?;
+    // Dropping `ebpf` afterwards detaches the program (its link is not
+    // pinned).
+    cookies.get(&cookie, 0).map_err(|_| {
+        io::Error::other(format!(
+            "hm_netns_cookie on cgroup {} did not see the daemon's connect(); is the daemon in that cgroup?",
+            cgroup.display()
+        ))
+    })
+}

@@ -1,0 +1,230 @@
+//! Programs at TC hooks, attached one of two ways (`model::TcAttach`):
+//!
+//! - **TCX** (Linux 6.6+): a bpf link, pinned under `links/` like every
+//!   other link, replaced atomically with BPF_LINK_UPDATE.
+//! - **netlink**: a direct-action `bpf` filter on the interface's clsact
+//!   qdisc at hostmesh's own priority and handle (`netlink/tc.rs`). The
+//!   filter belongs to the qdisc, so it outlives the daemon like a pinned
+//!   link; a new program replaces it in place (NLM_F_REPLACE on the same
+//!   priority and handle), never by delete-then-add. It is observed by
+//!   dumping the filters: their program id, checked against the pin under
+//!   `progs/`, says whether this build's program runs there.
+//!
+//! Moving a hook from one way to the other (the `tc_attach` setting
+//! changed) adds the new attachment before removing the old, and never
+//! has two programs translate one packet: TCX runs before clsact filters;
+//! hostmesh's programs end classification (TC_ACT_OK, a redirect or a
+//! drop) for every packet they act on, and pass on untouched what they
+//! leave alone, which the other copy then leaves alone too.
+
+use std::collections::btree_map::Entry;
+use std::collections::BTreeMap;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd};
+
+use aya::programs::links::FdLink;
+use aya::programs::tc::TcAttachOptions;
+use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
+
+use super::pins::unpin;
+use super::{bpf_err, chain, ifindex, program_fd, PinnedBpf};
+use crate::backends::netlink::tc::{self, Direction, Filter};
+use crate::backends::netlink::RouteSocket;
+use crate::backends::Result;
+use crate::model::{AttachStatus, Attachment, Hook, Program, TcAttach};
+
+/// Attaches `p` at `a`'s TC hook with a TCX link.
+pub(super) fn attach_tcx(p: &mut SchedClassifier, dev: &str, a: &Attachment) -> Result<FdLink> {
+    let direction = if matches!(a.hook, Hook::TcEgress(_)) { TcAttachType::Egress } else { TcAttachType::Ingress };
+    let id = p
+        .attach_with_options(dev, direction, TcAttachOptions::TcxOrder(LinkOrder::default()))
+        .map_err(|e| bpf_err(format!("attach {a}"), chain(&e)))?;
+    let link = p.take_link(id).map_err(|e| bpf_err(format!("attach {a}"), chain(&e)))?;
+    FdLink::try_from(link).map_err(|e| bpf_err(format!("attach {a}"), chain(&e)))
+}
+
+fn direction(a: &Attachment) -> Direction {
+    if matches!(a.hook, Hook::TcEgress(_)) {
+        Direction::Egress
+    } else {
+        Direction::Ingress
+    }
+}
+
+fn hook(dev: String, d: Direction) -> Hook {
+    match d {
+        Direction::Ingress => Hook::TcIngress(dev),
+        Direction::Egress => Hook::TcEgress(dev),
+    }
+}
+
+fn ifname(ifindex: u32) -> Option<String> {
+    let mut buf = [0u8; libc::IF_NAMESIZE];
+    // SAFETY: buf has the IF_NAMESIZE bytes if_indextoname writes at most.
+    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr() as *mut libc::c_char) };
+    if p.is_null() {
+        return None;
+    }
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    Some(String::from_utf8_lossy(&buf[..end]).into_owned())
+}
+
+fn filter_name(f: &Filter) -> String {
+    let dev = ifname(f.ifindex).unwrap_or_else(|| format!("ifindex {}", f.ifindex));
+    format!("tc filter {} on {} of {dev}", f.name.as_deref().unwrap_or("?"), f.direction.name())
+}
+
+fn tc_err(op: impl Into<String>) -> impl FnOnce(io::Error) -> crate::backends::BackendError {
+    let op = op.into();
+    move |e| bpf_err(op, e)
+}
+
+impl PinnedBpf {
+    fn tc_sock(&mut self) -> Result<&mut RouteSocket> {
+        if self.tc_sock.is_none() {
+            self.tc_sock = Some(RouteSocket::open().map_err(tc_err("open rtnetlink for tc filters"))?);
+        }
+        Ok(self.tc_sock.as_mut().expect("just opened"))
+    }
+
+    /// hostmesh's filters on every clsact qdisc.
+    fn hostmesh_filters(&mut self) -> Result<Vec<Filter>> {
+        let sock = self.tc_sock()?;
+        let mut out = Vec::new();
+        for ifindex in tc::clsact_interfaces(sock).map_err(tc_err("dump qdiscs"))? {
+            for d in [Direction::Ingress, Direction::Egress] {
+                let filters = tc::filters(sock, ifindex, d).map_err(tc_err(format!("dump {} filters", d.name())))?;
+                out.extend(filters.into_iter().filter(Filter::is_hostmesh));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Adds hostmesh's clsact filters to `out`, and marks Defunct every
+    /// TC hook whose program is pinned but attached nowhere (its interface
+    /// went away, taking the filter with it).
+    pub(super) fn observe_filters(&mut self, out: &mut BTreeMap<Attachment, AttachStatus>) -> Result<()> {
+        for f in self.hostmesh_filters()? {
+            let (Some(program), Some(dev)) = (f.name.as_deref().and_then(Program::from_name), ifname(f.ifindex)) else {
+                continue;
+            };
+            let a = Attachment { program, hook: hook(dev, f.direction) };
+            let status = match self.tc_mode {
+                // A filter where TCX is wanted: re-attach (the link goes
+                // in before the filter goes).
+                TcAttach::Tcx => AttachStatus::Outdated,
+                TcAttach::Netlink => self.program_status(&a, f.prog_id.unwrap_or(0), &filter_name(&f))?,
+            };
+            match out.entry(a) {
+                // A link and a filter: a move that was cut short; attach
+                // finishes it.
+                Entry::Occupied(mut e) => *e.get_mut() = AttachStatus::Outdated,
+                Entry::Vacant(e) => {
+                    e.insert(status);
+                }
+            }
+        }
+        let pinned = self.pins.prog_names().map_err(|e| bpf_err("list pinned programs", e))?;
+        for a in pinned.iter().filter_map(|n| Attachment::from_pin_name(n)) {
+            if a.device().is_some() {
+                out.entry(a).or_insert(AttachStatus::Defunct);
+            }
+        }
+        Ok(())
+    }
+
+    /// Attaches (or replaces in place) hostmesh's clsact filter for `a`.
+    pub(super) fn attach_filter(&mut self, a: &Attachment, dev: &str) -> Result<()> {
+        let ifindex =
+            ifindex(dev).ok_or_else(|| bpf_err(format!("attach {a}"), io::Error::from_raw_os_error(libc::ENODEV)))?;
+        let d = direction(a);
+        let prog = program_fd(self.ensure_loaded()?, a.program)?;
+        let marker = self.pins.qdisc(ifindex);
+        let sock = self.tc_sock()?;
+        let existing = tc::filters(sock, ifindex, d).map_err(tc_err(format!("dump {} filters of {dev}", d.name())))?;
+        if let Some(f) = existing.iter().find(|f| f.squats()) {
+            return Err(bpf_err(
+                format!("attach {a}"),
+                format!(
+                    "{} of {dev} has a {} filter ({}) at priority {} handle {} that is not hostmesh's; hostmesh does \
+                     not replace it (remove it, or move it to another priority)",
+                    d.name(),
+                    f.kind,
+                    f.name.as_deref().unwrap_or("unnamed"),
+                    tc::PRIO,
+                    tc::HANDLE
+                ),
+            ));
+        }
+        let created = tc::create_clsact(sock, ifindex).map_err(tc_err(format!("add a clsact qdisc to {dev}")))?;
+        if created {
+            std::fs::create_dir_all(&marker).map_err(tc_err(format!("mark {}", marker.display())))?;
+        }
+        let replaced = tc::replace_bpf(sock, ifindex, d, prog.as_fd().as_raw_fd(), a.program.name());
+        if let Err(e) = replaced {
+            if created {
+                self.release_qdisc(ifindex)?;
+            }
+            return Err(bpf_err(format!("attach {a} as a clsact filter"), e));
+        }
+        self.pin_program(a)?;
+        // A TCX link left from TCX mode goes once the filter runs.
+        let link = self.pins.link(&a.pin_name());
+        unpin(&link).map_err(|e| bpf_err(format!("unpin {}", link.display()), e))
+    }
+
+    /// Removes hostmesh's clsact filter for `a`, if there is one, and the
+    /// qdisc hostmesh added for it once nothing is left on it.
+    pub(super) fn remove_filter(&mut self, a: &Attachment) -> Result<()> {
+        // An interface that is gone took its filters and qdisc with it.
+        let Some(ifindex) = a.device().and_then(ifindex) else { return Ok(()) };
+        let d = direction(a);
+        let sock = self.tc_sock()?;
+        let filters = tc::filters(sock, ifindex, d).map_err(tc_err(format!("dump {} filters", d.name())))?;
+        if filters.iter().any(Filter::is_hostmesh) {
+            tc::delete_bpf(sock, ifindex, d).map_err(tc_err(format!("detach {a} (clsact filter)")))?;
+        }
+        self.release_qdisc(ifindex).map(|_| ())
+    }
+
+    /// Deletes the clsact qdisc hostmesh added to `ifindex` once no filter
+    /// at all is left on it (another tool's keeps it), and forgets it.
+    fn release_qdisc(&mut self, ifindex: u32) -> Result<bool> {
+        let marker = self.pins.qdisc(ifindex);
+        if !marker.exists() {
+            return Ok(false);
+        }
+        let sock = self.tc_sock()?;
+        let mut empty = true;
+        for d in [Direction::Ingress, Direction::Egress] {
+            empty &= tc::filters(sock, ifindex, d).map_err(tc_err("dump filters"))?.is_empty();
+        }
+        if !empty {
+            return Ok(false);
+        }
+        tc::delete_clsact(sock, ifindex).map_err(tc_err(format!("delete the clsact qdisc of ifindex {ifindex}")))?;
+        std::fs::remove_dir(&marker).map_err(tc_err(format!("remove {}", marker.display())))?;
+        Ok(true)
+    }
+
+    /// Teardown: every hostmesh filter, then the qdiscs hostmesh added
+    /// that are empty now. Returns one line per thing removed.
+    pub(super) fn remove_all_filters(&mut self) -> Result<Vec<String>> {
+        let mut done = Vec::new();
+        for f in self.hostmesh_filters()? {
+            let sock = self.tc_sock()?;
+            tc::delete_bpf(sock, f.ifindex, f.direction).map_err(tc_err(format!("delete {}", filter_name(&f))))?;
+            done.push(format!("deleted {}", filter_name(&f)));
+        }
+        let marks = self.pins.qdisc_marks().map_err(|e| bpf_err("list qdisc marks", e))?;
+        for ifindex in marks {
+            let dev = ifname(ifindex);
+            if dev.is_some() && self.release_qdisc(ifindex)? {
+                done.push(format!("deleted clsact qdisc of {}", dev.unwrap_or_default()));
+            }
+            // Gone, or kept for another tool's filters: forget it.
+            let _ = std::fs::remove_dir(self.pins.qdisc(ifindex));
+        }
+        Ok(done)
+    }
+}
