@@ -87,20 +87,33 @@ static __always_inline struct hm_gw_config *gw_config(void)
 	return (cfg && cfg->role) ? cfg : NULL;
 }
 
+/* struct bpf_tunnel_key without the source address (local_ipv4/6, Linux
+ * 6.0): every kernel takes this size, and it is all a receiver needs. */
+#define TUNNEL_KEY_NO_SOURCE __builtin_offsetof(struct bpf_tunnel_key, local_ipv4)
+
 /* The tunnel source of a packet that came out of the tunnel. */
 static __always_inline int tunnel_source(struct __sk_buff *skb, __u8 addr[16], __u32 *vni)
 {
 	struct bpf_tunnel_key key = {};
 
-	if (bpf_skb_get_tunnel_key(skb, &key, sizeof(key), 0) == 0) {
+	if (bpf_skb_get_tunnel_key(skb, &key, TUNNEL_KEY_NO_SOURCE, 0) == 0) {
 		hm_v4_mapped(addr, bpf_htonl(key.remote_ipv4));
-	} else if (bpf_skb_get_tunnel_key(skb, &key, sizeof(key), BPF_F_TUNINFO_IPV6) == 0) {
+	} else if (bpf_skb_get_tunnel_key(skb, &key, TUNNEL_KEY_NO_SOURCE, BPF_F_TUNINFO_IPV6) == 0) {
 		__builtin_memcpy(addr, key.remote_ipv6, 16);
 	} else {
 		return -1;
 	}
 	*vni = key.tunnel_id;
 	return 0;
+}
+
+/* Sets the tunnel key with its source address; kernels before 6.0 refuse
+ * that size, and get the key without it (the route picks the source). */
+static __always_inline int set_key(struct __sk_buff *skb, struct bpf_tunnel_key *key, __u64 flags)
+{
+	if (bpf_skb_set_tunnel_key(skb, key, sizeof(*key), flags) == 0)
+		return 0;
+	return bpf_skb_set_tunnel_key(skb, key, TUNNEL_KEY_NO_SOURCE, flags);
 }
 
 /* Sends the packet into the tunnel to `to`, from local_ip: peers know
@@ -126,12 +139,12 @@ static __always_inline int set_destination(struct __sk_buff *skb, const struct h
 		/* No outer UDP checksum over IPv4, as the kernel's own VXLAN
 		 * devices default to (RFC 7348): the inner packet has its own,
 		 * and computing one per segment costs throughput. */
-		return bpf_skb_set_tunnel_key(skb, &key, sizeof(key), BPF_F_ZERO_CSUM_TX);
+		return set_key(skb, &key, BPF_F_ZERO_CSUM_TX);
 	}
 	__builtin_memcpy(key.remote_ipv6, to, 16);
 	if (!hm_is_v4(cfg->local))
 		__builtin_memcpy(key.local_ipv6, cfg->local, 16);
-	return bpf_skb_set_tunnel_key(skb, &key, sizeof(key), BPF_F_TUNINFO_IPV6);
+	return set_key(skb, &key, BPF_F_TUNINFO_IPV6);
 }
 
 static __always_inline void refresh(struct hm_gw_ct_value *v)

@@ -226,6 +226,7 @@ fn a_filter_running_another_program_is_replaced_in_place() {
 
     // Another build's hm_reply (here: a program that passes everything),
     // in hostmesh's slot on lo.
+    hostmesh::backends::bpf::raise_memlock_limit();
     let other = sys::prog_load(
         3,
         0,

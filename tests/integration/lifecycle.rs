@@ -156,12 +156,17 @@ fn a_burst_of_a_thousand_drop_ins_costs_one_sync() {
     let d = host.start_ready();
     let generation = host.status().generation;
     let before = d.log_text().matches("msg=\"sync done\"").count();
+    let started = std::time::Instant::now();
     for i in 0..1000 {
         host.write(
             &format!("svc-{i:04}.toml"),
             &format!("[[service]]\nname = \"svc-{i}\"\nvip = \"10.97.{}.{}\"\nport = 80\n", i / 250, i % 250 + 1),
         );
     }
+    // A stream of events delays a sync by a second at most, so a burst
+    // that took the writer longer (a slow VM) may cost one sync more per
+    // second it took.
+    let syncs = 1 + started.elapsed().as_secs();
     wait_until("1000 services applied", Duration::from_secs(20), || {
         let s = host.status();
         s.counts.services == 1000 && s.last_sync.ok
@@ -169,8 +174,9 @@ fn a_burst_of_a_thousand_drop_ins_costs_one_sync() {
     .unwrap();
     // Let any straggling sync happen before counting.
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(host.status().generation, generation + 1, "one sync for the whole burst");
-    assert_eq!(d.log_text().matches("msg=\"sync done\"").count(), before + 1);
+    let generations = host.status().generation - generation;
+    assert!((1..=syncs).contains(&generations), "{generations} syncs for a burst written in {:?}", started.elapsed());
+    assert_eq!(d.log_text().matches("msg=\"sync done\"").count() as u64, before as u64 + generations);
     assert_eq!(host.owned_routes().len(), 1000);
 }
 

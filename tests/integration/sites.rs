@@ -223,7 +223,7 @@ pub struct TcpExchange {
 pub fn tcp_exchange(ns: &Netns, src: &str, dst: &str, writes: usize, size: usize) -> std::io::Result<TcpExchange> {
     let fd = bound(ns, SockType::Stream, SocketAddr::new(src.parse().expect("source"), 0))?;
     let dst: SocketAddr = dst.parse().expect("destination");
-    let timeout = Duration::from_secs(2);
+    let timeout = hm_testkit::scaled(Duration::from_secs(2));
     let stream = TcpStream::from(fd);
     stream.set_write_timeout(Some(timeout))?;
     // A blocking connect(2) honours SO_SNDTIMEO.
@@ -254,7 +254,7 @@ pub fn tcp_exchange(ns: &Netns, src: &str, dst: &str, writes: usize, size: usize
 pub fn udp_exchange(ns: &Netns, src: &str, dst: &str) -> std::io::Result<String> {
     let fd = bound(ns, SockType::Datagram, SocketAddr::new(src.parse().expect("source"), 0))?;
     let sock = UdpSocket::from(fd);
-    sock.set_read_timeout(Some(Duration::from_secs(2)))?;
+    sock.set_read_timeout(Some(hm_testkit::scaled(Duration::from_secs(2))))?;
     // Connected and with IP_RECVERR, so an ICMP error (host unreachable
     // included, which UDP otherwise ignores) is the error of recv.
     if sock.local_addr()?.is_ipv4() {

@@ -93,7 +93,7 @@ pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
         .map_err(|source| RunError::StateDir { dir: paths.state_dir.display().to_string(), source })?;
     let originals = SysctlOriginals::load(&paths.state_dir)
         .map_err(|source| RunError::Originals { dir: paths.state_dir.display().to_string(), source })?;
-    raise_memlock_limit();
+    crate::backends::bpf::raise_memlock_limit();
     let features = features::probe()?;
     info!(log, "kernel features probed"; "release" => report::kernel_release(), "result" => features.summary());
     let backends = Backends {
@@ -135,18 +135,6 @@ pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
     };
     d.run_loop(rx);
     Ok(())
-}
-
-/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; systemd's unit
-/// lifts it (LimitMEMLOCK=infinity), and so does the daemon when run by
-/// hand. Where it may not raise the hard limit, the soft one goes up to it.
-fn raise_memlock_limit() {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
-    if setrlimit(Resource::RLIMIT_MEMLOCK, RLIM_INFINITY, RLIM_INFINITY).is_err() {
-        if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_MEMLOCK) {
-            let _ = setrlimit(Resource::RLIMIT_MEMLOCK, hard, hard);
-        }
-    }
 }
 
 impl Daemon {

@@ -30,16 +30,19 @@ pub enum Feature {
     SkLookup,
     /// `bpf_redirect_neigh()` in TC programs.
     RedirectNeigh,
+    /// A tunnel source address in `bpf_skb_set_tunnel_key()`.
+    TunnelSource,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 6] = [
+    pub const ALL: [Feature; 7] = [
         Feature::Tcx,
         Feature::NetnsCookieSockopt,
         Feature::SetRetval,
         Feature::ConnectTimeHooks,
         Feature::SkLookup,
         Feature::RedirectNeigh,
+        Feature::TunnelSource,
     ];
 
     pub fn name(self) -> &'static str {
@@ -50,6 +53,7 @@ impl Feature {
             Feature::ConnectTimeHooks => "connect_time_hooks",
             Feature::SkLookup => "sk_lookup",
             Feature::RedirectNeigh => "redirect_neigh",
+            Feature::TunnelSource => "tunnel_source",
         }
     }
 
@@ -66,6 +70,7 @@ impl Feature {
             Feature::ConnectTimeHooks => "cgroup connect, sendmsg, recvmsg and getpeername programs",
             Feature::SkLookup => "sk_lookup programs",
             Feature::RedirectNeigh => "bpf_redirect_neigh() in TC programs",
+            Feature::TunnelSource => "a tunnel source address in bpf_skb_set_tunnel_key()",
         }
     }
 
@@ -78,6 +83,7 @@ impl Feature {
             Feature::ConnectTimeHooks => "5.8",
             Feature::SkLookup => "5.9",
             Feature::RedirectNeigh => "5.10",
+            Feature::TunnelSource => "6.0",
         }
     }
 
@@ -99,6 +105,10 @@ impl Feature {
             Feature::SkLookup => "mesh redirects use the nftables tproxy fallback",
             Feature::RedirectNeigh => {
                 "the bpfnat veth path is unavailable: connect-time load balancing handles TCP and UDP (mode \"all\")"
+            }
+            Feature::TunnelSource => {
+                "gateway tunnels and probes leave from the address the kernel's route picks, not always local_ip (on a \
+                 multi-homed gateway, give the route to the peers src local_ip)"
             }
         }
     }

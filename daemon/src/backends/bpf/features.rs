@@ -25,6 +25,7 @@ const BPF_CGROUP_INET4_GETPEERNAME: u32 = 29;
 const BPF_SK_LOOKUP: u32 = 36;
 const BPF_TCX_INGRESS: u32 = 46;
 
+const FN_SKB_SET_TUNNEL_KEY: i32 = 21;
 const FN_GET_NETNS_COOKIE: i32 = 122;
 const FN_REDIRECT_NEIGH: i32 = 152;
 const FN_SET_RETVAL: i32 = 187;
@@ -47,6 +48,25 @@ const fn call(helper: i32) -> Insn {
 }
 
 const EXIT: Insn = Insn { code: 0x95, regs: 0, off: 0, imm: 0 };
+
+/// `mov64 dst, src`
+const fn mov_reg(dst: u8, src: u8) -> Insn {
+    Insn { code: 0xbf, regs: dst | (src << 4), off: 0, imm: 0 }
+}
+
+/// `*(u64 *)(r10 + off) = 0`
+const fn zero_stack(off: i16) -> Insn {
+    Insn { code: 0x7a, regs: 10, off, imm: 0 }
+}
+
+/// `dst += imm`
+const fn add_imm(dst: u8, imm: i32) -> Insn {
+    Insn { code: 0x07, regs: dst, off: 0, imm }
+}
+
+/// `sizeof(struct bpf_tunnel_key)` with the tunnel's source address
+/// (`local_ipv4`/`local_ipv6`); kernels before the field refuse the size.
+const TUNNEL_KEY_WITH_SOURCE: i32 = 44;
 
 fn loads(prog_type: u32, attach_type: u32, insns: &[Insn]) -> bool {
     sys::prog_load(prog_type, attach_type, insns).is_ok()
@@ -92,6 +112,29 @@ fn has(feature: Feature) -> bool {
         ),
         // return SK_PASS;
         Feature::SkLookup => loads(BPF_PROG_TYPE_SK_LOOKUP, BPF_SK_LOOKUP, &[mov_imm(0, 1), EXIT]),
+        // return bpf_skb_set_tunnel_key(skb, &(struct bpf_tunnel_key){},
+        // 44, 0), run once on a packet: 0 if the kernel knows the size
+        // that carries a source address, -EINVAL if not.
+        Feature::TunnelSource => {
+            let insns = [
+                mov_reg(6, 1),
+                zero_stack(-48),
+                zero_stack(-40),
+                zero_stack(-32),
+                zero_stack(-24),
+                zero_stack(-16),
+                zero_stack(-8),
+                mov_reg(2, 10),
+                add_imm(2, -48),
+                mov_reg(1, 6),
+                mov_imm(3, TUNNEL_KEY_WITH_SOURCE),
+                mov_imm(4, 0),
+                call(FN_SKB_SET_TUNNEL_KEY),
+                EXIT,
+            ];
+            let Ok(prog) = sys::prog_load(BPF_PROG_TYPE_SCHED_CLS, 0, &insns) else { return false };
+            sys::prog_test_run(prog.as_fd(), &[0u8; 64]).is_ok_and(|rc| rc == 0)
+        }
         // return bpf_redirect_neigh(1, NULL, 0, 0);
         Feature::RedirectNeigh => loads(
             BPF_PROG_TYPE_SCHED_CLS,
@@ -110,6 +153,10 @@ mod tests {
         assert_eq!(std::mem::size_of::<Insn>(), 8);
         let m = mov_imm(2, 7);
         assert_eq!((m.code, m.regs, m.imm), (0xb7, 0x02, 7));
+        let r = mov_reg(2, 10);
+        assert_eq!((r.code, r.regs), (0xbf, 0xa2));
+        let z = zero_stack(-48);
+        assert_eq!((z.code, z.regs, z.off), (0x7a, 0x0a, -48));
         let c = call(FN_SET_RETVAL);
         assert_eq!((c.code, c.imm), (0x85, 187));
     }

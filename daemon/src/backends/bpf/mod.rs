@@ -73,6 +73,19 @@ fn chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// Kernels before 5.11 charge BPF maps and programs to RLIMIT_MEMLOCK;
+/// systemd's unit lifts it (LimitMEMLOCK=infinity), and so does this when
+/// hostmesh runs by hand. Where the hard limit may not be raised, the soft
+/// one goes up to it.
+pub fn raise_memlock_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
+    if setrlimit(Resource::RLIMIT_MEMLOCK, RLIM_INFINITY, RLIM_INFINITY).is_err() {
+        if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_MEMLOCK) {
+            let _ = setrlimit(Resource::RLIMIT_MEMLOCK, hard, hard);
+        }
+    }
+}
+
 impl PinnedBpf {
     pub fn new(dir: &Path, features: KernelFeatures) -> Self {
         PinnedBpf {

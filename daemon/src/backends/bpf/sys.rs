@@ -14,6 +14,7 @@ const BPF_MAP_GET_NEXT_KEY: i64 = 4;
 const BPF_PROG_LOAD: i64 = 5;
 const BPF_OBJ_PIN: i64 = 6;
 const BPF_OBJ_GET: i64 = 7;
+const BPF_PROG_TEST_RUN: i64 = 10;
 const BPF_PROG_GET_FD_BY_ID: i64 = 13;
 const BPF_OBJ_GET_INFO_BY_FD: i64 = 15;
 const BPF_LINK_CREATE: i64 = 28;
@@ -223,6 +224,18 @@ pub fn prog_load(prog_type: u32, expected_attach_type: u32, insns: &[Insn]) -> R
             Err((e, String::from_utf8_lossy(&log[..end]).trim().to_string()))
         }
     }
+}
+
+/// Runs a loaded program once on `packet` (BPF_PROG_TEST_RUN); returns
+/// its return value.
+pub fn prog_test_run(prog: BorrowedFd<'_>, packet: &[u8]) -> io::Result<u32> {
+    let mut attr = Attr::new()
+        .u32(0, prog.as_raw_fd() as u32)
+        .u32(8, packet.len() as u32)
+        .u64(16, packet.as_ptr() as u64)
+        .u32(32, 1);
+    bpf(BPF_PROG_TEST_RUN, &mut attr)?;
+    Ok(u32::from_ne_bytes(attr.0[4..8].try_into().expect("4 bytes")))
 }
 
 /// BPF_LINK_CREATE for a program on an interface (`target_ifindex`).
