@@ -1,11 +1,16 @@
 # Shorthands for the scripts (every target runs as root on Debian 12).
-.PHONY: demo test deb rpm packages acceptance
+.PHONY: demo test test-kernels deb rpm packages acceptance
 
 demo:
 	./scripts/demo
 
 test:
 	./scripts/test
+
+# The integration suite in VMs with Debian's 6.1, 6.12 and 5.10 kernels
+# (15-20 minutes each under software emulation).
+test-kernels:
+	./scripts/test-kernels
 
 deb:
 	packaging/deb/build
@@ -16,6 +21,7 @@ rpm:
 packages: deb rpm
 
 # Builds both packages, checks them, and tests them under a real systemd in
-# systemd-nspawn (a few minutes the first time: the Debian root is cached).
+# systemd-nspawn and (the .deb) on a Debian 12 VM with its own kernel (a few
+# minutes the first time: the Debian roots are cached).
 acceptance:
 	./scripts/acceptance
