@@ -126,7 +126,7 @@ pub fn render(s: &Status, liveness: &Liveness) -> String {
         out.push_str(&format!("  error: {e}\n"));
     }
     if let Some(k) = &s.kernel {
-        out.push_str(&format!("kernel: {}; TC programs attached with {}\n", k.release, k.tc_attach.describe()));
+        out.push_str(&format!("linux: {}; TC programs attached with {}\n", k.release, k.tc_attach.describe()));
         for m in &k.missing {
             out.push_str(&format!("  missing {} ({}, Linux {}): {}\n", m.feature, m.what, m.since, m.without));
         }
