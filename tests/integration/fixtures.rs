@@ -8,7 +8,12 @@ use std::time::Duration;
 use hm_testkit::{cli, Cgroup, Daemon, DaemonOptions, Netns, TempDir};
 use hostmesh::state::Status;
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_hostmesh");
+/// The hostmesh binary under test: the one cargo built for this test
+/// binary, or `HM_TEST_DAEMON` (scripts/test-kernels runs a copy, so a
+/// build meanwhile changes nothing under a running suite).
+pub fn bin() -> String {
+    std::env::var("HM_TEST_DAEMON").unwrap_or_else(|_| env!("CARGO_BIN_EXE_hostmesh").to_string())
+}
 
 /// The integration tests run one at a time: their timing claims (a sidecar
 /// within 1 s, a removal within 2 s) are about hostmesh, and on a 2-CPU
@@ -75,7 +80,7 @@ impl Host {
         let ns = Netns::new();
         let cgroup = Cgroup::new();
         let dir = TempDir::new("hm-it");
-        let opts = DaemonOptions::in_dir(BIN, &dir);
+        let opts = DaemonOptions::in_dir(&bin(), &dir);
         let host = Host { opts, _dir: dir, cgroup, ns };
         host.set_daemon_config(extra);
         host
@@ -113,7 +118,7 @@ impl Host {
     }
 
     pub fn hostmesh(&self, args: &[&str]) -> Output {
-        cli(&self.ns, Path::new(BIN), args)
+        cli(&self.ns, Path::new(&bin()), args)
     }
 
     /// `hostmesh status` (text) with this host's state dir.

@@ -4,7 +4,6 @@
 //! and from TCX without a gap, and replaced in place.
 
 use std::collections::BTreeSet;
-use std::process::Stdio;
 use std::time::Duration;
 
 use hostmesh::model::{Feature, TcAttach};
@@ -168,18 +167,7 @@ fn tc_attach_moves_between_tcx_and_clsact_filters_without_a_gap() {
 
     // A request every 50 ms over TCP and UDP, through the veth both ways,
     // while the hooks move to TCX (where there is TCX) and back.
-    let clients: Vec<_> = [("tcp", "80"), ("udp", "53")]
-        .into_iter()
-        .map(|(proto, port)| {
-            t.host
-                .ns
-                .command_in_cgroup("python3", t.host.cgroup.path())
-                .args([CLIENT, "loop", proto, "10.96.0.10", port, "0.05", "4"])
-                .stdout(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
+    let loops = t.loops(4);
     std::thread::sleep(Duration::from_millis(800));
     let generation = t.host.status().generation;
     t.host.set_daemon_config("connect_time_lb = \"off\"\ntc_attach = \"auto\"");
@@ -203,12 +191,7 @@ fn tc_attach_moves_between_tcx_and_clsact_filters_without_a_gap() {
     assert_eq!(hostmesh_filters(&t.host.ns).len(), hooks.len(), "back to filters");
     assert!(tcx_links(&t.host).is_empty(), "and no TCX links");
 
-    for (client, proto) in clients.into_iter().zip(["tcp", "udp"]) {
-        let out = client.wait_with_output().unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(v["failures"].as_array().unwrap().len(), 0, "{proto}: {v}\n{}", d.log_text());
-        assert!(v["ok"].as_u64().unwrap() >= 20, "{proto}: {v}");
-    }
+    loops.assert_none_failed(20, &format!("moving TC hooks\n{}", d.log_text()));
 }
 
 #[test]

@@ -188,29 +188,13 @@ fn an_established_veth_flow_survives_the_removal_of_another_backend() {
 fn check_restart(mode: &str) {
     let t = Topology::new(&format!("connect_time_lb = \"{mode}\""));
     let mut d = t.host.start_ready();
-    let clients: Vec<_> = [("tcp", "80"), ("udp", "53")]
-        .into_iter()
-        .map(|(proto, port)| {
-            t.host
-                .ns
-                .command_in_cgroup("python3", t.host.cgroup.path())
-                .args([CLIENT, "loop", proto, "10.96.0.10", port, "0.05", "4"])
-                .stdout(std::process::Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
+    let loops = t.loops(4);
     std::thread::sleep(Duration::from_millis(800));
     d.stop(Duration::from_secs(5));
     drop(d);
     std::thread::sleep(Duration::from_millis(500)); // traffic with no daemon at all
     let d = t.host.start_ready();
-    for (client, proto) in clients.into_iter().zip(["tcp", "udp"]) {
-        let out = client.wait_with_output().unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(v["failures"].as_array().unwrap().len(), 0, "mode {mode}, {proto}: {v}");
-        assert!(v["ok"].as_u64().unwrap() >= 40, "mode {mode}, {proto}: {v}");
-    }
+    loops.assert_none_failed(40, &format!("mode {mode}"));
     let s = t.host.status();
     assert_eq!(s.last_sync.steps, 0, "the restarted daemon adopted everything");
     drop(d);

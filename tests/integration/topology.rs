@@ -197,6 +197,46 @@ impl Topology {
     }
 }
 
+/// Two clients of 10.96.0.10, one over TCP (port 80) and one over UDP
+/// (53), each sending a request every 50 ms for a few seconds.
+pub struct Loops {
+    clients: Vec<(&'static str, Child)>,
+}
+
+impl Topology {
+    /// Starts the loops; they run for `seconds`.
+    pub fn loops(&self, seconds: u32) -> Loops {
+        let clients = [("tcp", "80"), ("udp", "53")]
+            .into_iter()
+            .map(|(proto, port)| {
+                let child = self
+                    .host
+                    .ns
+                    .command_in_cgroup("python3", self.host.cgroup.path())
+                    .args([CLIENT, "loop", proto, "10.96.0.10", port, "0.05", &seconds.to_string()])
+                    .stdout(Stdio::piped())
+                    .spawn()
+                    .expect("run the client");
+                (proto, child)
+            })
+            .collect();
+        Loops { clients }
+    }
+}
+
+impl Loops {
+    /// Waits for both to end: no request failed, and each got at least
+    /// `min_ok` answers.
+    pub fn assert_none_failed(self, min_ok: u64, what: &str) {
+        for (proto, client) in self.clients {
+            let out = client.wait_with_output().expect("wait for the client");
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{what}, {proto}: {e}"));
+            assert_eq!(v["failures"].as_array().unwrap().len(), 0, "{what}, {proto}: {v}");
+            assert!(v["ok"].as_u64().unwrap() >= min_ok, "{what}, {proto}: {v}");
+        }
+    }
+}
+
 pub struct Held {
     child: Child,
     stdin: Option<ChildStdin>,
