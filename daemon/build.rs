@@ -29,7 +29,7 @@ fn main() {
     let clang = env::var("CLANG").unwrap_or_else(|_| "clang".to_string());
 
     println!("cargo:rerun-if-env-changed=CLANG");
-    for header in ["hostmesh_abi.h", "service_maps.h", "packet.h"] {
+    for header in ["hostmesh_abi.h", "service_maps.h", "packet.h", "conntrack.h"] {
         println!("cargo:rerun-if-changed={}", probes.join(header).display());
     }
     for (object, source, defines) in PROBES {

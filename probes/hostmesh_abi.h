@@ -89,9 +89,11 @@ struct hm_maglev_chunk {
 };
 _Static_assert(sizeof(struct hm_maglev_chunk) == 256, "hm_maglev_chunk layout");
 
-/* HM_CT: conntrack of the bpfnat veth path. Each flow has two entries:
- * forward (client -> VIP, as seen on hm-natout) holding the backend, and
- * reverse (backend -> client, as seen on host interfaces) holding the VIP. */
+/* HM_CT and HM_CT_CLOSING: conntrack of the bpfnat veth path
+ * (probes/conntrack.h). Each flow has two entries: forward (client -> VIP,
+ * as seen on hm-natout) holding the backend, and reverse (backend ->
+ * client, as seen on host interfaces) holding the VIP. Open flows are in
+ * HM_CT, TCP flows that are closed in HM_CT_CLOSING. */
 struct hm_ct_key {
 	__u8 src[16];
 	__u8 dst[16];
@@ -116,8 +118,10 @@ struct hm_ct_value {
 };
 _Static_assert(sizeof(struct hm_ct_value) == 32, "hm_ct_value layout");
 
-#define HM_CT_F_REPLIED (1u << 0) /* the backend answered */
-#define HM_CT_F_CLOSING (1u << 1) /* TCP FIN or RST seen */
+#define HM_CT_F_REPLIED (1u << 0)  /* the backend answered */
+#define HM_CT_F_CLOSING (1u << 1)  /* TCP: closed (a FIN each way, or a RST) */
+#define HM_CT_F_FIN_OUT (1u << 2)  /* TCP: the client sent its FIN */
+#define HM_CT_F_FIN_BACK (1u << 3) /* TCP: the backend sent its FIN */
 
 /* HM_REVERSE_SOCK: connect-time LB's memory of what a socket asked for,
  * so getpeername() and recvmsg() show the VIP, not the backend. */

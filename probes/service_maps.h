@@ -58,6 +58,15 @@ struct {
 	__type(value, struct hm_ct_value);
 } HM_CT SEC(".maps");
 
+/* Closed TCP flows, for their last packets (probes/conntrack.h). The daemon
+ * sizes it as HM_CT ([daemon] conntrack_size). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, HM_MAX_CONNTRACK);
+	__type(key, struct hm_ct_key);
+	__type(value, struct hm_ct_value);
+} HM_CT_CLOSING SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, HM_MAX_REVERSE_SOCK);

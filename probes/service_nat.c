@@ -28,13 +28,12 @@
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
+#include "conntrack.h"
 #include "packet.h"
 #include "service_maps.h"
 
 #define AF_INET 2
 #define AF_INET6 10
-
-#define NS_PER_S 1000000000ULL
 
 /* Rewrites the source or destination address and port, fixing checksums. */
 static __always_inline int rewrite(struct __sk_buff *skb, const struct flow *f, int dst, const __u8 addr[16], __be16 port)
@@ -178,33 +177,6 @@ static __always_inline int refuse(struct __sk_buff *skb, const struct flow *f)
 	return bpf_redirect(skb->ifindex, 0);
 }
 
-static __always_inline __u64 ct_timeout_ns(const struct hm_ct_value *ct, __u8 proto, const struct hm_config *cfg)
-{
-	if (ct->flags & HM_CT_F_CLOSING)
-		return HM_CT_CLOSING_TIMEOUT_S * NS_PER_S;
-	if (proto == IPPROTO_UDP)
-		return (cfg ? cfg->udp_timeout_s : 60) * NS_PER_S;
-	if (!(ct->flags & HM_CT_F_REPLIED))
-		return HM_CT_SYN_TIMEOUT_S * NS_PER_S;
-	return (__u64)(cfg ? cfg->tcp_timeout_s : 86400) * NS_PER_S;
-}
-
-static __always_inline __u8 closing(const struct flow *f)
-{
-	return (f->tcp_flags & (TCP_FIN | TCP_RST)) ? HM_CT_F_CLOSING : 0;
-}
-
-static __always_inline void ct_key(struct hm_ct_key *k, const __u8 src[16], const __u8 dst[16], __be16 sport,
-				   __be16 dport, __u8 proto, __u8 dir)
-{
-	__builtin_memcpy(k->src, src, 16);
-	__builtin_memcpy(k->dst, dst, 16);
-	k->sport = sport;
-	k->dport = dport;
-	k->proto = proto;
-	k->dir = dir;
-}
-
 SEC("classifier")
 int hm_natout(struct __sk_buff *skb)
 {
@@ -216,6 +188,7 @@ int hm_natout(struct __sk_buff *skb)
 	__be16 backend_port;
 	__u64 now = bpf_ktime_get_ns();
 	int parsed = parse(skb, &f);
+	int closed;
 
 	if (parsed == NOT_IP)
 		return TC_ACT_OK;
@@ -225,14 +198,20 @@ int hm_natout(struct __sk_buff *skb)
 		return (f.v6 && f.proto == IPPROTO_ICMPV6) ? TC_ACT_OK : TC_ACT_SHOT;
 
 	ct_key(&fk, f.src, f.dst, f.sport, f.dport, f.proto, HM_CT_FORWARD);
-	ct = bpf_map_lookup_elem(&HM_CT, &fk);
-	if (ct && now - ct->last_seen_ns < ct_timeout_ns(ct, f.proto, cfg) &&
-	    !((ct->flags & HM_CT_F_CLOSING) && (f.tcp_flags & TCP_SYN))) {
-		ct->last_seen_ns = now;
-		ct->flags |= closing(&f);
+	ct = ct_find(&fk, &closed);
+	/* A SYN after a flow closed starts a new flow on its tuple. */
+	if (ct && ct_live(ct, f.proto, now, cfg) && !(closed && (f.tcp_flags & TCP_SYN))) {
 		__builtin_memcpy(backend, ct->nat_addr, 16);
 		backend_port = ct->nat_port;
 		hm_count(ct->svc_id, skb->len);
+		if (closed) {
+			ct->last_seen_ns = now;
+		} else {
+			struct hm_ct_key rk = {};
+
+			ct_key(&rk, backend, f.src, backend_port, f.sport, f.proto, HM_CT_REVERSE);
+			ct_seen(&fk, ct, &rk, bpf_map_lookup_elem(&HM_CT, &rk), ct_end(&f, HM_CT_F_FIN_OUT), now);
+		}
 	} else {
 		struct hm_svc_key sk = {};
 		struct hm_svc_value *svc;
@@ -260,7 +239,7 @@ int hm_natout(struct __sk_buff *skb)
 		__builtin_memcpy(fv.nat_addr, backend, 16);
 		fv.nat_port = backend_port;
 		fv.svc_id = svc->id;
-		fv.flags = closing(&f);
+		fv.flags = ct_end(&f, HM_CT_F_FIN_OUT);
 		fv.last_seen_ns = now;
 		__builtin_memcpy(rv.nat_addr, f.dst, 16);
 		rv.nat_port = f.dport;
@@ -277,8 +256,23 @@ int hm_natout(struct __sk_buff *skb)
 	return forward(skb, &f, backend);
 }
 
+/* A SYN-ACK: the answer to a SYN. */
+static __always_inline int syn_ack(const struct flow *f)
+{
+	return f->proto == IPPROTO_TCP && (f->tcp_flags & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK);
+}
+
 /* TC ingress on host interfaces and lo: replies from backends get their
  * VIP back as the source. Everything else passes untouched.
+ *
+ * Only replies of a flow hostmesh translated, and that is not over: the
+ * host may talk to a backend straight, from an address and port a VIP
+ * flow used before (clients cycle through the whole port range), and the
+ * replies of that connection must reach it untouched. So a flow that has
+ * expired, or a SYN-ACK for a flow that is closed (the veth path starts a
+ * new flow for every SYN after a close, so that SYN did not go to the
+ * VIP), is forgotten instead of used; and hm_direct below forgets the
+ * flow of a tuple the moment the host sends to the backend straight.
  *
  * These are other tools' interfaces too: every packet goes on with
  * TC_ACT_UNSPEC ("next"), so TC programs and filters after hostmesh's
@@ -290,33 +284,69 @@ int hm_reply(struct __sk_buff *skb)
 {
 	struct flow f = {};
 	struct hm_ct_key rk = {}, fk = {};
-	struct hm_ct_value *rev, *fwd;
+	struct hm_ct_value *rev, *fwd, *state;
 	__u8 vip[16];
 	__be16 vport;
 	__u64 now;
+	int closed;
 
 	if (parse(skb, &f) != PARSED)
 		return TC_ACT_UNSPEC;
 	ct_key(&rk, f.src, f.dst, f.sport, f.dport, f.proto, HM_CT_REVERSE);
-	rev = bpf_map_lookup_elem(&HM_CT, &rk);
+	rev = ct_find(&rk, &closed);
 	if (!rev)
 		return TC_ACT_UNSPEC;
-	now = bpf_ktime_get_ns();
-	rev->last_seen_ns = now;
-	rev->flags |= HM_CT_F_REPLIED | closing(&f);
 	__builtin_memcpy(vip, rev->nat_addr, 16);
 	vport = rev->nat_port;
-
-	/* The forward entry's state decides when the flow expires. */
 	ct_key(&fk, f.dst, vip, f.dport, vport, f.proto, HM_CT_FORWARD);
-	fwd = bpf_map_lookup_elem(&HM_CT, &fk);
-	if (fwd) {
-		fwd->flags |= HM_CT_F_REPLIED | closing(&f);
-		fwd->last_seen_ns = now;
+	fwd = ct_peer(&fk, closed);
+
+	/* The forward entry's state decides whether the flow is live (the
+	 * reverse one's, should the forward one be gone). */
+	state = fwd ? fwd : rev;
+	now = bpf_ktime_get_ns();
+	if (!ct_live(state, f.proto, now, hm_config()) || (syn_ack(&f) && (closed || (state->flags & HM_CT_F_CLOSING)))) {
+		ct_forget(&fk, &rk, closed);
+		return TC_ACT_UNSPEC;
+	}
+	if (closed) {
+		rev->last_seen_ns = now;
+		if (fwd)
+			fwd->last_seen_ns = now;
+	} else {
+		ct_seen(&fk, fwd, &rk, rev, HM_CT_F_REPLIED | ct_end(&f, HM_CT_F_FIN_BACK), now);
 	}
 
 	if (rewrite(skb, &f, 0, vip, vport))
 		return TC_ACT_SHOT;
+	return TC_ACT_UNSPEC;
+}
+
+/* TC egress on host interfaces and lo: the host sends straight to a
+ * backend (a TCP SYN or a UDP datagram that did not come through the veth)
+ * from a client address and port a VIP flow to that backend used. That
+ * VIP flow is over — the backend could not tell two flows with one tuple
+ * apart — so its entries go, and hm_reply leaves the new flow's replies
+ * alone. Packets the veth path translated were received on hm-natout
+ * (ingress_ifindex); only the host's own (ingress_ifindex 0) count. */
+SEC("classifier")
+int hm_direct(struct __sk_buff *skb)
+{
+	struct flow f = {};
+	struct hm_ct_key rk = {}, fk = {};
+	struct hm_ct_value *rev;
+	int closed;
+
+	if (skb->ingress_ifindex != 0 || parse(skb, &f) != PARSED)
+		return TC_ACT_UNSPEC;
+	if (f.proto == IPPROTO_TCP && (f.tcp_flags & (TCP_SYN | TCP_ACK)) != TCP_SYN)
+		return TC_ACT_UNSPEC;
+	ct_key(&rk, f.dst, f.src, f.dport, f.sport, f.proto, HM_CT_REVERSE);
+	rev = ct_find(&rk, &closed);
+	if (!rev)
+		return TC_ACT_UNSPEC;
+	ct_key(&fk, f.src, rev->nat_addr, f.sport, rev->nat_port, f.proto, HM_CT_FORWARD);
+	ct_forget(&fk, &rk, closed);
 	return TC_ACT_UNSPEC;
 }
 

@@ -105,6 +105,8 @@ pub struct CtValue {
 
 pub const CT_F_REPLIED: u8 = 1 << 0;
 pub const CT_F_CLOSING: u8 = 1 << 1;
+pub const CT_F_FIN_OUT: u8 = 1 << 2;
+pub const CT_F_FIN_BACK: u8 = 1 << 3;
 /// Conntrack timeouts fixed in the probes.
 pub const CT_SYN_TIMEOUT_S: u64 = 60;
 pub const CT_CLOSING_TIMEOUT_S: u64 = 10;
@@ -203,7 +205,11 @@ const _: () = assert!(std::mem::size_of::<CtValue>() == 32);
 pub const MAX_SERVICES: u32 = 65536;
 pub const MAX_BACKENDS: u32 = 65536;
 pub const MAX_MAGLEV_CHUNKS: u32 = 1_048_576;
-pub const MAX_CONNTRACK: u32 = 131072;
+/// Default capacity of HM_CT (`HM_MAX_CONNTRACK`): `[daemon]
+/// conntrack_size` sets it, from MIN_CONNTRACK to MAX_CONNTRACK entries.
+pub const CONNTRACK_SIZE: u32 = 131072;
+pub const MIN_CONNTRACK: u32 = 4096;
+pub const MAX_CONNTRACK: u32 = 1 << 24;
 pub const MAX_REVERSE_SOCK: u32 = 131072;
 /// Default size of the mesh maps (`HM_MESH_MAP_SIZE`); configurable, 4,096
 /// at least.

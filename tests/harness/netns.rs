@@ -28,7 +28,8 @@ impl Netns {
         format!("/run/netns/{}", self.name)
     }
 
-    fn file(&self) -> File {
+    /// The namespace file, for setns(2) from threads the caller owns.
+    pub fn file(&self) -> File {
         File::open(self.path()).expect("open netns")
     }
 

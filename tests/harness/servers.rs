@@ -78,14 +78,18 @@ impl Servers {
 }
 
 fn serve_tcp(listener: TcpListener, answer: Answer, stop: Arc<AtomicBool>) {
+    use std::os::fd::AsFd;
     let mut handlers = Vec::new();
     while !stop.load(Ordering::Relaxed) {
-        match listener.accept() {
-            Ok((conn, peer)) => {
-                let (answer, stop) = (answer.clone(), Arc::clone(&stop));
-                handlers.push(std::thread::spawn(move || serve_conn(conn, peer, &answer, &stop)));
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        // Wake at once for a connection, at least every POLL for a stop.
+        let mut fds = [nix::poll::PollFd::new(listener.as_fd(), nix::poll::PollFlags::POLLIN)];
+        let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(POLL.as_millis() as u16));
+        while let Ok((conn, peer)) = listener.accept() {
+            // Handlers that are done let go of their threads (a test may
+            // open tens of thousands of connections).
+            handlers.retain(|h: &JoinHandle<()>| !h.is_finished());
+            let (answer, stop) = (answer.clone(), Arc::clone(&stop));
+            handlers.push(std::thread::spawn(move || serve_conn(conn, peer, &answer, &stop)));
         }
     }
     for h in handlers {

@@ -122,6 +122,11 @@ fn a_foreign_clsact_filter_is_untouched_by_apply_restart_and_teardown() {
     assert!(errors.is_empty(), "{errors:?}");
     assert_eq!(answers.iter().map(|(_, n)| n).sum::<u64>(), 10);
     assert_eq!(foreign(&t), before, "apply left the foreign filters as they were");
+    // Another tool puts a filter on the qdisc hostmesh added to lo: that
+    // qdisc is no longer hostmesh's alone to remove.
+    tc(&t, &["filter", "add", "dev", "lo", "egress", "pref", "300", "handle", "3", "bpf", "bytecode", "1,6 0 0 0,"]);
+    let before = foreign(&t);
+    assert_eq!(before.len(), 3, "{before:?}");
 
     d.stop(Duration::from_secs(5));
     drop(d);
@@ -135,11 +140,14 @@ fn a_foreign_clsact_filter_is_untouched_by_apply_restart_and_teardown() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.contains("deleted tc filter hm_reply on ingress of eth0"), "{said}");
-    assert!(said.contains("deleted clsact qdisc of lo"), "{said}");
+    assert!(said.contains("deleted clsact qdisc of hm-natout"), "{said}");
     assert!(!said.contains("qdisc of eth0"), "eth0's qdisc is the other tool's: {said}");
+    assert!(!said.contains("qdisc of lo"), "lo's qdisc holds another tool's filter: {said}");
     assert_eq!(hostmesh_filters(&t.host.ns), [], "no hostmesh filter left");
     assert_eq!(foreign(&t), before, "teardown leaves the foreign filters as they were");
-    assert_eq!(clsact_devices(&t.host.ns), ["eth0"], "only the other tool's qdisc is left");
+    let mut left = clsact_devices(&t.host.ns);
+    left.sort();
+    assert_eq!(left, ["eth0", "lo"], "only the qdiscs with the other tool's filters are left");
 }
 
 /// TC hooks with a pinned TCX link.
@@ -204,7 +212,9 @@ fn a_filter_running_another_program_is_replaced_in_place() {
     let host = Host::with_daemon_config("tc_attach = \"netlink\"\nconnect_time_lb = \"off\"");
     host.write("web.toml", WEB);
     let d = host.start_ready();
-    let ours = |host: &Host| hostmesh_filters(&host.ns).into_iter().find(|f| f.dev == "lo").expect("hm_reply on lo");
+    let ours = |host: &Host| {
+        hostmesh_filters(&host.ns).into_iter().find(|f| f.dev == "lo" && f.dir == "ingress").expect("hm_reply on lo")
+    };
     let before = ours(&host);
 
     // Another build's hm_reply (here: a program that passes everything),
@@ -233,5 +243,6 @@ fn a_filter_running_another_program_is_replaced_in_place() {
     let s = host.status();
     assert!(s.last_sync.ok, "{:?}", s.last_sync);
     assert!(d.log_text().contains("msg=\"sync done\""));
-    assert_eq!(hostmesh_filters(&host.ns).iter().filter(|f| f.dev == "lo").count(), 1, "replaced, not added");
+    let on_lo_ingress = hostmesh_filters(&host.ns).into_iter().filter(|f| f.dev == "lo" && f.dir == "ingress").count();
+    assert_eq!(on_lo_ingress, 1, "replaced, not added");
 }

@@ -258,22 +258,26 @@ fn sighup_is_harmless_to_traffic() {
 #[test]
 fn veth_flows_are_tracked_and_idle_ones_expire() {
     let _serial = serial();
-    use hostmesh::abi::{CT_FORWARD, CT_F_CLOSING, CT_F_REPLIED};
+    use hostmesh::abi::{CT_FORWARD, CT_F_CLOSING, CT_F_FIN_BACK, CT_F_FIN_OUT, CT_F_REPLIED};
     let t = Topology::new("connect_time_lb = \"off\"\nresync_interval = \"1s\"\nconntrack_udp_timeout = \"3s\"");
     let _d = t.host.start_ready();
     // TCP first: each phase is read at once (closed TCP flows go 10 s later).
     t.requests("tcp", "10.96.0.10", 80, 3);
-    let flows = t.conntrack();
+    assert!(t.conntrack("HM_CT").iter().all(|(k, _)| k.proto != 6), "no closed flow stays with the open ones");
+    let flows = t.conntrack("HM_CT_CLOSING");
     let forward: Vec<_> = flows.iter().filter(|(k, _)| k.dir == CT_FORWARD && k.proto == 6).collect();
-    assert_eq!(forward.len(), 3, "three TCP flows: {flows:?}");
+    assert_eq!(forward.len(), 3, "three closed TCP flows: {flows:?}");
     assert_eq!(flows.iter().filter(|(k, _)| k.proto == 6).count(), 6, "a forward and a reverse entry per flow");
     assert!(forward.iter().all(|(_, v)| v.flags & CT_F_REPLIED != 0), "every flow was answered");
-    assert!(forward.iter().all(|(_, v)| v.flags & CT_F_CLOSING != 0), "closed TCP flows are marked closing");
+    let both_fins = CT_F_CLOSING | CT_F_FIN_OUT | CT_F_FIN_BACK;
+    assert!(forward.iter().all(|(_, v)| v.flags & both_fins == both_fins), "a FIN each way closed them: {forward:?}");
     t.requests("udp", "10.96.0.10", 53, 3);
-    let udp: Vec<_> = t.conntrack().into_iter().filter(|(k, _)| k.dir == CT_FORWARD && k.proto == 17).collect();
+    let udp: Vec<_> = t.conntrack("HM_CT").into_iter().filter(|(k, _)| k.dir == CT_FORWARD && k.proto == 17).collect();
     assert_eq!(udp.len(), 3, "three UDP flows: {udp:?}");
     assert!(udp.iter().all(|(_, v)| v.flags & CT_F_REPLIED != 0));
-    // Idle UDP flows go after 3 s, at a resync.
-    wait_until("idle UDP flows to expire", Duration::from_secs(8), || t.conntrack().iter().all(|(k, _)| k.proto != 17))
-        .unwrap();
+    // Idle UDP flows go after 3 s, at a sweep.
+    wait_until("idle UDP flows to expire", Duration::from_secs(8), || {
+        t.conntrack("HM_CT").iter().all(|(k, _)| k.proto != 17)
+    })
+    .unwrap();
 }

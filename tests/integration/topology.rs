@@ -183,12 +183,13 @@ impl Topology {
         assert!(rejected.is_empty(), "the test wrote a config hostmesh rejected: {rejected:?}");
     }
 
-    /// Every flow in the veth path's conntrack: (key, value).
-    pub fn conntrack(&self) -> Vec<(hostmesh::abi::CtKey, hostmesh::abi::CtValue)> {
+    /// Every entry of one of the veth path's conntrack maps: `HM_CT` (open
+    /// flows) or `HM_CT_CLOSING` (closed TCP flows).
+    pub fn conntrack(&self, map: &str) -> Vec<(hostmesh::abi::CtKey, hostmesh::abi::CtValue)> {
         use hostmesh::abi::{CtKey, CtValue, Pod};
         use hostmesh::backends::bpf::sys;
         use std::os::fd::AsFd;
-        let fd = sys::obj_get(&self.host.opts.bpffs.join("maps/HM_CT")).expect("pinned HM_CT");
+        let fd = sys::obj_get(&self.host.opts.bpffs.join("maps").join(map)).expect("pinned conntrack map");
         sys::map_dump(fd.as_fd(), 40, 32)
             .unwrap()
             .into_iter()

@@ -231,8 +231,8 @@ impl BpfBackend for FakeKernel {
         Ok(())
     }
 
-    fn expire_flows(&mut self) -> Result<usize> {
-        Ok(0)
+    fn expire_flows(&mut self) -> Result<Sweep> {
+        Ok(Sweep::default())
     }
 
     fn configure(&mut self, _settings: &BpfSettings) -> Result<bool> {

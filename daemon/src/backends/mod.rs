@@ -85,9 +85,9 @@ pub trait BpfBackend {
     /// Attaches, or atomically replaces what is attached at the hook.
     fn attach(&mut self, attachment: &Attachment) -> Result<()>;
     fn detach(&mut self, attachment: &Attachment) -> Result<()>;
-    /// Removes flows idle past their timeout from the conntrack map;
-    /// returns how many. (The map is bounded anyway; this keeps it lean.)
-    fn expire_flows(&mut self) -> Result<usize>;
+    /// Removes flows past their timeout from the conntrack maps (closed
+    /// TCP, idle UDP); says how many, and what is left.
+    fn expire_flows(&mut self) -> Result<Sweep>;
     /// Sets the capacity of configurable maps and how TC programs are
     /// attached. Returns true when that replaced loaded maps or changed the
     /// TC mode (the kernel must then be re-read).
@@ -100,12 +100,26 @@ pub trait BpfBackend {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MapSizes {
     pub mesh: u32,
+    pub conntrack: u32,
 }
 
 impl Default for MapSizes {
     fn default() -> Self {
-        MapSizes { mesh: crate::abi::MESH_MAP_SIZE }
+        MapSizes { mesh: crate::abi::MESH_MAP_SIZE, conntrack: crate::abi::CONNTRACK_SIZE }
     }
+}
+
+/// What a conntrack sweep did and found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sweep {
+    /// Entries removed (both maps: the veth path's and the gateway's).
+    pub removed: usize,
+    /// Entries left in the veth path's conntrack (two per flow): of open
+    /// flows, and of closed TCP flows; and the capacity of each of the two
+    /// maps. All 0 while they do not exist.
+    pub open: usize,
+    pub closed: usize,
+    pub capacity: u32,
 }
 
 /// What the configuration decides about the BPF backend.

@@ -169,6 +169,12 @@ pub fn render(s: &Status, liveness: &Liveness) -> String {
         if c.map_entries == 1 { "y" } else { "ies" },
         c.programs
     ));
+    if c.conntrack_capacity > 0 {
+        out.push_str(&format!(
+            "conntrack: {} entries of open flows, {} of closed ones, of {} each (two per flow, bpfnat veth path)\n",
+            c.conntrack_open, c.conntrack_closed, c.conntrack_capacity
+        ));
+    }
     for w in &s.warnings {
         out.push_str(&format!("warning: {w}\n"));
     }

@@ -40,6 +40,9 @@ pub struct RawDaemon {
     pub conntrack_udp_timeout: Option<S<String>>,
     /// hostmesh extension: capacity of the mesh maps.
     pub mesh_map_size: Option<S<i64>>,
+    /// hostmesh extension: capacity of the veth path's conntrack (entries;
+    /// two per flow).
+    pub conntrack_size: Option<S<i64>>,
     /// hostmesh extension: "auto" (TCX where the kernel has it) or
     /// "netlink" (clsact filters).
     pub tc_attach: Option<S<String>>,

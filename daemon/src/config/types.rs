@@ -99,6 +99,8 @@ pub struct DaemonSettings {
     pub conntrack_udp_timeout: Duration,
     /// Capacity of the mesh maps (entries, sidecar listeners).
     pub mesh_map_size: u32,
+    /// Capacity of the veth path's conntrack map (entries; two per flow).
+    pub conntrack_size: u32,
     /// How TC programs are attached.
     pub tc_attach: TcAttachPref,
     pub origin: Option<Origin>,
@@ -116,6 +118,7 @@ impl Default for DaemonSettings {
             conntrack_tcp_timeout: DEFAULT_CONNTRACK_TCP_TIMEOUT,
             conntrack_udp_timeout: DEFAULT_CONNTRACK_UDP_TIMEOUT,
             mesh_map_size: crate::abi::MESH_MAP_SIZE,
+            conntrack_size: crate::abi::CONNTRACK_SIZE,
             tc_attach: TcAttachPref::default(),
             origin: None,
         }

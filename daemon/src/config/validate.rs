@@ -162,17 +162,29 @@ impl Check<'_, '_> {
                 Err(e) => self.fail(&v.span(), key, format!("{ctx}: {key} {e}")),
             }
         }
-        if let Some(v) = d.mesh_map_size {
-            let n = *v.get_ref();
-            let (min, max) = (i64::from(crate::abi::MIN_MESH_MAP_SIZE), i64::from(crate::abi::MAX_MESH_MAP_SIZE));
-            if (min..=max).contains(&n) {
-                out.mesh_map_size = n as u32;
-            } else {
-                self.fail(
+        let sizes = [
+            (
+                "mesh_map_size",
+                d.mesh_map_size,
+                crate::abi::MIN_MESH_MAP_SIZE..=crate::abi::MAX_MESH_MAP_SIZE,
+                &mut out.mesh_map_size,
+            ),
+            (
+                "conntrack_size",
+                d.conntrack_size,
+                crate::abi::MIN_CONNTRACK..=crate::abi::MAX_CONNTRACK,
+                &mut out.conntrack_size,
+            ),
+        ];
+        for (key, value, range, slot) in sizes {
+            let Some(v) = value else { continue };
+            match u32::try_from(*v.get_ref()) {
+                Ok(n) if range.contains(&n) => *slot = n,
+                _ => self.fail(
                     &v.span(),
-                    "mesh_map_size",
-                    format!("{ctx}: mesh_map_size {n} is out of range; use {min} to {max}"),
-                );
+                    key,
+                    format!("{ctx}: {key} {} is out of range; use {} to {}", v.get_ref(), range.start(), range.end()),
+                ),
             }
         }
         out

@@ -40,6 +40,9 @@ const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(1);
 /// How often sidecar listeners are checked while mesh entries exist: a
 /// restarted sidecar is registered within this (plus a little).
 const SIDECAR_CHECK: Duration = Duration::from_millis(250);
+/// How often conntrack is swept for flows past their timeout: a closed
+/// flow leaves the map at most this long after its timeout ran out.
+pub const CONNTRACK_SWEEP: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -83,6 +86,9 @@ struct Daemon {
     events: Sender<Event>,
     /// What the kernel offers (probed once, at start).
     features: KernelFeatures,
+    /// The last conntrack sweep, and the error of the last failed one.
+    sweep: crate::backends::Sweep,
+    sweep_error: Option<String>,
 }
 
 pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
@@ -130,6 +136,8 @@ pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
         health: None,
         events: tx,
         features,
+        sweep: Default::default(),
+        sweep_error: None,
         paths,
         log,
     };
@@ -145,15 +153,19 @@ impl Daemon {
         let mut next_full = Instant::now();
         let mut pending_incremental = false;
         let mut next_sidecars = Instant::now();
+        let mut next_sweep = Instant::now() + CONNTRACK_SWEEP;
 
         loop {
             let now = Instant::now();
             if now >= next_full {
                 let ok = self.sync(true);
-                self.expire_flows();
                 next_full = Instant::now() + if ok { self.resync_interval() } else { RETRY_AFTER_FAILURE };
                 pending_incremental = false;
                 continue;
+            }
+            if now >= next_sweep {
+                self.expire_flows();
+                next_sweep = Instant::now() + CONNTRACK_SWEEP;
             }
             if pending_incremental {
                 let ok = self.sync(false);
@@ -179,7 +191,7 @@ impl Daemon {
                 }
                 Some(next_sidecars)
             };
-            let mut deadline = next_full;
+            let mut deadline = next_full.min(next_sweep);
             for at in [next_watchdog, next_sidecar_check].into_iter().flatten() {
                 deadline = deadline.min(at);
             }
@@ -235,12 +247,28 @@ impl Daemon {
         }
     }
 
-    /// Conntrack housekeeping, done with every full resync.
+    /// Conntrack housekeeping, every CONNTRACK_SWEEP. The status follows
+    /// the entry count; a failure is logged when it starts and when it
+    /// changes, not at every sweep.
     fn expire_flows(&mut self) {
         match self.reconciler.expire_flows() {
-            Ok(0) => {}
-            Ok(n) => slog::debug!(self.log, "expired idle flows"; "flows" => n),
-            Err(e) => warn!(self.log, "cannot expire idle flows"; "error" => e.to_string()),
+            Ok(sweep) => {
+                if sweep.removed > 0 {
+                    slog::debug!(self.log, "expired flows"; "entries" => sweep.removed, "open" => sweep.open, "closed" => sweep.closed);
+                }
+                self.sweep_error = None;
+                if sweep != self.sweep {
+                    self.sweep = sweep;
+                    self.write_status();
+                }
+            }
+            Err(e) => {
+                let e = e.to_string();
+                if self.sweep_error.as_ref() != Some(&e) {
+                    warn!(self.log, "cannot expire flows from conntrack"; "error" => e.clone());
+                    self.sweep_error = Some(e);
+                }
+            }
         }
     }
 
@@ -414,7 +442,7 @@ impl Daemon {
             ready: self.ready,
             stopped,
             last_sync: self.last_summary.clone(),
-            counts: report::counts(&self.loaded, outcome, self.health.as_ref()),
+            counts: report::counts(&self.loaded, outcome, self.health.as_ref(), &self.sweep),
             files: report::files(&self.loaded),
             objects: outcome
                 .map(|o| report::objects(&self.loaded, o, self.registrar.report(), self.health.as_ref()))

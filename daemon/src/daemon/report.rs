@@ -122,7 +122,10 @@ pub fn objects(
             format!(
                 "veth pair, {} VIP routes, {} program(s) attached",
                 d.routes.values().filter(|r| r.spec.dev() == Some(NATIN)).count(),
-                d.attachments.keys().filter(|a| matches!(a.program, Program::NatOut | Program::Reply)).count()
+                d.attachments
+                    .keys()
+                    .filter(|a| matches!(a.program, Program::NatOut | Program::Reply | Program::Direct))
+                    .count()
             ),
             errors_for(&outcome.errors, &["bpfnat".to_string()]),
         ));
@@ -260,7 +263,12 @@ fn gateway_objects(loaded: &Loaded, outcome: &SyncOutcome, health: Option<&PeerH
     }
 }
 
-pub fn counts(loaded: &Loaded, outcome: Option<&SyncOutcome>, health: Option<&PeerHealth>) -> Counts {
+pub fn counts(
+    loaded: &Loaded,
+    outcome: Option<&SyncOutcome>,
+    health: Option<&PeerHealth>,
+    sweep: &crate::backends::Sweep,
+) -> Counts {
     let c = &loaded.config;
     let d = outcome.map(|o| &o.desired);
     Counts {
@@ -274,6 +282,9 @@ pub fn counts(loaded: &Loaded, outcome: Option<&SyncOutcome>, health: Option<&Pe
         links: d.map_or(0, |d| d.links.len()),
         map_entries: d.map_or(0, |d| d.map_entries.len()),
         programs: d.map_or(0, |d| d.attachments.len()),
+        conntrack_open: sweep.open,
+        conntrack_closed: sweep.closed,
+        conntrack_capacity: sweep.capacity,
     }
 }
 

@@ -108,10 +108,18 @@ pub fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
                 .to_string(),
         );
     }
+    // Direct traffic from the host to a backend leaves there too, and must
+    // not meet a VIP flow's stale entries (probes/service_nat.c, hm_direct).
     for dev in host.iter().map(String::as_str).chain(["lo"]) {
         want(
             &mut out.attachments,
             Attachment { program: Program::Reply, hook: Hook::TcIngress(dev.to_string()) },
+            (),
+            OWNER,
+        );
+        want(
+            &mut out.attachments,
+            Attachment { program: Program::Direct, hook: Hook::TcEgress(dev.to_string()) },
             (),
             OWNER,
         );

@@ -147,6 +147,9 @@ pub enum Program {
     NatOut,
     /// TC ingress on host interfaces and lo: reverse NAT of replies.
     Reply,
+    /// TC egress on host interfaces and lo: the host's own traffic straight
+    /// to a backend retires the conntrack entries of its tuple.
+    Direct,
     Connect4,
     Connect6,
     Sendmsg4,
@@ -164,9 +167,10 @@ pub enum Program {
 }
 
 impl Program {
-    pub const ALL: [Program; 13] = [
+    pub const ALL: [Program; 14] = [
         Program::NatOut,
         Program::Reply,
+        Program::Direct,
         Program::Connect4,
         Program::Connect6,
         Program::Sendmsg4,
@@ -196,6 +200,7 @@ impl Program {
         match self {
             Program::NatOut => "hm_natout",
             Program::Reply => "hm_reply",
+            Program::Direct => "hm_direct",
             Program::Connect4 => "hm_connect4",
             Program::Connect6 => "hm_connect6",
             Program::Sendmsg4 => "hm_sendmsg4",

@@ -125,6 +125,9 @@ fn mode_tcp_has_connect_time_programs_and_the_veth() {
     assert!(pins.contains(&"hm_natout@tc-ingress@hm-natout".to_string()));
     assert!(pins.contains(&"hm_reply@tc-ingress@eth0".to_string()));
     assert!(pins.contains(&"hm_reply@tc-ingress@lo".to_string()), "local backends reply over lo");
+    for dev in ["eth0", "lo"] {
+        assert!(pins.contains(&format!("hm_direct@tc-egress@{dev}")), "the host's own traffic leaves over {dev}");
+    }
     assert!(d.links.contains_key(NATIN));
 }
 
@@ -137,7 +140,7 @@ fn mode_all_needs_no_veth_and_off_no_connect_time_programs() {
     assert_eq!(cfg.flags, abi::CFG_CTLB_TCP | abi::CFG_CTLB_UDP);
 
     let off = compile_new(&mode("off"));
-    assert!(attached(&off).iter().all(|p| p.contains("@tc-ingress@")));
+    assert!(attached(&off).iter().all(|p| p.contains("@tc-")));
     assert_eq!(HmConfig::from_bytes(&entries(&off, BpfMap::Config)[&0u32.to_bytes()]).unwrap().flags, 0);
     assert_eq!(off.routes.len(), 1);
 }
@@ -148,7 +151,7 @@ fn a_kernel_without_one_service_path_sends_everything_down_the_other_and_says_so
     no_ctlb.features = KernelFeatures::lacking([Feature::ConnectTimeHooks]);
     let d = compile(&mode("tcp"), &no_ctlb, &Prior::default());
     assert_eq!(d.connect_time, crate::config::CtlbMode::Off);
-    assert!(attached(&d).iter().all(|p| p.contains("@tc-ingress@")), "no connect-time programs");
+    assert!(attached(&d).iter().all(|p| p.contains("@tc-")), "no connect-time programs");
     assert_eq!(d.warnings.len(), 1, "{:?}", d.warnings);
     assert!(d.warnings[0].starts_with("connect_time_lb = \"tcp\" cannot be honoured: this kernel lacks cgroup"));
     assert!(d.warnings[0].ends_with("every service takes the bpfnat veth path"), "{}", d.warnings[0]);

@@ -59,8 +59,9 @@ impl Reconciler {
         let started = Instant::now();
         // New map capacities replace maps, and another TC mode moves every
         // TC hook: the kernel must be re-read.
-        let settings =
-            BpfSettings { sizes: MapSizes { mesh: config.daemon.mesh_map_size }, tc_attach: config.daemon.tc_attach };
+        let d = &config.daemon;
+        let sizes = MapSizes { mesh: d.mesh_map_size, conntrack: d.conntrack_size };
+        let settings = BpfSettings { sizes, tc_attach: d.tc_attach };
         let resized = match self.backends.bpf.configure(&settings) {
             Ok(r) => r,
             Err(e) => {
@@ -112,7 +113,7 @@ impl Reconciler {
     }
 
     /// Housekeeping between syncs: expire idle flows from conntrack.
-    pub fn expire_flows(&mut self) -> Result<usize, BackendError> {
+    pub fn expire_flows(&mut self) -> Result<crate::backends::Sweep, BackendError> {
         self.backends.bpf.expire_flows()
     }
 }

@@ -79,6 +79,15 @@ pub struct Counts {
     pub links: usize,
     pub map_entries: usize,
     pub programs: usize,
+    /// The veth path's conntrack as of the last sweep: entries (two per
+    /// flow) of open flows and of closed TCP flows, and the capacity of
+    /// each of the two maps; all 0 while they do not exist.
+    #[serde(default)]
+    pub conntrack_open: usize,
+    #[serde(default)]
+    pub conntrack_closed: usize,
+    #[serde(default)]
+    pub conntrack_capacity: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

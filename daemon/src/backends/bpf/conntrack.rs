@@ -29,14 +29,15 @@ pub fn timeout_s(v: &CtValue, proto: u8, cfg: Option<HmConfig>) -> u64 {
     }
 }
 
-/// Deletes expired entries of HM_CT; returns how many.
-pub fn expire(fd: BorrowedFd<'_>, cfg: Option<HmConfig>, now: u64) -> io::Result<usize> {
+/// Deletes expired entries of HM_CT; returns how many, and how many are
+/// left.
+pub fn expire(fd: BorrowedFd<'_>, cfg: Option<HmConfig>, now: u64) -> io::Result<(usize, usize)> {
     expire_where(fd, |key: &CtKey, value: &CtValue| idle_s(now, value.last_seen_ns) >= timeout_s(value, key.proto, cfg))
 }
 
 /// Deletes learned return paths of HM_GW_CT idle longer than the TCP or
-/// UDP timeout in `cfg`; returns how many.
-pub fn expire_gateway(fd: BorrowedFd<'_>, cfg: GwConfig, now: u64) -> io::Result<usize> {
+/// UDP timeout in `cfg`; returns how many, and how many are left.
+pub fn expire_gateway(fd: BorrowedFd<'_>, cfg: GwConfig, now: u64) -> io::Result<(usize, usize)> {
     expire_where(fd, |key: &CtKey, value: &GwCtValue| {
         let timeout = if key.proto == 17 { cfg.udp_timeout_s } else { cfg.tcp_timeout_s };
         idle_s(now, value.last_seen_ns) >= u64::from(timeout)
@@ -47,8 +48,9 @@ fn idle_s(now: u64, last_seen_ns: u64) -> u64 {
     now.saturating_sub(last_seen_ns) / 1_000_000_000
 }
 
-fn expire_where<K: Pod, V: Pod>(fd: BorrowedFd<'_>, expired: impl Fn(&K, &V) -> bool) -> io::Result<usize> {
+fn expire_where<K: Pod, V: Pod>(fd: BorrowedFd<'_>, expired: impl Fn(&K, &V) -> bool) -> io::Result<(usize, usize)> {
     let entries = sys::map_dump(fd, std::mem::size_of::<K>(), std::mem::size_of::<V>())?;
+    let total = entries.len();
     let mut removed = 0;
     for (k, v) in entries {
         let (Some(key), Some(value)) = (K::from_bytes(&k), V::from_bytes(&v)) else { continue };
@@ -57,5 +59,5 @@ fn expire_where<K: Pod, V: Pod>(fd: BorrowedFd<'_>, expired: impl Fn(&K, &V) -> 
             removed += 1;
         }
     }
-    Ok(removed)
+    Ok((removed, total - removed))
 }

@@ -30,7 +30,7 @@ use self::objects::{def_of, MapDef, BPF_MAP_TYPE_ARRAY, MAPS};
 use self::pins::{unpin, PinDir};
 use self::sys::ProgInfo;
 use super::netlink::RouteSocket;
-use super::{BackendError, BpfBackend, BpfSettings, MapSizes, Result};
+use super::{BackendError, BpfBackend, BpfSettings, MapSizes, Result, Sweep};
 use crate::model::*;
 
 pub struct PinnedBpf {
@@ -120,17 +120,19 @@ impl PinnedBpf {
 
     fn load(&mut self) -> Result<Loaded> {
         self.pins.ensure().map_err(|e| bpf_err(format!("prepare {}", self.pins.root.display()), e))?;
-        for def in MAPS {
+        // Every map as the configuration sizes it: a pin of another size
+        // is retired, and new maps are created at this size.
+        let defs: Vec<MapDef> = MAPS.iter().map(|m| objects::map_def(m.name, &self.sizes)).collect();
+        for def in &defs {
             self.retire_incompatible(def)?;
         }
-        let paths: Vec<(&'static str, std::path::PathBuf)> =
-            MAPS.iter().map(|m| (m.name, self.pins.map(m.name))).collect();
         let mut objects = Vec::new();
         let mut programs = BTreeMap::new();
         for (index, (source, bytes)) in objects::objects(&self.features).into_iter().enumerate() {
             let mut loader = EbpfLoader::new();
-            for (name, path) in &paths {
-                loader.map_pin_path(name, path.as_path());
+            for def in &defs {
+                loader.map_pin_path(def.name, self.pins.map(def.name));
+                loader.map_max_entries(def.name, def.max_entries);
             }
             let mut ebpf = loader.load(bytes).map_err(|e| bpf_err(format!("load {source}"), chain(&e)))?;
             for program in Program::ALL.into_iter().filter(|p| objects::object_of(*p) == index) {
@@ -475,20 +477,28 @@ impl BpfBackend for PinnedBpf {
         unpin(&prog).map_err(|e| bpf_err(format!("unpin {}", prog.display()), e))
     }
 
-    fn expire_flows(&mut self) -> Result<usize> {
-        let Some(fd) = self.conntrack_fd()? else { return Ok(0) };
-        let ct = fd.try_clone().map_err(|e| bpf_err("HM_CT", e))?;
+    fn expire_flows(&mut self) -> Result<Sweep> {
+        if self.conntrack_fd()?.is_none() {
+            return Ok(Sweep::default());
+        }
         let now = conntrack::now_ns();
         // The timeouts the probes use, from HM_CONFIG[0].
         let config = self.config_entry::<crate::abi::HmConfig>("HM_CONFIG")?;
-        let mut removed =
-            conntrack::expire(ct.as_fd(), config, now).map_err(|e| bpf_err("expire flows in HM_CT", e))?;
+        let mut sweep = Sweep { capacity: self.sizes.conntrack, ..Sweep::default() };
+        for (map, left) in [("HM_CT", &mut sweep.open), ("HM_CT_CLOSING", &mut sweep.closed)] {
+            let fd = self.map_fd(map)?.try_clone().map_err(|e| bpf_err(map, e))?;
+            let (removed, n) =
+                conntrack::expire(fd.as_fd(), config, now).map_err(|e| bpf_err(format!("expire flows in {map}"), e))?;
+            sweep.removed += removed;
+            *left = n;
+        }
         if let Some(gw) = self.config_entry::<crate::abi::GwConfig>("HM_GW_CONFIG")? {
             let fd = self.map_fd("HM_GW_CT")?.try_clone().map_err(|e| bpf_err("HM_GW_CT", e))?;
-            removed += conntrack::expire_gateway(fd.as_fd(), gw, now)
-                .map_err(|e| bpf_err("expire learned return paths in HM_GW_CT", e))?;
+            sweep.removed += conntrack::expire_gateway(fd.as_fd(), gw, now)
+                .map_err(|e| bpf_err("expire learned return paths in HM_GW_CT", e))?
+                .0;
         }
-        Ok(removed)
+        Ok(sweep)
     }
 
     fn configure(&mut self, settings: &BpfSettings) -> Result<bool> {

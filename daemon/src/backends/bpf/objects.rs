@@ -82,7 +82,15 @@ pub const MAPS: &[MapDef] = &[
         abi::MAX_MAGLEV_CHUNKS,
         BPF_F_NO_PREALLOC,
     ),
-    def("HM_CT", BPF_MAP_TYPE_LRU_HASH, size_of::<abi::CtKey>(), size_of::<abi::CtValue>(), abi::MAX_CONNTRACK, 0),
+    def("HM_CT", BPF_MAP_TYPE_LRU_HASH, size_of::<abi::CtKey>(), size_of::<abi::CtValue>(), abi::CONNTRACK_SIZE, 0),
+    def(
+        "HM_CT_CLOSING",
+        BPF_MAP_TYPE_LRU_HASH,
+        size_of::<abi::CtKey>(),
+        size_of::<abi::CtValue>(),
+        abi::CONNTRACK_SIZE,
+        0,
+    ),
     def("HM_REVERSE_SOCK", BPF_MAP_TYPE_LRU_HASH, 32, 20, abi::MAX_REVERSE_SOCK, 0),
     def(
         "HM_MESH",
@@ -123,12 +131,16 @@ pub const MAPS: &[MapDef] = &[
 
 /// Maps whose capacity the configuration sets.
 pub const SIZED_BY_MESH: [&str; 2] = ["HM_MESH", "HM_MESH_SOCKETS"];
+pub const SIZED_BY_CONNTRACK: [&str; 2] = ["HM_CT", "HM_CT_CLOSING"];
 
 /// A map's definition with the configured capacities applied.
 pub fn map_def(name: &str, sizes: &MapSizes) -> MapDef {
     let mut d = *MAPS.iter().find(|m| m.name == name).expect("every map hostmesh touches is in MAPS");
     if SIZED_BY_MESH.contains(&name) {
         d.max_entries = sizes.mesh;
+    }
+    if SIZED_BY_CONNTRACK.contains(&name) {
+        d.max_entries = sizes.conntrack;
     }
     d
 }
@@ -140,9 +152,10 @@ pub fn def_of(map: BpfMap, sizes: &MapSizes) -> MapDef {
 /// The object holding each program.
 pub fn object_of(program: Program) -> usize {
     match program {
-        Program::NatOut | Program::Reply => 0,
+        Program::NatOut | Program::Reply | Program::Direct => 0,
         Program::Mesh => MESH_OBJECT,
         Program::TunIn | Program::TunOut => GATEWAY_OBJECT,
         _ => 1,
     }
 }
+

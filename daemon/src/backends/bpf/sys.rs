@@ -16,6 +16,7 @@ const BPF_OBJ_PIN: i64 = 6;
 const BPF_OBJ_GET: i64 = 7;
 const BPF_PROG_TEST_RUN: i64 = 10;
 const BPF_PROG_GET_FD_BY_ID: i64 = 13;
+const BPF_MAP_LOOKUP_BATCH: i64 = 24;
 const BPF_OBJ_GET_INFO_BY_FD: i64 = 15;
 const BPF_LINK_CREATE: i64 = 28;
 const BPF_LINK_UPDATE: i64 = 29;
@@ -120,9 +121,67 @@ pub fn map_keys(fd: BorrowedFd<'_>, key_size: usize) -> io::Result<Vec<Vec<u8>>>
     }
 }
 
-/// Every (key, value) of a hash or array map. `value_size` is the total
-/// size the kernel copies out (per-CPU maps: rounded size times CPUs).
+/// Every (key, value) of a map. `value_size` is the total size the kernel
+/// copies out (per-CPU maps: rounded size times CPUs). In batches where
+/// the kernel and the map type have them (BPF_MAP_LOOKUP_BATCH, Linux 5.6:
+/// a few system calls for a whole map), key by key otherwise (LPM tries,
+/// older kernels: two calls per entry).
 pub fn map_dump(fd: BorrowedFd<'_>, key_size: usize, value_size: usize) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    match map_dump_batched(fd, key_size, value_size) {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) | Some(ENOTSUPP)) => {
+            map_dump_by_key(fd, key_size, value_size)
+        }
+        r => r,
+    }
+}
+
+/// The kernel's own "not supported" (not a userspace errno, but returned
+/// by some map types for batch operations).
+const ENOTSUPP: i32 = 524;
+
+/// Entries per BPF_MAP_LOOKUP_BATCH: more than any hash bucket holds.
+const BATCH: usize = 4096;
+
+fn map_dump_batched(fd: BorrowedFd<'_>, key_size: usize, value_size: usize) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    // The position between calls: a bucket (u32) for hash maps, a key
+    // for arrays.
+    let token = key_size.max(8);
+    let (mut position, mut next) = (vec![0u8; token], vec![0u8; token]);
+    let mut keys = vec![0u8; key_size * BATCH];
+    let mut values = vec![0u8; value_size * BATCH];
+    let mut out = Vec::new();
+    let mut first = true;
+    loop {
+        let mut attr = Attr::new()
+            .u64(0, if first { 0 } else { position.as_ptr() as u64 })
+            .u64(8, next.as_mut_ptr() as u64)
+            .u64(16, keys.as_mut_ptr() as u64)
+            .u64(24, values.as_mut_ptr() as u64)
+            .u32(32, BATCH as u32)
+            .u32(36, fd.as_raw_fd() as u32);
+        let result = bpf(BPF_MAP_LOOKUP_BATCH, &mut attr);
+        let count = (rd32(&attr.0, 32) as usize).min(BATCH);
+        match &result {
+            Ok(_) => {}
+            // The end; the last entries came with it.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(_) => return result.map(|_| out),
+        }
+        for i in 0..count {
+            out.push((
+                keys[i * key_size..(i + 1) * key_size].to_vec(),
+                values[i * value_size..(i + 1) * value_size].to_vec(),
+            ));
+        }
+        if result.is_err() {
+            return Ok(out);
+        }
+        position.copy_from_slice(&next);
+        first = false;
+    }
+}
+
+fn map_dump_by_key(fd: BorrowedFd<'_>, key_size: usize, value_size: usize) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
     let mut out = Vec::new();
     for key in map_keys(fd, key_size)? {
         let mut value = vec![0u8; value_size];

@@ -1,0 +1,134 @@
+/* SPDX-License-Identifier: Apache-2.0 OR GPL-2.0 */
+/*
+ * The bpfnat veth path's conntrack, shared by hm_natout, hm_reply and
+ * hm_direct (probes/service_nat.c).
+ *
+ * Each flow has a forward entry (client -> VIP, as hm_natout sees it,
+ * holding the backend) and a reverse one (backend -> client, as hm_reply
+ * sees it, holding the VIP). Open flows live in HM_CT. A TCP flow is
+ * closed once each side has sent its FIN, or either a RST; its entries
+ * then move to HM_CT_CLOSING for its last packets. Both maps are LRUs of
+ * the same size, so when one is full the least recently used entry of that
+ * map goes: closed flows push out closed flows, never an open one.
+ *
+ * Timeouts: closed flows 10 s, UDP and established TCP as configured, a
+ * SYN never answered 60 s. An entry past its timeout is not used; the
+ * daemon sweeps such entries out every 2 s.
+ */
+#ifndef HOSTMESH_CONNTRACK_H
+#define HOSTMESH_CONNTRACK_H
+
+#include "packet.h"
+#include "service_maps.h"
+
+#define NS_PER_S 1000000000ULL
+
+static __always_inline void ct_key(struct hm_ct_key *k, const __u8 src[16], const __u8 dst[16], __be16 sport,
+				   __be16 dport, __u8 proto, __u8 dir)
+{
+	__builtin_memcpy(k->src, src, 16);
+	__builtin_memcpy(k->dst, dst, 16);
+	k->sport = sport;
+	k->dport = dport;
+	k->proto = proto;
+	k->dir = dir;
+}
+
+static __always_inline __u64 ct_timeout_ns(const struct hm_ct_value *ct, __u8 proto, const struct hm_config *cfg)
+{
+	if (ct->flags & HM_CT_F_CLOSING)
+		return HM_CT_CLOSING_TIMEOUT_S * NS_PER_S;
+	if (proto == IPPROTO_UDP)
+		return (cfg ? cfg->udp_timeout_s : 60) * NS_PER_S;
+	if (!(ct->flags & HM_CT_F_REPLIED))
+		return HM_CT_SYN_TIMEOUT_S * NS_PER_S;
+	return (__u64)(cfg ? cfg->tcp_timeout_s : 86400) * NS_PER_S;
+}
+
+static __always_inline int ct_live(const struct hm_ct_value *ct, __u8 proto, __u64 now, const struct hm_config *cfg)
+{
+	return now - ct->last_seen_ns < ct_timeout_ns(ct, proto, cfg);
+}
+
+/* The entry for `k`: an open flow's, else (TCP) a closed one's, which sets
+ * *closed. */
+static __always_inline struct hm_ct_value *ct_find(const struct hm_ct_key *k, int *closed)
+{
+	struct hm_ct_value *v = bpf_map_lookup_elem(&HM_CT, k);
+
+	*closed = 0;
+	if (v || k->proto != IPPROTO_TCP)
+		return v;
+	v = bpf_map_lookup_elem(&HM_CT_CLOSING, k);
+	*closed = v != NULL;
+	return v;
+}
+
+/* The entry for `k` in the map its flow's other entry was found in. */
+static __always_inline struct hm_ct_value *ct_peer(const struct hm_ct_key *k, int closed)
+{
+	if (closed)
+		return bpf_map_lookup_elem(&HM_CT_CLOSING, k);
+	return bpf_map_lookup_elem(&HM_CT, k);
+}
+
+/* Forgets a flow: both entries, in the map they are in. */
+static __always_inline void ct_forget(const struct hm_ct_key *fk, const struct hm_ct_key *rk, int closed)
+{
+	if (closed) {
+		bpf_map_delete_elem(&HM_CT_CLOSING, fk);
+		bpf_map_delete_elem(&HM_CT_CLOSING, rk);
+	} else {
+		bpf_map_delete_elem(&HM_CT, fk);
+		bpf_map_delete_elem(&HM_CT, rk);
+	}
+}
+
+/* What a packet says about the end of its TCP flow: a FIN from its sender
+ * (`fin`: HM_CT_F_FIN_OUT or HM_CT_F_FIN_BACK), or a RST, which ends it. */
+static __always_inline __u8 ct_end(const struct flow *f, __u8 fin)
+{
+	if (f->proto != IPPROTO_TCP)
+		return 0;
+	if (f->tcp_flags & TCP_RST)
+		return HM_CT_F_CLOSING;
+	return (f->tcp_flags & TCP_FIN) ? fin : 0;
+}
+
+/* A packet of an open flow: both entries are refreshed and take `flags`;
+ * a flow that is closed now moves to HM_CT_CLOSING. */
+static __always_inline void ct_seen(struct hm_ct_key *fk, struct hm_ct_value *fwd, struct hm_ct_key *rk,
+				    struct hm_ct_value *rev, __u8 flags, __u64 now)
+{
+	struct hm_ct_value f = {}, r = {};
+	__u8 all = flags;
+
+	if (fwd) {
+		fwd->flags |= flags;
+		fwd->last_seen_ns = now;
+		all |= fwd->flags;
+	}
+	if (rev) {
+		rev->flags |= flags;
+		rev->last_seen_ns = now;
+		all |= rev->flags;
+	}
+	if ((all & (HM_CT_F_FIN_OUT | HM_CT_F_FIN_BACK)) == (HM_CT_F_FIN_OUT | HM_CT_F_FIN_BACK))
+		all |= HM_CT_F_CLOSING;
+	if (!(all & HM_CT_F_CLOSING))
+		return;
+	if (fwd) {
+		f = *fwd;
+		f.flags = all;
+		bpf_map_update_elem(&HM_CT_CLOSING, fk, &f, BPF_ANY);
+	}
+	if (rev) {
+		r = *rev;
+		r.flags = all;
+		bpf_map_update_elem(&HM_CT_CLOSING, rk, &r, BPF_ANY);
+	}
+	bpf_map_delete_elem(&HM_CT, fk);
+	bpf_map_delete_elem(&HM_CT, rk);
+}
+
+#endif /* HOSTMESH_CONNTRACK_H */

@@ -1,0 +1,213 @@
+//! The bpfnat veth path's conntrack against the traffic a host really
+//! has: connections to a VIP and, from the same address and ports, straight
+//! to one of its backends.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
+use std::os::fd::OwnedFd;
+use std::time::Duration;
+
+use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, SockaddrStorage};
+
+use crate::fixtures::*;
+use crate::topology::*;
+
+/// One backend per service, so every VIP flow and every direct one meet
+/// the same backend address and port.
+const ONE_BACKEND: &str = r#"
+[[service]]
+name = "web"
+vip = "10.96.0.10"
+port = 80
+backends = ["192.168.10.11:8080"]
+
+[[service]]
+name = "dns"
+vip = "10.96.0.10"
+port = 53
+protocol = "udp"
+backends = ["192.168.10.11:5353"]
+
+[[service]]
+name = "web6"
+vip = "fd00:96::10"
+port = 80
+backends = ["[fd00:10::11]:8080"]
+
+[[service]]
+name = "dns6"
+vip = "fd00:96::10"
+port = 53
+protocol = "udp"
+backends = ["[fd00:10::11]:5353"]
+"#;
+
+const VIP_FLOWS: u16 = 20_000;
+const DIRECT_FLOWS: u16 = 2_000;
+const FIRST_PORT: u16 = 20_000;
+/// Direct connections stop at this many failures (each costs a timeout).
+const ENOUGH_FAILURES: usize = 10;
+
+/// A socket bound to `src` with SO_REUSEADDR: the port may still hold a
+/// TIME_WAIT connection to the VIP.
+fn bound(kind: SockType, src: SocketAddr) -> std::io::Result<OwnedFd> {
+    let family = if src.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
+    let fd = socket::socket(family, kind, SockFlag::SOCK_CLOEXEC, None)?;
+    socket::setsockopt(&fd, socket::sockopt::ReuseAddr, &true)?;
+    socket::bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrStorage::from(src))?;
+    Ok(fd)
+}
+
+/// One request and its answer, from `src` to `dst`, over TCP or UDP;
+/// returns the answer and the peer the answer came from.
+fn exchange(udp: bool, src: SocketAddr, dst: SocketAddr, timeout: Duration) -> std::io::Result<(String, SocketAddr)> {
+    if udp {
+        let sock = UdpSocket::from(bound(SockType::Datagram, src)?);
+        sock.set_read_timeout(Some(timeout))?;
+        // Connected: only datagrams from dst itself are received.
+        sock.connect(dst)?;
+        sock.send(b"hello\n")?;
+        let mut buf = [0u8; 64];
+        let n = sock.recv(&mut buf)?;
+        return Ok((String::from_utf8_lossy(&buf[..n]).trim().to_string(), sock.peer_addr()?));
+    }
+    let stream = TcpStream::from(bound(SockType::Stream, src)?);
+    stream.set_write_timeout(Some(timeout))?;
+    // A blocking connect(2) honours SO_SNDTIMEO.
+    socket::connect(std::os::fd::AsRawFd::as_raw_fd(&stream), &SockaddrStorage::from(dst))?;
+    stream.set_read_timeout(Some(timeout))?;
+    let peer = stream.peer_addr()?;
+    (&stream).write_all(b"hello\n")?;
+    let mut line = String::new();
+    BufReader::new(&stream).read_line(&mut line)?;
+    Ok((line.trim().to_string(), peer))
+}
+
+/// 20,000 flows to the VIP, then 2,000 straight to its backend from the
+/// same address and the source ports of the last VIP flows: every direct
+/// one is answered by the backend, as itself.
+fn check_direct_after_vip(t: &Topology, udp: bool, client: IpAddr, vip: SocketAddr, backend: SocketAddr) {
+    let what = format!("{} {client} -> {backend}", if udp { "UDP" } else { "TCP" });
+    let timeout = hm_testkit::scaled(Duration::from_secs(1));
+    let (vip_failures, direct) = t.host.ns.run(move || {
+        let mut vip_failures = Vec::new();
+        for port in FIRST_PORT..FIRST_PORT + VIP_FLOWS {
+            match exchange(udp, SocketAddr::new(client, port), vip, timeout) {
+                Ok((answer, _)) if answer == "b1" => {}
+                other => vip_failures.push(format!("port {port}: {other:?}")),
+            }
+        }
+        // The ports of the last VIP flows: their entries are seconds old.
+        let mut direct = Vec::new();
+        for port in FIRST_PORT + VIP_FLOWS - DIRECT_FLOWS..FIRST_PORT + VIP_FLOWS {
+            match exchange(udp, SocketAddr::new(client, port), backend, timeout) {
+                Ok((answer, peer)) if answer == "b1" && peer == backend => {}
+                other => direct.push(format!("port {port}: {other:?}")),
+            }
+            if direct.len() >= ENOUGH_FAILURES {
+                break;
+            }
+        }
+        (vip_failures, direct)
+    });
+    assert!(
+        vip_failures.is_empty(),
+        "{what}: {} VIP flows failed: {:?}",
+        vip_failures.len(),
+        &vip_failures[..3.min(vip_failures.len())]
+    );
+    assert!(direct.is_empty(), "{what}: direct flows after the VIP flows failed: {direct:?}");
+}
+
+#[test]
+fn direct_flows_to_a_backend_are_untouched_after_vip_flows_with_the_same_ports() {
+    let _serial = serial();
+    let t = Topology::new("connect_time_lb = \"off\"");
+    t.host.write("services.toml", ONE_BACKEND);
+    let _d = t.host.start_ready();
+    let v4: IpAddr = "192.168.10.1".parse().unwrap();
+    let v6: IpAddr = "fd00:10::1".parse().unwrap();
+    for udp in [false, true] {
+        let (port, backend_port) = if udp { (53, 5353) } else { (80, 8080) };
+        check_direct_after_vip(
+            &t,
+            udp,
+            v4,
+            SocketAddr::new("10.96.0.10".parse().unwrap(), port),
+            SocketAddr::new("192.168.10.11".parse().unwrap(), backend_port),
+        );
+        check_direct_after_vip(
+            &t,
+            udp,
+            v6,
+            SocketAddr::new("fd00:96::10".parse().unwrap(), port),
+            SocketAddr::new("fd00:10::11".parse().unwrap(), backend_port),
+        );
+    }
+}
+
+/// `count` TCP requests to the VIP, each on a connection of its own, from
+/// inside the host namespace.
+fn vip_requests(t: &Topology, count: usize) -> usize {
+    let timeout = hm_testkit::scaled(Duration::from_secs(1));
+    let vip: SocketAddr = "10.96.0.10:80".parse().unwrap();
+    let any: SocketAddr = "192.168.10.1:0".parse().unwrap();
+    t.host.ns.run(move || (0..count).filter(|_| exchange(false, any, vip, timeout).is_ok()).count())
+}
+
+#[test]
+fn closed_tcp_flows_leave_conntrack_within_twelve_seconds() {
+    use hostmesh::abi::{CT_F_CLOSING, CT_REVERSE};
+    let _serial = serial();
+    let t = Topology::new("connect_time_lb = \"off\"");
+    t.host.write("services.toml", ONE_BACKEND);
+    let _d = t.host.start_ready();
+    let before = std::time::Instant::now();
+    assert_eq!(vip_requests(&t, 20), 20);
+    // Each closes once the backend's FIN has come back, too.
+    hm_testkit::wait_until("20 closed flows", Duration::from_secs(2), || t.conntrack("HM_CT_CLOSING").len() == 40)
+        .unwrap_or_else(|e| panic!("{e}: {:?}", t.conntrack("HM_CT_CLOSING")));
+    let closed_by = std::time::Instant::now();
+    let closed = t.conntrack("HM_CT_CLOSING");
+    assert!(closed.iter().all(|(_, v)| v.flags & CT_F_CLOSING != 0));
+    assert_eq!(closed.iter().filter(|(k, _)| k.dir == CT_REVERSE).count(), 20, "a forward and a reverse entry each");
+    assert!(t.conntrack("HM_CT").iter().all(|(k, _)| k.proto != 6), "none is left with the open flows");
+    // The status follows the sweeps.
+    hm_testkit::wait_until("the status to count the closed flows", Duration::from_secs(5), || {
+        let c = t.host.status().counts;
+        c.conntrack_closed == 40 && c.conntrack_capacity == 131_072
+    })
+    .unwrap_or_else(|e| panic!("{e}: {:?}", t.host.status().counts));
+    let (text, _) = t.host.status_text();
+    assert!(text.contains("conntrack: 0 entries of open flows, 40 of closed ones, of 131072 each"), "{text}");
+
+    // 10 s after their close, and at the next sweep (every 2 s), they go.
+    hm_testkit::wait_until("closed flows to leave the map", Duration::from_secs(14), || {
+        t.conntrack("HM_CT_CLOSING").is_empty()
+    })
+    .unwrap();
+    let (earliest, latest) = (before.elapsed(), closed_by.elapsed());
+    assert!(earliest >= Duration::from_secs(10), "closed flows keep their entries 10 s, for their last packets");
+    assert!(latest <= hm_testkit::scaled(Duration::from_millis(12_500)), "gone {latest:?} after the last close");
+}
+
+#[test]
+fn a_full_conntrack_keeps_open_flows_working() {
+    let _serial = serial();
+    // The smallest table: 4,096 entries, 2,048 flows.
+    let t = Topology::new("connect_time_lb = \"off\"\nconntrack_size = 4096");
+    t.host.write("services.toml", ONE_BACKEND);
+    let _d = t.host.start_ready();
+    let mut held: Vec<Held> = (0..3).map(|_| t.hold("10.96.0.10", 80)).collect();
+    for h in &mut held {
+        assert_eq!(h.answer(), "b1");
+    }
+    // Five times as many short flows as the table holds, while the held
+    // connections sit idle: the closed ones push each other out.
+    assert_eq!(vip_requests(&t, 10_000), 10_000, "every short flow is answered");
+    for h in &mut held {
+        assert_eq!(h.again(), "b1", "an open flow outlived a full table");
+    }
+    hm_testkit::wait_until("a sweep", Duration::from_secs(5), || t.host.status().counts.conntrack_capacity == 4096)
+        .unwrap();
+}
