@@ -6,8 +6,8 @@
  * Each flow has a forward entry (client -> VIP, as hm_natout sees it,
  * holding the backend) and a reverse one (backend -> client, as hm_reply
  * sees it, holding the VIP). Open flows live in HM_CT. A TCP flow is
- * closed once each side has sent its FIN, or either a RST; its entries
- * then move to HM_CT_CLOSING for its last packets. Both maps are LRUs of
+ * closed once each side has sent its FIN; its entries then move to
+ * HM_CT_CLOSING for its last packets. A RST ends a flow and its entries. Both maps are LRUs of
  * the same size, so when one is full the least recently used entry of that
  * map goes: closed flows push out closed flows, never an open one.
  *
@@ -91,18 +91,26 @@ static __always_inline __u8 ct_end(const struct flow *f, __u8 fin)
 	if (f->proto != IPPROTO_TCP)
 		return 0;
 	if (f->tcp_flags & TCP_RST)
-		return HM_CT_F_CLOSING;
+		return HM_CT_F_RESET;
 	return (f->tcp_flags & TCP_FIN) ? fin : 0;
 }
 
 /* A packet of an open flow: both entries are refreshed and take `flags`;
- * a flow that is closed now moves to HM_CT_CLOSING. */
+ * a flow closed by FINs now moves to HM_CT_CLOSING, for the last ACK and
+ * any FIN sent again. A flow reset is over at once: nothing of it is
+ * answered after a RST (a late packet of the other side meets a socket
+ * that is gone and is reset by that host), so its entries go. */
 static __always_inline void ct_seen(struct hm_ct_key *fk, struct hm_ct_value *fwd, struct hm_ct_key *rk,
 				    struct hm_ct_value *rev, __u8 flags, __u64 now)
 {
 	struct hm_ct_value f = {}, r = {};
 	__u8 all = flags;
 
+	if (flags & HM_CT_F_RESET) {
+		bpf_map_delete_elem(&HM_CT, fk);
+		bpf_map_delete_elem(&HM_CT, rk);
+		return;
+	}
 	if (fwd) {
 		fwd->flags |= flags;
 		fwd->last_seen_ns = now;

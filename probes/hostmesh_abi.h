@@ -119,9 +119,10 @@ struct hm_ct_value {
 _Static_assert(sizeof(struct hm_ct_value) == 32, "hm_ct_value layout");
 
 #define HM_CT_F_REPLIED (1u << 0)  /* the backend answered */
-#define HM_CT_F_CLOSING (1u << 1)  /* TCP: closed (a FIN each way, or a RST) */
+#define HM_CT_F_CLOSING (1u << 1)  /* TCP: closed (a FIN each way) */
 #define HM_CT_F_FIN_OUT (1u << 2)  /* TCP: the client sent its FIN */
 #define HM_CT_F_FIN_BACK (1u << 3) /* TCP: the backend sent its FIN */
+#define HM_CT_F_RESET (1u << 4)    /* TCP: a RST (never stored: the flow is forgotten) */
 
 /* HM_REVERSE_SOCK: connect-time LB's memory of what a socket asked for,
  * so getpeername() and recvmsg() show the VIP, not the backend. */

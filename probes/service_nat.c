@@ -247,7 +247,9 @@ int hm_natout(struct __sk_buff *skb)
 		rv.flags = fv.flags;
 		rv.last_seen_ns = now;
 		ct_key(&rk, backend, f.src, backend_port, f.sport, f.proto, HM_CT_REVERSE);
-		if (bpf_map_update_elem(&HM_CT, &rk, &rv, BPF_ANY) || bpf_map_update_elem(&HM_CT, &fk, &fv, BPF_ANY))
+		/* A RST ends what it belongs to: it goes on, remembered by no one. */
+		if (!(fv.flags & HM_CT_F_RESET) &&
+		    (bpf_map_update_elem(&HM_CT, &rk, &rv, BPF_ANY) || bpf_map_update_elem(&HM_CT, &fk, &fv, BPF_ANY)))
 			return TC_ACT_SHOT;
 	}
 

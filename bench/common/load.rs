@@ -1,6 +1,7 @@
 //! Closed-loop load: TCP connect + request/reply + abort, and UDP
 //! request/reply, against echo servers. One client thread per run keeps the
-//! two CPUs of these machines split between client and server.
+//! two CPUs of these machines split between client and server; the
+//! multi-threaded, interleaved load is `interleave`.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -11,10 +12,11 @@ use std::time::{Duration, Instant};
 
 use hm_testkit::Netns;
 
-const REQUEST: &[u8; 32] = b"hostmesh-bench-request-32-bytes!";
+pub(crate) const REQUEST: &[u8; 32] = b"hostmesh-bench-request-32-bytes!";
 
 /// Servers in the backend namespace: TCP answers one request and waits for
-/// the client to close, UDP echoes.
+/// the client to close, UDP echoes. One thread of each is pinned to CPU 1
+/// (for one client thread on CPU 0); more are left to the scheduler.
 pub struct EchoServers {
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
@@ -22,41 +24,65 @@ pub struct EchoServers {
 
 impl EchoServers {
     pub fn start(ns: &Netns, tcp: SocketAddr, udp: SocketAddr) -> EchoServers {
+        EchoServers::with_threads(ns, tcp, udp, 1)
+    }
+
+    /// `threads` TCP and as many UDP server threads, sharing one listener
+    /// and one socket.
+    pub fn with_threads(ns: &Netns, tcp: SocketAddr, udp: SocketAddr, threads: usize) -> EchoServers {
         let stop = Arc::new(AtomicBool::new(false));
         let listener = ns.run(move || TcpListener::bind(tcp).expect("bind tcp"));
         listener.set_nonblocking(true).unwrap();
         let socket = ns.run(move || UdpSocket::bind(udp).expect("bind udp"));
         socket.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-        let s1 = Arc::clone(&stop);
-        let tcp_thread = std::thread::spawn(move || {
-            pin_to_cpu(1);
-            let mut buf = [0u8; 64];
-            while !s1.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((mut c, _)) => {
-                        let _ = c.set_nonblocking(false);
-                        let _ = c.set_read_timeout(Some(Duration::from_secs(1)));
-                        if c.read(&mut buf).unwrap_or(0) > 0 {
-                            let _ = c.write_all(&buf[..REQUEST.len()]);
-                            // The client ends the connection (see tcp_rate).
-                            let _ = c.read(&mut buf);
-                        }
+        let pin = threads == 1;
+        let mut handles = Vec::new();
+        for _ in 0..threads.max(1) {
+            let (done, listener) = (Arc::clone(&stop), listener.try_clone().expect("clone the listener"));
+            handles.push(std::thread::spawn(move || {
+                if pin {
+                    pin_to_cpu(1);
+                }
+                serve_tcp(&listener, &done)
+            }));
+            let (done, socket) = (Arc::clone(&stop), socket.try_clone().expect("clone the socket"));
+            handles.push(std::thread::spawn(move || {
+                if pin {
+                    pin_to_cpu(1);
+                }
+                let mut buf = [0u8; 64];
+                while !done.load(Ordering::Relaxed) {
+                    if let Ok((n, from)) = socket.recv_from(&mut buf) {
+                        let _ = socket.send_to(&buf[..n], from);
                     }
-                    Err(_) => std::thread::sleep(Duration::from_micros(50)),
                 }
+            }));
+        }
+        EchoServers { stop, threads: handles }
+    }
+}
+
+/// Accepts (waiting in poll(2), so threads that share the listener sleep
+/// until a connection comes), answers one request, waits for the close.
+fn serve_tcp(listener: &TcpListener, stop: &AtomicBool) {
+    use std::os::fd::AsRawFd;
+    let mut buf = [0u8; 64];
+    while !stop.load(Ordering::Relaxed) {
+        let mut pfd = libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd for the duration of the call.
+        if unsafe { libc::poll(&mut pfd, 1, 50) } <= 0 {
+            continue;
+        }
+        // Another thread may have taken it: accept is non-blocking.
+        if let Ok((mut c, _)) = listener.accept() {
+            let _ = c.set_nonblocking(false);
+            let _ = c.set_read_timeout(Some(Duration::from_secs(1)));
+            if c.read(&mut buf).unwrap_or(0) > 0 {
+                let _ = c.write_all(&buf[..REQUEST.len()]);
+                // The client ends the connection (see tcp_rate).
+                let _ = c.read(&mut buf);
             }
-        });
-        let s2 = Arc::clone(&stop);
-        let udp_thread = std::thread::spawn(move || {
-            pin_to_cpu(1);
-            let mut buf = [0u8; 64];
-            while !s2.load(Ordering::Relaxed) {
-                if let Ok((n, from)) = socket.recv_from(&mut buf) {
-                    let _ = socket.send_to(&buf[..n], from);
-                }
-            }
-        });
-        EchoServers { stop, threads: vec![tcp_thread, udp_thread] }
+        }
     }
 }
 
@@ -106,7 +132,7 @@ pub fn pin_to_cpu(cpu: usize) {
 }
 
 /// A TCP socket bound to `src` and connected to `dst`.
-fn connect_from(src: IpAddr, dst: SocketAddr) -> std::io::Result<TcpStream> {
+pub(crate) fn connect_from(src: IpAddr, dst: SocketAddr) -> std::io::Result<TcpStream> {
     use std::os::fd::FromRawFd;
     let family = if dst.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
     // SAFETY: plain socket(2); the fd is owned by the TcpStream below.

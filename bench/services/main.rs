@@ -11,39 +11,58 @@ mod systems;
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use hm_testkit::{Cgroup, Netns};
 
-use hm_bench::load::{catch_interrupts, interrupted, tcp_rate, udp_rate, EchoServers, Rate};
+use hm_bench::interleave::{self, Kind, Measured, Path, Plan, Spread};
+use hm_bench::load::{catch_interrupts, interrupted, EchoServers};
 use hm_bench::options::Options;
-use hm_bench::results::median;
+use hm_bench::progstats;
 use systems::*;
 
 const ALL_SIZES: [usize; 3] = [1, 1000, 10000];
 
-/// A client namespace wired to a backend namespace running echo servers.
+/// The client address of VIP traffic, and of traffic from the same
+/// namespace straight to the backend ("other traffic": what every
+/// connection that is not to a service pays).
+const VIA: &str = "192.168.10.1";
+const OTHER: &str = "192.168.10.2";
+/// The baseline: a namespace of its own with nothing installed, its own
+/// veth to the same backend.
+const CLEAN: &str = "192.168.20.1";
+
+/// A client namespace (the system under test) and a clean one, both wired
+/// to a backend namespace running echo servers.
 struct Topology {
     _servers: EchoServers,
     client: Netns,
+    clean: Netns,
     _backend: Netns,
 }
 
 impl Topology {
-    fn new() -> Topology {
+    fn new(server_threads: usize) -> Topology {
         let client = Netns::new();
+        let clean = Netns::new();
         let backend = Netns::new();
         client.veth_to(&backend, ("eth0", "192.168.10.1/24"), ("eth0", "192.168.10.11/24"));
-        // One client address per path (see load::tcp_rate).
-        for a in ["192.168.10.2/24", "192.168.10.3/24"] {
-            client.ip(&["addr", "add", a, "dev", "eth0"]);
-        }
+        client.ip(&["addr", "add", &format!("{OTHER}/24"), "dev", "eth0"]);
         client.ip(&["route", "add", "default", "via", "192.168.10.11", "dev", "eth0"]);
+        clean.veth_to(&backend, ("eth0", "192.168.20.1/24"), ("eth1", "192.168.20.11/24"));
+        clean.ip(&["route", "add", "default", "via", "192.168.20.11", "dev", "eth0"]);
         // Short-lived connections by the hundred thousand: reuse ports.
-        client.set_sysctl("net/ipv4/tcp_tw_reuse", "1");
-        client.set_sysctl("net/ipv4/ip_local_port_range", "1024 65000");
-        backend.set_sysctl("net/ipv4/tcp_tw_reuse", "1");
-        let servers = EchoServers::start(&backend, BACKEND_TCP.parse().unwrap(), BACKEND_UDP.parse().unwrap());
-        Topology { _servers: servers, client, _backend: backend }
+        for ns in [&client, &clean, &backend] {
+            ns.set_sysctl("net/ipv4/tcp_tw_reuse", "1");
+            ns.set_sysctl("net/ipv4/ip_local_port_range", "1024 65000");
+        }
+        let servers = EchoServers::with_threads(
+            &backend,
+            BACKEND_TCP.parse().unwrap(),
+            BACKEND_UDP.parse().unwrap(),
+            server_threads,
+        );
+        Topology { _servers: servers, client, clean, _backend: backend }
     }
 
     /// Kernel conntrack (iptables, nftables) must not fill up with the
@@ -59,70 +78,105 @@ impl Topology {
     }
 }
 
-#[derive(Debug, Clone)]
-struct Row {
-    path: &'static str,
-    services: usize,
-    tcp: (f64, f64),
-    udp: (f64, f64),
+/// One protocol of a row.
+#[derive(Debug, Clone, Copy, Default)]
+struct Cell {
+    rate: f64,
+    ratio: f64,
+    spread: Spread,
     errors: u64,
 }
 
-impl Row {
-    fn tcp_ratio(&self) -> f64 {
-        self.tcp.1 / self.tcp.0
-    }
-    fn udp_ratio(&self) -> f64 {
-        self.udp.1 / self.udp.0
-    }
+#[derive(Debug, Clone)]
+struct Row {
+    path: String,
+    services: usize,
+    tcp: Cell,
+    udp: Cell,
 }
 
-/// The client address of each path.
-fn source(path: &str) -> IpAddr {
-    match path {
-        "direct" => "192.168.10.2",
-        "hostmesh connect-time" => "192.168.10.3",
-        "iptables DNAT, last service" => "192.168.10.3",
-        _ => "192.168.10.1",
-    }
-    .parse()
-    .unwrap()
+/// What the measured path sends to: a VIP, or the backend itself.
+#[derive(Clone, Copy)]
+enum Target {
+    Vip(std::net::Ipv4Addr),
+    Backend,
 }
 
-/// Direct and through-the-system rates, interleaved rep by rep so drift
-/// hits both alike; medians.
-fn measure(t: &Topology, o: &Options, path: &'static str, services: usize) -> Row {
-    measure_at(t, o, path, services, target(services))
-}
-
-fn measure_at(t: &Topology, o: &Options, path: &'static str, services: usize, vip: std::net::Ipv4Addr) -> Row {
-    let direct_tcp: SocketAddr = BACKEND_TCP.parse().unwrap();
-    let direct_udp: SocketAddr = BACKEND_UDP.parse().unwrap();
-    let (via_tcp, via_udp) = (SocketAddr::V4(SocketAddrV4::new(vip, 80)), SocketAddr::V4(SocketAddrV4::new(vip, 53)));
-    let mut samples: [Vec<f64>; 4] = Default::default();
-    let mut errors = 0;
-    for _ in 0..o.reps {
-        let (direct, via) = (source("direct"), source(path));
-        let runs: [Rate; 4] = [
-            tcp_rate(&t.client, direct, direct_tcp, o.seconds),
-            tcp_rate(&t.client, via, via_tcp, o.seconds),
-            udp_rate(&t.client, direct, direct_udp, o.seconds),
-            udp_rate(&t.client, via, via_udp, o.seconds),
-        ];
-        for (s, r) in samples.iter_mut().zip(runs) {
-            s.push(r.per_sec);
-            errors += r.errors;
+impl Target {
+    fn addrs(self) -> (SocketAddr, SocketAddr) {
+        match self {
+            Target::Vip(vip) => {
+                (SocketAddr::V4(SocketAddrV4::new(vip, 80)), SocketAddr::V4(SocketAddrV4::new(vip, 53)))
+            }
+            Target::Backend => (BACKEND_TCP.parse().unwrap(), BACKEND_UDP.parse().unwrap()),
         }
     }
+    fn source(self) -> IpAddr {
+        match self {
+            Target::Vip(_) => VIA.parse().unwrap(),
+            Target::Backend => OTHER.parse().unwrap(),
+        }
+    }
+}
+
+/// The rows' paths, interleaved with the clean baseline (the first path)
+/// in slices; TCP first, then UDP.
+fn measure(t: &Topology, plan: &Plan, services: usize, rows: &[(String, Target)]) -> Vec<Row> {
+    let clean = CLEAN.parse().unwrap();
+    let mut by_kind = Vec::new();
+    for kind in [Kind::Tcp, Kind::Udp] {
+        let pick = |(tcp, udp): (SocketAddr, SocketAddr)| if kind == Kind::Tcp { tcp } else { udp };
+        let mut paths = vec![Path { ns: &t.clean, src: clean, dst: pick(Target::Backend.addrs()) }];
+        paths.extend(rows.iter().map(|(_, target)| Path {
+            ns: &t.client,
+            src: target.source(),
+            dst: pick(target.addrs()),
+        }));
+        by_kind.push(interleave::measure(kind, &paths, plan));
+    }
     assert!(!interrupted(), "interrupted; cleaning up");
-    let [dt, st, du, su] = samples.map(median);
-    let row = Row { path, services, tcp: (dt, st), udp: (du, su), errors };
-    eprintln!(
-        "{path:<22} {services:>6} services: tcp {st:>8.0}/s ({:.3} x direct)  udp {su:>8.0}/s ({:.3} x direct)  errors {errors}",
-        row.tcp_ratio(),
-        row.udp_ratio()
-    );
-    row
+    let cell = |m: &Measured, i: usize| Cell {
+        rate: m.per_sec[i],
+        ratio: m.ratio(i),
+        spread: m.spread[i],
+        errors: m.errors[i],
+    };
+    rows.iter()
+        .enumerate()
+        .map(|(i, (path, _))| {
+            let row = Row { path: path.clone(), services, tcp: cell(&by_kind[0], i + 1), udp: cell(&by_kind[1], i + 1) };
+            eprintln!(
+                "{:<36} {services:>6} services: tcp {:>8.0}/s ({:.3} x direct, {:.3}-{:.3})  udp {:>8.0}/s ({:.3} x direct, {:.3}-{:.3})  errors {}+{}",
+                row.path,
+                row.tcp.rate,
+                row.tcp.ratio,
+                row.tcp.spread.low,
+                row.tcp.spread.high,
+                row.udp.rate,
+                row.udp.ratio,
+                row.udp.spread.low,
+                row.udp.spread.high,
+                row.tcp.errors,
+                row.udp.errors
+            );
+            row
+        })
+        .collect()
+}
+
+/// Where the BPF time of a measurement went: per program, runs and mean
+/// ns per run (hostmesh's programs only, `hm_` names).
+struct Profile {
+    label: String,
+    programs: Vec<(String, u64, f64)>,
+}
+
+fn profiled(label: String, profiles: &mut Vec<Profile>, f: impl FnOnce() -> Vec<Row>) -> Vec<Row> {
+    let before = progstats::snapshot("hm_");
+    let rows = f();
+    let programs = progstats::since(&before, &progstats::snapshot("hm_"));
+    profiles.push(Profile { label, programs });
+    rows
 }
 
 /// Runs the bench process in a cgroup of its own (the connect-time
@@ -152,103 +206,141 @@ impl Drop for InCgroup {
 fn main() {
     hm_testkit::require_root();
     catch_interrupts();
-    let o = Options::parse(5, &["only-hostmesh"]);
+    let o = Options::parse(5, &["only-hostmesh", "clients", "rounds", "slice-ms"]);
+    let flag = |name: &str, default: usize| -> usize {
+        o.extra.get(name).map(|v| v.parse().unwrap_or_else(|_| panic!("--{name} N"))).unwrap_or(default)
+    };
+    let plan = Plan {
+        clients: flag("clients", 4),
+        rounds: flag("rounds", 40),
+        slice: Duration::from_millis(flag("slice-ms", 100) as u64),
+    };
+    let server_threads = plan.clients;
     let cg = InCgroup::enter();
+    let _stats = progstats::enable().expect("BPF_ENABLE_STATS");
     let mut rows = Vec::new();
     let mut syncs = Vec::new();
+    let mut profiles = Vec::new();
 
-    eprintln!("hostmesh ({}), {} s x {} reps per rate", o.hostmesh.display(), o.seconds.as_secs_f64(), o.reps);
+    eprintln!(
+        "hostmesh ({}), {} client threads, {} rounds of {} ms slices per measurement",
+        o.hostmesh.display(),
+        plan.clients,
+        plan.rounds,
+        plan.slice.as_millis()
+    );
     // --only-hostmesh 1,1000: a quick look at hostmesh alone, no results file.
     let only_hostmesh: Option<Vec<usize>> =
         o.extra.get("only-hostmesh").map(|v| v.split(',').map(|n| n.parse().expect("--only-hostmesh N,N")).collect());
     let sizes: Vec<usize> = only_hostmesh.clone().unwrap_or(ALL_SIZES.to_vec());
     {
-        let t = Topology::new();
+        let t = Topology::new(server_threads);
         for &n in &sizes {
             let hm = Hostmesh::start(&t.client, &o.hostmesh, cg.cgroup.path(), "all", n);
             syncs.push((n, "first sync, connect-time", hm.last_sync_ms()));
-            rows.push(measure(&t, &o, "hostmesh connect-time", n));
-            hm.switch_mode("off");
-            syncs.push((n, "switch to the bpfnat veth", hm.last_sync_ms()));
-            rows.push(measure(&t, &o, "hostmesh bpfnat veth", n));
+            for (mode, path) in [("all", "hostmesh connect-time"), ("off", "hostmesh bpfnat veth")] {
+                if mode == "off" {
+                    hm.switch_mode("off");
+                    syncs.push((n, "switch to the bpfnat veth", hm.last_sync_ms()));
+                }
+                let mut wanted = vec![(path.to_string(), Target::Vip(target(n)))];
+                if n == 10000 {
+                    wanted.push((format!("other traffic, beside {path}"), Target::Backend));
+                }
+                let label = format!("{path}, {n} services");
+                rows.extend(profiled(label, &mut profiles, || measure(&t, &plan, n, &wanted)));
+            }
         }
     }
     if only_hostmesh.is_some() {
+        for p in &profiles {
+            for (name, runs, ns) in &p.programs {
+                eprintln!("{}: {name} {runs} runs, {ns:.0} ns per run", p.label);
+            }
+        }
         return;
     }
     {
-        let t = Topology::new();
+        let t = Topology::new(server_threads);
         for n in ALL_SIZES {
             t.client.exec_with_input("iptables-restore", &[], &iptables_rules(n));
             t.short_conntrack_timeouts();
-            rows.push(measure(&t, &o, "iptables DNAT", n));
+            let mut wanted = vec![("iptables DNAT".to_string(), Target::Vip(target(n)))];
+            // The same 10,000, reaching the last service: the whole list walked.
+            if n == 10000 {
+                wanted.push(("iptables DNAT, last service".to_string(), Target::Vip(vip(9999))));
+            }
+            rows.extend(measure(&t, &plan, n, &wanted));
         }
-        // The same 10,000, reaching the last service: the whole list walked.
-        rows.push(measure_at(&t, &o, "iptables DNAT, last service", 10000, vip(9999)));
     }
     {
-        let t = Topology::new();
+        let t = Topology::new(server_threads);
         for n in ALL_SIZES {
             t.client.exec_with_input("nft", &["-f", "-"], &format!("flush ruleset\n{}", nftables_ruleset(n)));
             t.short_conntrack_timeouts();
-            rows.push(measure(&t, &o, "nftables DNAT (map)", n));
+            rows.extend(measure(&t, &plan, n, &[("nftables DNAT (map)".to_string(), Target::Vip(target(n)))]));
         }
     }
     drop(cg);
 
-    let report = report(&o, &rows, &syncs);
+    let report = report(&plan, &rows, &syncs, &profiles);
     println!("{report}");
     hm_bench::results::write_section(&o.out, "services", &report).expect("write results");
     eprintln!("wrote the services section of {}", o.out.display());
 }
 
-/// Why the netfilter rows' own ratios mislead, in the results.
-const NETFILTER_NOTE: &str = "In the iptables and nftables rows the direct traffic goes through the same \
-netfilter hooks: conntrack for every flow, and for iptables a walk of the whole rule list, since direct traffic \
-matches no rule (hence a ratio above 1 at 10,000 rules: the direct connections walk all 20,000 rules, the VIP's \
-half). Their × direct is therefore not a cost against a clean host; compare absolute rates across rows of this \
-one run instead, as the last target does.";
-
 fn find<'a>(rows: &'a [Row], path: &str, n: usize) -> &'a Row {
     rows.iter().find(|r| r.path == path && r.services == n).expect("measured")
 }
 
-fn report(o: &Options, rows: &[Row], syncs: &[(usize, &str, u64)]) -> String {
+fn report(plan: &Plan, rows: &[Row], syncs: &[(usize, &str, u64)], profiles: &[Profile]) -> String {
     let mut s = String::new();
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let _ = writeln!(s, "## bench/services: service IPs\n");
-    let _ = writeln!(s, "Command (as root): `./bench/run services`\n");
+    let _ = writeln!(s, "Command (as root): `./bench/run services` (`--clients 1` for one client thread)\n");
     let _ = writeln!(
         s,
-        "One run on Linux {} with {} CPUs; {}; {}. Each rate is the median of {} runs of {} s, one client thread \
-         (pinned to CPU 0, the servers to CPU 1); each ratio divides by the same traffic sent straight to the backend, \
-         measured interleaved with it in the same topology from another client address (so NATed connections never \
-         meet the server's TIME_WAIT of direct ones). The target is the middle service of the configured set (an iptables rule list is walked \
-         halfway); one more row reaches the last of 10,000 iptables services. Absolute rates on these machines are noise; compare ratios.\n",
+        "One run on Linux {} with {cpus} CPUs; {}; {}. {} client threads (and as many server threads) keep the CPUs \
+         saturated: TCP is connect + 32-byte request/reply + abort, UDP request/reply. Every measurement interleaves \
+         its paths in {} ms slices, all client threads switching together, over {} rounds (after one warm-up round): \
+         the baseline, **direct**, is the same traffic from a clean namespace (nothing installed, a veth of its own) \
+         to the same backend, so other load hits both alike. × direct is the ratio of the rates; the spread is the \
+         10th–90th percentile of the per-round ratios. Each VIP is the middle service of the configured set (an \
+         iptables rule list is walked halfway); one more row reaches the last of 10,000 iptables services. \
+         **Other traffic** is traffic from the hostmesh namespace straight to the backend (no VIP) while 10,000 \
+         services are configured: the cost every other connection on the host pays. The bench process sits in the \
+         cgroup hostmesh attaches to, so the baseline's connects run the connect-time programs too, which leave at \
+         their first check (another network namespace). Absolute rates on these machines are noise; compare ratios.\n",
         kernel.trim(),
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         version("iptables", "-V"),
         version("nft", "-v"),
-        o.reps,
-        o.seconds.as_secs_f64()
+        plan.clients,
+        plan.slice.as_millis(),
+        plan.rounds,
     );
-    let _ =
-        writeln!(s, "| path | services | TCP connect+req/reply /s | × direct | UDP req/reply /s | × direct | errors |");
-    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        s,
+        "| path | services | TCP connect+req/reply /s | × direct | spread | UDP req/reply /s | × direct | spread | errors |"
+    );
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         let _ = writeln!(
             s,
-            "| {} | {} | {:.0} | {:.3} | {:.0} | {:.3} | {} |",
+            "| {} | {} | {:.0} | {:.3} | {:.3}–{:.3} | {:.0} | {:.3} | {:.3}–{:.3} | {} |",
             r.path,
             r.services,
-            r.tcp.1,
-            r.tcp_ratio(),
-            r.udp.1,
-            r.udp_ratio(),
-            r.errors
+            r.tcp.rate,
+            r.tcp.ratio,
+            r.tcp.spread.low,
+            r.tcp.spread.high,
+            r.udp.rate,
+            r.udp.ratio,
+            r.udp.spread.low,
+            r.udp.spread.high,
+            r.tcp.errors + r.udp.errors
         );
     }
-    let _ = writeln!(s, "\n{NETFILTER_NOTE}");
     let _ = writeln!(
         s,
         "\nhostmesh sync times in this run (each configured service is a TCP and a UDP service on one VIP):\n"
@@ -256,45 +348,46 @@ fn report(o: &Options, rows: &[Row], syncs: &[(usize, &str, u64)]) -> String {
     for (n, what, ms) in syncs {
         let _ = writeln!(s, "- {n} VIPs ({} services), {what}: {ms} ms", 2 * n);
     }
+    let _ = writeln!(
+        s,
+        "\nhostmesh's BPF programs during each hostmesh measurement (the kernel's run_time_ns and run_cnt, \
+         BPF_ENABLE_STATS), TCP and UDP together, baseline included:\n"
+    );
+    let _ = writeln!(s, "| measurement | program | runs | ns per run |");
+    let _ = writeln!(s, "|---|---|---:|---:|");
+    for p in profiles {
+        for (name, runs, ns) in &p.programs {
+            let _ = writeln!(s, "| {} | {name} | {runs} | {ns:.0} |", p.label);
+        }
+    }
     let _ = writeln!(s, "\n### Targets\n");
     let check = |ok: bool| if ok { "met" } else { "MISSED" };
-    let ctlb_min = ALL_SIZES
-        .iter()
-        .map(|&n| find(rows, "hostmesh connect-time", n))
-        .map(|r| r.tcp_ratio().min(r.udp_ratio()))
-        .fold(f64::MAX, f64::min);
-    let veth_min = ALL_SIZES
-        .iter()
-        .map(|&n| find(rows, "hostmesh bpfnat veth", n))
-        .map(|r| r.tcp_ratio().min(r.udp_ratio()))
-        .fold(f64::MAX, f64::min);
-    let c10 = find(rows, "hostmesh connect-time", 10000);
-    let i10 = find(rows, "iptables DNAT", 10000);
-    let vs_ipt = c10.tcp.1 / i10.tcp.1;
-    let vs_ipt_udp = c10.udp.1 / i10.udp.1;
-    let _ = writeln!(s, "- connect-time ≥ 0.95 × direct: lowest ratio {ctlb_min:.3} — {}", check(ctlb_min >= 0.95));
-    let _ = writeln!(s, "- bpfnat veth ≥ 0.8 × direct: lowest ratio {veth_min:.3} — {}", check(veth_min >= 0.8));
+    let lowest = |path: &str| {
+        ALL_SIZES
+            .iter()
+            .map(|&n| find(rows, path, n))
+            .map(|r| (r.tcp.ratio.min(r.udp.ratio), r.services))
+            .fold((f64::MAX, 0), |a, b| if b.0 < a.0 { b } else { a })
+    };
+    let (ctlb_min, ctlb_at) = lowest("hostmesh connect-time");
+    let (veth_min, veth_at) = lowest("hostmesh bpfnat veth");
     let _ = writeln!(
         s,
-        "- connect-time at 10,000 services ≥ 2 × iptables DNAT at 10,000 services: TCP {vs_ipt:.2}× ({}), UDP {vs_ipt_udp:.2}×",
-        check(vs_ipt >= 2.0)
+        "- connect-time ≥ 0.97 × direct at 1, 1,000 and 10,000 services: lowest ratio {ctlb_min:.3} (at {ctlb_at}) — {}",
+        check(ctlb_min >= 0.97)
     );
-    let last = find(rows, "iptables DNAT, last service", 10000);
-    let us = |rate: f64| 1e6 / rate;
-    let extra_us = us(i10.tcp.1) - us(c10.tcp.1);
     let _ = writeln!(
         s,
-        "\nWhy the iptables ratio is what it is: a new connection to the middle of 10,000 services walks about \
-         10,000 of the 20,000 rules (TCP and UDP) before its DNAT; here that adds {extra_us:.0} µs to a connection that \
-         takes {:.0} µs through connect-time load balancing, about {:.1} ns per rule. Connect-time load balancing stays \
-         flat ({:.3} × direct at 10,000 services). The ratio therefore depends on how much a connection costs on the \
-         host: the rule walk is {:.0}% of the cost here. To the last service (the whole list) it is {:.2}×. UDP uses one \
-         socket per run, one conntrack flow, so the rule walk happens once and the ratios there are about equal.",
-        us(c10.tcp.1),
-        extra_us * 1000.0 / 10_000.0,
-        c10.tcp_ratio(),
-        100.0 * extra_us / us(i10.tcp.1),
-        c10.tcp.1 / last.tcp.1
+        "- bpfnat veth ≥ 0.90 × direct at 1, 1,000 and 10,000 services: lowest ratio {veth_min:.3} (at {veth_at}) — {}",
+        check(veth_min >= 0.90)
+    );
+    let c10 = find(rows, "hostmesh connect-time", 10000);
+    let last = find(rows, "iptables DNAT, last service", 10000);
+    let vs_ipt = c10.tcp.rate / last.tcp.rate;
+    let _ = writeln!(
+        s,
+        "- connect-time ≥ 3.5 × iptables DNAT at 10,000 services (last rule), TCP: {vs_ipt:.2}× — {}",
+        check(vs_ipt >= 3.5)
     );
     s
 }

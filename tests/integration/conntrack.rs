@@ -192,6 +192,45 @@ fn closed_tcp_flows_leave_conntrack_within_twelve_seconds() {
 }
 
 #[test]
+fn a_reset_flow_leaves_conntrack_at_once() {
+    let _serial = serial();
+    let t = Topology::new("connect_time_lb = \"off\"");
+    t.host.write("services.toml", ONE_BACKEND);
+    let _d = t.host.start_ready();
+    let timeout = hm_testkit::scaled(Duration::from_secs(1));
+    let answered = t.host.ns.run(move || {
+        let vip: SocketAddr = "10.96.0.10:80".parse().unwrap();
+        let any: SocketAddr = "192.168.10.1:0".parse().unwrap();
+        (0..20)
+            .filter(|_| {
+                let stream = TcpStream::from(bound(SockType::Stream, any).unwrap());
+                stream.set_read_timeout(Some(timeout)).unwrap();
+                stream.set_write_timeout(Some(timeout)).unwrap();
+                let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+                if socket::connect(fd, &SockaddrStorage::from(vip)).is_err() || (&stream).write_all(b"hello\n").is_err()
+                {
+                    return false;
+                }
+                let mut line = String::new();
+                let ok = BufReader::new(&stream).read_line(&mut line).is_ok() && line.trim() == "b1";
+                // close(2) with SO_LINGER 0 sends a RST.
+                socket::setsockopt(&stream, socket::sockopt::Linger, &libc::linger { l_onoff: 1, l_linger: 0 })
+                    .unwrap();
+                ok
+            })
+            .count()
+    });
+    assert_eq!(answered, 20);
+    let tcp = |map: &str| t.conntrack(map).into_iter().filter(|(k, _)| k.proto == 6).count();
+    hm_testkit::wait_until("reset flows to leave conntrack", Duration::from_secs(1), || {
+        tcp("HM_CT") == 0 && tcp("HM_CT_CLOSING") == 0
+    })
+    .unwrap_or_else(|e| {
+        panic!("{e}: TCP entries of open flows {}, of closed ones {}", tcp("HM_CT"), tcp("HM_CT_CLOSING"))
+    });
+}
+
+#[test]
 fn a_full_conntrack_keeps_open_flows_working() {
     let _serial = serial();
     // The smallest table: 4,096 entries, 2,048 flows.

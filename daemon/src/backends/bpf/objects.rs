@@ -158,4 +158,3 @@ pub fn object_of(program: Program) -> usize {
         _ => 1,
     }
 }
-
