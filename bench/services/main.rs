@@ -1,8 +1,9 @@
 //! bench/services: request rates to a VIP through hostmesh (connect-time LB
 //! and the bpfnat veth), iptables DNAT and nftables DNAT, each with 1, 1,000
 //! and 10,000 services configured, against the same traffic sent straight
-//! to the backend in the same topology. Absolute rates on these machines
-//! are noise; the ratios are the result. Writes bench/RESULTS.md.
+//! to the backend from a clean namespace, interleaved with it in slices
+//! (`interleave`), with several client threads. Absolute rates on these
+//! machines are noise; the ratios are the result. Writes bench/RESULTS.md.
 //!
 //! Run it with `./bench/run services` (as root).
 
@@ -206,6 +207,10 @@ impl Drop for InCgroup {
 fn main() {
     hm_testkit::require_root();
     catch_interrupts();
+    // Rounds of slices, not timed repetitions, set how long it measures.
+    if let Some(flag) = std::env::args().find(|a| a == "--seconds" || a == "--reps") {
+        panic!("bench-services takes --rounds N and --slice-ms MS, not {flag}");
+    }
     let o = Options::parse(5, &["only-hostmesh", "clients", "rounds", "slice-ms"]);
     let flag = |name: &str, default: usize| -> usize {
         o.extra.get(name).map(|v| v.parse().unwrap_or_else(|_| panic!("--{name} N"))).unwrap_or(default)
