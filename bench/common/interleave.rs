@@ -10,15 +10,14 @@
 //! every path, in an order that rotates from round to round).
 
 use std::fs::File;
-use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use hm_testkit::Netns;
 
-use crate::load::{connect_from, interrupted, pin_to_cpu, REQUEST};
+use crate::load::{interrupted, pin_to_cpu, tcp_exchange, REQUEST};
 
 /// TCP: connect + request/reply + abort (RST, see load::tcp_rate); UDP:
 /// request/reply on one unconnected socket per thread and path.
@@ -162,25 +161,11 @@ fn tcp_client(shared: &Shared, targets: &[(File, IpAddr, SocketAddr)]) {
             enter(ns);
             inside = path;
         }
-        match tcp_once(*src, *dst, &mut buf) {
+        match tcp_exchange(*src, *dst, &mut buf) {
             Ok(()) => shared.ok[path].fetch_add(1, Ordering::Relaxed),
             Err(_) => shared.errors[path].fetch_add(1, Ordering::Relaxed),
         };
     }
-}
-
-fn tcp_once(src: IpAddr, dst: SocketAddr, buf: &mut [u8; 64]) -> std::io::Result<()> {
-    let mut s: TcpStream = connect_from(src, dst)?;
-    s.set_read_timeout(Some(Duration::from_secs(1)))?;
-    s.write_all(REQUEST)?;
-    let mut got = 0;
-    while got < REQUEST.len() {
-        match s.read(&mut buf[got..])? {
-            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            n => got += n,
-        }
-    }
-    Ok(())
 }
 
 fn udp_client(shared: &Shared, targets: &[(File, IpAddr, SocketAddr)]) {

@@ -175,27 +175,29 @@ pub fn tcp_rate(ns: &Netns, src: IpAddr, dst: SocketAddr, secs: Duration) -> Rat
         let (mut ok, mut errors) = (0u64, 0u64);
         let start = Instant::now();
         while start.elapsed() < secs && !interrupted() {
-            let result = (|| -> std::io::Result<()> {
-                let mut s = connect_from(src, dst)?;
-                s.set_read_timeout(Some(Duration::from_secs(1)))?;
-                s.write_all(REQUEST)?;
-                let mut got = 0;
-                while got < REQUEST.len() {
-                    let n = s.read(&mut buf[got..])?;
-                    if n == 0 {
-                        return Err(std::io::ErrorKind::UnexpectedEof.into());
-                    }
-                    got += n;
-                }
-                Ok(())
-            })();
-            match result {
+            match tcp_exchange(src, dst, &mut buf) {
                 Ok(()) => ok += 1,
                 Err(_) => errors += 1,
             }
         }
         Rate { per_sec: ok as f64 / start.elapsed().as_secs_f64(), errors }
     })
+}
+
+/// One connection: connect, the request, its whole reply; the abort is
+/// the drop (SO_LINGER 0, see connect_from).
+pub(crate) fn tcp_exchange(src: IpAddr, dst: SocketAddr, buf: &mut [u8; 64]) -> std::io::Result<()> {
+    let mut s = connect_from(src, dst)?;
+    s.set_read_timeout(Some(Duration::from_secs(1)))?;
+    s.write_all(REQUEST)?;
+    let mut got = 0;
+    while got < REQUEST.len() {
+        match s.read(&mut buf[got..])? {
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n => got += n,
+        }
+    }
+    Ok(())
 }
 
 /// Makes up to `n` TCP connections (request/reply each) within `limit`;

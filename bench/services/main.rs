@@ -88,6 +88,17 @@ struct Cell {
     errors: u64,
 }
 
+impl Cell {
+    /// The rate, the ratio and the spread, as table columns.
+    fn columns(&self) -> String {
+        format!("{:.0} | {:.3} | {:.3}–{:.3}", self.rate, self.ratio, self.spread.low, self.spread.high)
+    }
+    /// The same, for the progress lines.
+    fn line(&self) -> String {
+        format!("{:>8.0}/s ({:.3} x direct, {:.3}-{:.3})", self.rate, self.ratio, self.spread.low, self.spread.high)
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Row {
     path: String,
@@ -145,18 +156,13 @@ fn measure(t: &Topology, plan: &Plan, services: usize, rows: &[(String, Target)]
     rows.iter()
         .enumerate()
         .map(|(i, (path, _))| {
-            let row = Row { path: path.clone(), services, tcp: cell(&by_kind[0], i + 1), udp: cell(&by_kind[1], i + 1) };
+            let row =
+                Row { path: path.clone(), services, tcp: cell(&by_kind[0], i + 1), udp: cell(&by_kind[1], i + 1) };
             eprintln!(
-                "{:<36} {services:>6} services: tcp {:>8.0}/s ({:.3} x direct, {:.3}-{:.3})  udp {:>8.0}/s ({:.3} x direct, {:.3}-{:.3})  errors {}+{}",
+                "{:<36} {services:>6} services: tcp {}  udp {}  errors {}+{}",
                 row.path,
-                row.tcp.rate,
-                row.tcp.ratio,
-                row.tcp.spread.low,
-                row.tcp.spread.high,
-                row.udp.rate,
-                row.udp.ratio,
-                row.udp.spread.low,
-                row.udp.spread.high,
+                row.tcp.line(),
+                row.udp.line(),
                 row.tcp.errors,
                 row.udp.errors
             );
@@ -332,17 +338,11 @@ fn report(plan: &Plan, rows: &[Row], syncs: &[(usize, &str, u64)], profiles: &[P
     for r in rows {
         let _ = writeln!(
             s,
-            "| {} | {} | {:.0} | {:.3} | {:.3}–{:.3} | {:.0} | {:.3} | {:.3}–{:.3} | {} |",
+            "| {} | {} | {} | {} | {} |",
             r.path,
             r.services,
-            r.tcp.rate,
-            r.tcp.ratio,
-            r.tcp.spread.low,
-            r.tcp.spread.high,
-            r.udp.rate,
-            r.udp.ratio,
-            r.udp.spread.low,
-            r.udp.spread.high,
+            r.tcp.columns(),
+            r.udp.columns(),
             r.tcp.errors + r.udp.errors
         );
     }
