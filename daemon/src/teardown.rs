@@ -67,8 +67,9 @@ pub fn teardown(paths: &Paths) -> Result<Vec<String>, TeardownError> {
     }
 
     if paths.state_dir.exists() {
-        let mut originals =
+        let (mut originals, notes) =
             SysctlOriginals::load(&paths.state_dir).map_err(io_err(format!("read {}", paths.state_dir.display())))?;
+        done.extend(notes.into_iter().map(|n| format!("warning: {n}")));
         let mut sysctl = ProcSys::new();
         let saved: Vec<(String, String)> = originals.values().clone().into_iter().collect();
         for (path, value) in saved {

@@ -29,6 +29,8 @@ impl DaemonOptions {
             log: dir.join("daemon.log"),
         };
         fs::create_dir_all(&o.config_dir).expect("create config dir");
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&o.config_dir, fs::Permissions::from_mode(0o755)).expect("chmod config dir");
         o
     }
 
@@ -43,9 +45,13 @@ impl DaemonOptions {
         ]
     }
 
-    /// Writes a drop-in into the config dir.
+    /// Writes a drop-in into the config dir, 0644 whatever the umask
+    /// (hostmesh refuses drop-ins that others can write).
     pub fn write_config(&self, name: &str, text: &str) {
-        fs::write(self.config_dir.join(name), text).expect("write drop-in");
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.config_dir.join(name);
+        fs::write(&path, text).expect("write drop-in");
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).expect("chmod drop-in");
     }
 }
 
@@ -118,6 +124,11 @@ impl Daemon {
         self.signal(Signal::SIGTERM);
         self.wait_exit(timeout)
             .unwrap_or_else(|| panic!("hostmesh did not exit within {timeout:?}\n{}", self.log_text()))
+    }
+
+    /// Waits at most `timeout` (not scaled) for the daemon to exit on its own.
+    pub fn exited_within(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        self.wait_exit(timeout)
     }
 
     fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {

@@ -22,6 +22,8 @@ pub struct KernelState {
     pub log: Vec<String>,
     /// Fail the next mutating call whose log line starts with this.
     pub fail_next: Option<String>,
+    /// When set, the BPF programs "cannot be loaded" for this reason.
+    pub bpf_broken: Option<String>,
     /// Host sysctls (not on hm-* links) that exist, with their values.
     pub host_sysctls: BTreeMap<String, String>,
 }
@@ -199,6 +201,13 @@ impl SysctlBackend for FakeKernel {
 }
 
 impl BpfBackend for FakeKernel {
+    fn prepare(&mut self) -> Result<()> {
+        match &self.state().bpf_broken {
+            Some(why) => Err(BackendError::Bpf { op: "load hostmesh.bpf.o".into(), detail: why.clone() }),
+            None => Ok(()),
+        }
+    }
+
     fn map_entries(&mut self) -> Result<BTreeMap<MapEntryKey, Vec<u8>>> {
         Ok(self.state().maps.clone())
     }

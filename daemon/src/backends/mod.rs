@@ -78,6 +78,9 @@ pub trait SysctlBackend {
 }
 
 pub trait BpfBackend {
+    /// Loads the programs and maps (once): the gate before any step that
+    /// needs them.
+    fn prepare(&mut self) -> Result<()>;
     fn map_entries(&mut self) -> Result<BTreeMap<MapEntryKey, Vec<u8>>>;
     fn put_map_entry(&mut self, key: &MapEntryKey, value: &[u8]) -> Result<()>;
     fn delete_map_entry(&mut self, key: &MapEntryKey) -> Result<()>;

@@ -20,6 +20,9 @@ pub fn run(dir: &Path) -> ExitCode {
             eprintln!("{e}");
         }
     }
+    for s in &loaded.skipped {
+        eprintln!("{}: skipped: {}", s.path.display(), s.reason);
+    }
     let c = &loaded.config;
     println!(
         "{}: {} file(s), {} rejected; valid: {} service(s), {} mesh redirect(s), {} peer(s), {} member(s){}{}",

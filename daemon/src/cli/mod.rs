@@ -68,6 +68,15 @@ impl From<PathArgs> for Paths {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Run(_)) {
+        // A command whose output is piped into `head` ends quietly when the
+        // pipe closes, as other tools do (exit 141), instead of panicking
+        // in println!. The daemon keeps ignoring SIGPIPE (a write error).
+        // SAFETY: setting a signal's disposition before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     match cli.command {
         Command::Run(paths) => {
             let log = crate::log::stderr_logger();
@@ -86,6 +95,26 @@ pub fn main() -> ExitCode {
 }
 
 fn teardown(paths: Paths, force: bool) -> ExitCode {
+    // The daemon's own lock: held while it runs, so teardown and a daemon
+    // never work on the same objects at once.
+    let _lock = if paths.state_dir.is_dir() && !force {
+        match crate::state::InstanceLock::acquire(&paths.state_dir, &paths.bpffs) {
+            Ok(lock) => Some(lock),
+            Err(crate::state::LockError::Held { pid, .. }) => {
+                eprintln!(
+                    "hostmesh is running (pid {pid}); stop it first (systemctl stop hostmesh), or pass --force \
+                     (it would rebuild its state at its next sync)"
+                );
+                return ExitCode::FAILURE;
+            }
+            Err(e) => {
+                eprintln!("hostmesh teardown: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
+    };
     if let Some(pid) = status::running_daemon(&paths.state_dir) {
         if !force {
             eprintln!(

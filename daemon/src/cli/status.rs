@@ -144,6 +144,9 @@ pub fn render(s: &Status, liveness: &Liveness) -> String {
             out.push_str(&format!("    {}\n", e.text));
         }
     }
+    for sk in &s.skipped {
+        out.push_str(&format!("  skipped {}: {}\n", sk.path.display(), sk.reason));
+    }
     if !s.objects.is_empty() {
         out.push_str("objects:\n");
         let w_kind = s.objects.iter().map(|o| o.kind.len()).max().unwrap_or(0);

@@ -26,20 +26,26 @@ impl fmt::Display for ConfigError {
 pub struct Source<'a> {
     pub path: &'a Path,
     pub text: &'a str,
+    /// Byte offset of each line's start, computed on first use: every
+    /// lookup is then a binary search, not a scan from the top (a file of
+    /// 30,000 services asks 60,000 times).
+    line_starts: std::cell::OnceCell<Vec<usize>>,
 }
 
 impl<'a> Source<'a> {
     pub fn new(path: &'a Path, text: &'a str) -> Self {
-        Source { path, text }
+        Source { path, text, line_starts: std::cell::OnceCell::new() }
     }
 
     /// 1-based (line, column); the column counts characters, not bytes.
     pub fn line_col(&self, offset: usize) -> (usize, usize) {
-        let offset = offset.min(self.text.len());
-        let before = &self.text[..floor_char_boundary(self.text, offset)];
-        let line = before.matches('\n').count() + 1;
-        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-        let column = before[line_start..].chars().count() + 1;
+        let offset = floor_char_boundary(self.text, offset.min(self.text.len()));
+        let starts = self
+            .line_starts
+            .get_or_init(|| std::iter::once(0).chain(self.text.match_indices('\n').map(|(i, _)| i + 1)).collect());
+        let line = starts.partition_point(|&s| s <= offset);
+        let line_start = starts[line - 1];
+        let column = self.text[line_start..offset].chars().count() + 1;
         (line, column)
     }
 
@@ -90,4 +96,17 @@ impl fmt::Display for Origin {
         let name = self.file.file_name().map(Path::new).unwrap_or(&self.file);
         write!(f, "{}:{}:{}", name.display(), self.line, self.column)
     }
+}
+
+/// The longest a value quoted in a message may be, in characters.
+pub const QUOTE_MAX: usize = 80;
+
+/// `s` cut to QUOTE_MAX characters (with "..." and the full length when
+/// cut), for quoting operator input in messages without echoing 200 KB.
+pub fn clip(s: &str) -> String {
+    if s.chars().count() <= QUOTE_MAX {
+        return s.to_string();
+    }
+    let head: String = s.chars().take(QUOTE_MAX).collect();
+    format!("{head}... ({} characters)", s.chars().count())
 }

@@ -31,6 +31,10 @@ struct Registry {
     meshes: BTreeMap<(IpAddr, u16, Protocol), (String, Origin)>,
     daemon: Option<Origin>,
     gateway: Option<Origin>,
+    /// Capacity: services in force, and each distinct backend address
+    /// with the number of services that use it.
+    service_count: usize,
+    backend_users: std::collections::HashMap<std::net::SocketAddr, usize>,
 }
 
 /// One claim a file makes on something that must be unique.
@@ -88,6 +92,9 @@ fn port_text(port: u16) -> String {
 impl Registry {
     /// Adds every claim of `f`, or none of them and returns why.
     fn try_add(&mut self, f: &FileConfig) -> Vec<ConfigError> {
+        if let Some(e) = self.over_capacity(f) {
+            return vec![e];
+        }
         let claims = claims(f);
         let mut errors = Vec::new();
         let mut added = Vec::new();
@@ -101,8 +108,49 @@ impl Registry {
             for claim in added {
                 self.remove(&claim);
             }
+        } else {
+            self.service_count += f.services.len();
+            for b in f.services.iter().flat_map(|s| &s.backends) {
+                *self.backend_users.entry(b.addr).or_default() += 1;
+            }
         }
         errors
+    }
+
+    /// The maps hold MAX_SERVICES services and MAX_BACKENDS distinct
+    /// backends in all: the file that would overflow them is rejected.
+    fn over_capacity(&self, f: &FileConfig) -> Option<ConfigError> {
+        let first = f.services.first()?;
+        let services = self.service_count + f.services.len();
+        if services > crate::abi::MAX_SERVICES as usize {
+            return Some(conflict(
+                &first.origin,
+                "service",
+                format!(
+                    "this file's {} services would make {services} in all; hostmesh holds at most {}",
+                    f.services.len(),
+                    crate::abi::MAX_SERVICES
+                ),
+            ));
+        }
+        let mut new = std::collections::HashSet::new();
+        for b in f.services.iter().flat_map(|s| &s.backends) {
+            if !self.backend_users.contains_key(&b.addr) {
+                new.insert(b.addr);
+            }
+        }
+        let backends = self.backend_users.len() + new.len();
+        if backends > crate::abi::MAX_BACKENDS as usize {
+            return Some(conflict(
+                &first.origin,
+                "backends",
+                format!(
+                    "this file's backends would make {backends} distinct backend addresses in all; hostmesh holds at most {}",
+                    crate::abi::MAX_BACKENDS
+                ),
+            ));
+        }
+        None
     }
 
     fn check_and_insert(&mut self, claim: &Claim) -> Result<(), ConfigError> {

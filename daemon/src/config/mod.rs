@@ -7,14 +7,17 @@
 mod duration;
 mod error;
 mod merge;
+mod read;
 mod schema;
 mod store;
 mod types;
 mod validate;
 
 pub use duration::{format_duration, parse_duration};
-pub use error::{ConfigError, Origin, Source};
-pub use store::{check_dir, list_drop_ins, ConfigStore, DirError, FileReport, FileState, Loaded};
+pub use error::{clip, ConfigError, Origin, Source, QUOTE_MAX};
+pub use store::{
+    check_dir, list_drop_ins, ConfigStore, DirError, FileReport, FileState, Loaded, Skipped, ERRORS_PER_FILE,
+};
 pub use types::*;
 pub use validate::{is_object_name, is_unicast, parse_file};
 

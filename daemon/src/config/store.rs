@@ -37,6 +37,15 @@ pub struct FileReport {
 pub struct Loaded {
     pub config: Config,
     pub files: Vec<FileReport>,
+    /// Entries named like drop-ins that were not read, and why (not a
+    /// regular file, a dangling link, still open for writing).
+    pub skipped: Vec<Skipped>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Skipped {
+    pub path: PathBuf,
+    pub reason: String,
 }
 
 impl Loaded {
@@ -66,16 +75,27 @@ impl ConfigStore {
 
     /// Reads the whole dir and returns the configuration in force.
     pub fn load(&mut self, dir: &Path) -> Result<Loaded, DirError> {
-        let paths = list_drop_ins(dir).map_err(|source| DirError { dir: dir.to_path_buf(), source })?;
+        let (paths, mut skipped) = list_drop_ins(dir).map_err(|source| DirError { dir: dir.to_path_buf(), source })?;
+        // A dir others can write lets them plant drop-ins: nothing in it
+        // is obeyed.
+        let dir_unsafe = dir_trust(dir).err();
 
-        // Parse every file alone.
-        let parsed: Vec<(PathBuf, Result<FileConfig, Vec<ConfigError>>)> = paths
-            .into_iter()
-            .map(|p| {
-                let r = read_and_parse(&p);
-                (p, r)
-            })
-            .collect();
+        // Parse every file alone. One still being written counts as its
+        // last good version (or as absent) until its writer closes it.
+        let mut parsed: Vec<(PathBuf, Result<FileConfig, Vec<ConfigError>>)> = Vec::new();
+        for p in paths {
+            if let Some(u) = &dir_unsafe {
+                parsed.push((p.clone(), Err(vec![whole_file_error(&p, format!("not read: {u}"))])));
+                continue;
+            }
+            match read_and_parse(&p) {
+                Ok(r) => parsed.push((p, r)),
+                Err(reason) => match self.last_good.get(&p) {
+                    Some(old) if reason.keeps_last_good => parsed.push((p.clone(), Ok(old.clone()))),
+                    _ => skipped.push(Skipped { path: p, reason: reason.text }),
+                },
+            }
+        }
 
         // Offer each file's versions: the new one if it parsed, then the
         // last good one if it differs.
@@ -117,18 +137,59 @@ impl ConfigStore {
                     }
                 }
             }
-            files.push(FileReport { path: path.clone(), state, errors });
+            files.push(FileReport { path: path.clone(), state, errors: bounded(errors) });
         }
         // Files that disappeared lose their last good version with them.
         self.last_good = next_last_good;
-        Ok(Loaded { config, files })
+        Ok(Loaded { config, files, skipped })
     }
 }
 
+fn dir_trust(dir: &Path) -> Result<(), crate::state::Unsafe> {
+    use std::os::unix::fs::MetadataExt;
+    match fs::metadata(dir) {
+        Ok(m) => crate::state::check_trusted(dir, m.uid(), m.mode()),
+        Err(_) => Ok(()), // listing it already worked or failed
+    }
+}
+
+fn whole_file_error(path: &Path, message: String) -> ConfigError {
+    ConfigError { file: path.to_path_buf(), line: 1, column: 1, key: None, message }
+}
+
+/// The most errors reported per file; the rest are counted in one more.
+pub const ERRORS_PER_FILE: usize = 20;
+/// The longest message reported, in characters.
+const MESSAGE_MAX: usize = 240;
+
+/// At most ERRORS_PER_FILE errors, then "and N more"; keys and messages
+/// cut so that one line stays short whatever the file holds.
+fn bounded(mut errors: Vec<ConfigError>) -> Vec<ConfigError> {
+    let more = errors.len().saturating_sub(ERRORS_PER_FILE);
+    errors.truncate(ERRORS_PER_FILE);
+    for e in &mut errors {
+        e.key = e.key.as_deref().map(super::error::clip);
+        if e.message.chars().count() > MESSAGE_MAX {
+            e.message = format!("{}...", e.message.chars().take(MESSAGE_MAX).collect::<String>());
+        }
+    }
+    if more > 0 {
+        let last = errors.last().cloned().expect("more than ERRORS_PER_FILE errors");
+        errors.push(ConfigError {
+            key: None,
+            message: format!("and {more} more errors in this file (the first {ERRORS_PER_FILE} are shown)"),
+            ..last
+        });
+    }
+    errors
+}
+
 /// The drop-ins of a dir: regular files (or links to them) named `*.toml`,
-/// not hidden (editors' swap and backup files are), in lexical order.
-pub fn list_drop_ins(dir: &Path) -> io::Result<Vec<PathBuf>> {
+/// not hidden (editors' swap and backup files are), in lexical order; and
+/// the entries so named that are not regular files, with why.
+pub fn list_drop_ins(dir: &Path) -> io::Result<(Vec<PathBuf>, Vec<Skipped>)> {
     let mut out = Vec::new();
+    let mut skipped = Vec::new();
     for entry in fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name();
@@ -139,33 +200,55 @@ pub fn list_drop_ins(dir: &Path) -> io::Result<Vec<PathBuf>> {
         let path = entry.path();
         match fs::metadata(&path) {
             Ok(meta) if meta.is_file() => out.push(path),
-            Ok(_) => {}
-            // A dangling link or a file removed while listing: skip it.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Ok(meta) => {
+                skipped.push(Skipped { path, reason: format!("{}, not a regular file", super::read::kind_of(&meta)) })
+            }
+            // A file removed while listing is simply gone.
+            Err(e) if e.kind() == io::ErrorKind::NotFound && fs::symlink_metadata(&path).is_err() => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                skipped.push(Skipped { path, reason: "a symlink to nothing (dangling)".to_string() })
+            }
             Err(_) => out.push(path), // reading it will report the error
         }
     }
     out.sort();
-    Ok(out)
+    skipped.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok((out, skipped))
 }
 
-fn read_and_parse(path: &Path) -> Result<FileConfig, Vec<ConfigError>> {
-    let bytes = fs::read(path).map_err(|e| {
-        vec![ConfigError {
-            file: path.to_path_buf(),
-            line: 1,
-            column: 1,
-            key: None,
-            message: format!("cannot read the file: {e}"),
-        }]
-    })?;
-    let text = String::from_utf8(bytes).map_err(|e| {
-        let offset = e.utf8_error().valid_up_to();
-        let text = String::from_utf8_lossy(&e.into_bytes()[..offset]).into_owned();
-        let src = Source::new(path, &text);
-        vec![src.error(&(offset..offset), None, "the file is not valid UTF-8 text".to_string())]
-    })?;
-    parse_file(&Source::new(path, &text))
+/// A drop-in that was not parsed this time, and whether its last good
+/// version stays in force meanwhile.
+struct NotRead {
+    text: String,
+    keeps_last_good: bool,
+}
+
+fn read_and_parse(path: &Path) -> Result<Result<FileConfig, Vec<ConfigError>>, NotRead> {
+    use super::read::{read_drop_in, Unread};
+    let bytes = match read_drop_in(path) {
+        Ok(b) => b,
+        Err(Unread::BeingWritten) => {
+            return Err(NotRead {
+                text: "still open for writing; read when it is closed".into(),
+                keeps_last_good: true,
+            })
+        }
+        Err(Unread::NotAFile(kind)) => {
+            return Err(NotRead { text: format!("{kind}, not a regular file"), keeps_last_good: false })
+        }
+        Err(Unread::Unsafe(u)) => return Ok(Err(vec![whole_file_error(path, format!("not read: {u}"))])),
+        Err(Unread::Io(e)) => return Ok(Err(vec![whole_file_error(path, format!("cannot read the file: {e}"))])),
+    };
+    let text = match String::from_utf8(bytes) {
+        Ok(t) => t,
+        Err(e) => {
+            let offset = e.utf8_error().valid_up_to();
+            let text = String::from_utf8_lossy(&e.into_bytes()[..offset]).into_owned();
+            let src = Source::new(path, &text);
+            return Ok(Err(vec![src.error(&(offset..offset), None, "the file is not valid UTF-8 text".to_string())]));
+        }
+    };
+    Ok(parse_file(&Source::new(path, &text)))
 }
 
 /// `hostmesh check`: every error of every file, with no history.

@@ -213,9 +213,23 @@ impl Check<'_, '_> {
         let port = self.port(&ctx, "port", &s.port, false);
         let protocol = self.protocol(&ctx, s.protocol.as_ref());
         let mut backends: Vec<Backend> = Vec::new();
-        for b in &s.backends {
+        let mut seen = std::collections::HashSet::new();
+        if s.backends.len() > crate::abi::MAX_BACKENDS as usize {
+            // Said once, not once per backend.
+            let span = s.backends.first().map(|b| b.span()).unwrap_or_else(|| s.name.span());
+            self.fail(
+                &span,
+                "backends",
+                format!(
+                    "{ctx}: {} backends; a service can have at most {}",
+                    s.backends.len(),
+                    crate::abi::MAX_BACKENDS
+                ),
+            );
+        }
+        for b in s.backends.iter().take(crate::abi::MAX_BACKENDS as usize + 1) {
             if let Some(backend) = self.backend(&ctx, b, vip) {
-                if backends.iter().any(|x| x.addr == backend.addr) {
+                if !seen.insert(backend.addr) {
                     let span =
                         if b.get_ref().address.span().is_empty() { b.span() } else { b.get_ref().address.span() };
                     self.fail(&span, "backends", format!("{ctx}: backend {} is listed twice", backend.addr));

@@ -3,7 +3,9 @@
 //! sync; the loop does all the work.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
+use std::sync::Arc;
 use std::thread;
 
 use notify::{RecursiveMode, Watcher};
@@ -24,10 +26,16 @@ pub enum Event {
     WatchError(String),
 }
 
-pub fn spawn_signal_thread(tx: Sender<Event>) -> std::io::Result<()> {
+/// Signals become events; SIGTERM and SIGINT also raise `stopping`, which
+/// a sync in progress checks between steps, so a stop never waits for a
+/// long sync to end.
+pub fn spawn_signal_thread(tx: Sender<Event>, stopping: Arc<AtomicBool>) -> std::io::Result<()> {
     let mut signals = Signals::new([SIGHUP, SIGTERM, SIGINT])?;
     thread::Builder::new().name("signals".into()).spawn(move || {
         for sig in signals.forever() {
+            if sig != SIGHUP {
+                stopping.store(true, Ordering::Relaxed);
+            }
             let event = if sig == SIGHUP { Event::Reload } else { Event::Stop };
             if tx.send(event).is_err() {
                 return;
@@ -41,9 +49,19 @@ pub fn spawn_signal_thread(tx: Sender<Event>) -> std::io::Result<()> {
 /// The returned watcher must be kept alive.
 pub fn watch_config_dir(dir: &Path, tx: Sender<Event>) -> notify::Result<notify::RecommendedWatcher> {
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};
         let event = match res {
-            Ok(e) if e.kind.is_access() => return,
-            Ok(_) => Event::ConfigChanged,
+            // A file counts once its writer closed it (IN_CLOSE_WRITE) or
+            // it was renamed into place, created (a link), removed or had
+            // its mode changed, never at each write: a sync never sees a
+            // file half-written.
+            Ok(e) => match e.kind {
+                EventKind::Access(AccessKind::Close(AccessMode::Write))
+                | EventKind::Create(_)
+                | EventKind::Remove(_)
+                | EventKind::Modify(ModifyKind::Name(_) | ModifyKind::Metadata(_)) => Event::ConfigChanged,
+                _ => return,
+            },
             Err(e) => Event::WatchError(e.to_string()),
         };
         let _ = tx.send(event);

@@ -9,8 +9,9 @@ pub use events::Event;
 mod notify;
 pub mod report;
 
-use std::fs;
+use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use slog::{error, info, warn, Logger};
@@ -27,7 +28,7 @@ use crate::paths::Paths;
 use crate::peer_health::{self, PeerHealth};
 use crate::reconcile::{Reconciler, SyncOutcome, SysctlOriginals};
 use crate::sidecars::{self, Registrar};
-use crate::state::{Status, SyncSummary, STATUS_VERSION};
+use crate::state::{InstanceLock, Status, SyncSummary, STATUS_VERSION};
 
 pub use notify::Notifier;
 
@@ -35,6 +36,9 @@ pub use notify::Notifier;
 const DEBOUNCE_QUIET: Duration = Duration::from_millis(150);
 /// ...but a steady stream of events never delays a sync longer than this.
 const DEBOUNCE_MAX: Duration = Duration::from_secs(1);
+/// Step errors logged (and kept in the status's last sync) per sync; the
+/// rest are counted, and listed per object in the status.
+const LOGGED_ERRORS: usize = 20;
 /// Retry delay when a sync could not even read the kernel.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(1);
 /// How often sidecar listeners are checked while mesh entries exist: a
@@ -48,8 +52,12 @@ pub const CONNTRACK_SWEEP: Duration = Duration::from_secs(2);
 pub enum RunError {
     #[error("config dir {0} does not exist; create it (it may be empty) or pass --config-dir")]
     NoConfigDir(String),
-    #[error("cannot create state dir {dir}: {source}")]
-    StateDir { dir: String, source: std::io::Error },
+    #[error("{0}")]
+    StateDir(#[from] crate::state::StateDirError),
+    #[error("{0}")]
+    Locked(#[from] crate::state::LockError),
+    #[error("{0}")]
+    PinDir(#[from] crate::backends::bpf::pins::PinDirError),
     #[error("cannot open rtnetlink: {0}")]
     Netlink(std::io::Error),
     #[error("cannot watch signals: {0}")]
@@ -58,6 +66,8 @@ pub enum RunError {
     Originals { dir: String, source: std::io::Error },
     #[error("{0}")]
     NoBpf(#[from] crate::backends::bpf::features::NoBpf),
+    #[error("the first sync failed, so nothing is steered to hostmesh: {0}")]
+    FirstSync(String),
 }
 
 /// How a burst of file events ended.
@@ -89,16 +99,25 @@ struct Daemon {
     /// The last conntrack sweep, and the error of the last failed one.
     sweep: crate::backends::Sweep,
     sweep_error: Option<String>,
+    /// Why the first sync could not build the dataplane (the start fails).
+    start_failure: Option<String>,
 }
 
 pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
     if !paths.config_dir.is_dir() {
         return Err(RunError::NoConfigDir(paths.config_dir.display().to_string()));
     }
-    fs::create_dir_all(&paths.state_dir)
-        .map_err(|source| RunError::StateDir { dir: paths.state_dir.display().to_string(), source })?;
-    let originals = SysctlOriginals::load(&paths.state_dir)
+    crate::state::prepare_state_dir(&paths.state_dir)?;
+    // One daemon per state dir and pin dir, before either is touched.
+    let mut lock = InstanceLock::acquire(&paths.state_dir, &paths.bpffs)?;
+    let (originals, notes) = SysctlOriginals::load(&paths.state_dir)
         .map_err(|source| RunError::Originals { dir: paths.state_dir.display().to_string(), source })?;
+    for note in notes {
+        warn!(log, "sysctl originals"; "problem" => note);
+    }
+    // The dataplane lives on the bpffs: without one there is no start.
+    crate::backends::bpf::pins::PinDir::new(&paths.bpffs).prepare()?;
+    lock.add_pin_dir(&paths.bpffs)?;
     crate::backends::bpf::raise_memlock_limit();
     let features = features::probe()?;
     info!(log, "kernel features probed"; "release" => report::kernel_release(), "result" => features.summary());
@@ -111,7 +130,9 @@ pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
     };
 
     let (tx, rx) = channel();
-    events::spawn_signal_thread(tx.clone()).map_err(RunError::Signals)?;
+    // SIGTERM also raises this flag, which a sync checks between steps.
+    let stopping = Arc::new(AtomicBool::new(false));
+    events::spawn_signal_thread(tx.clone(), stopping.clone()).map_err(RunError::Signals)?;
     let _watcher = match events::watch_config_dir(&paths.config_dir, tx.clone()) {
         Ok(w) => Some(w),
         Err(e) => {
@@ -123,9 +144,9 @@ pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
     info!(log, "starting"; "version" => env!("CARGO_PKG_VERSION"), "config_dir" => paths.config_dir.display().to_string(),
         "state_dir" => paths.state_dir.display().to_string(), "bpffs" => paths.bpffs.display().to_string());
     let mut d = Daemon {
-        reconciler: Reconciler::new(backends, originals),
+        reconciler: Reconciler::new(backends, originals).with_stop_flag(stopping),
         store: ConfigStore::new(),
-        loaded: Loaded { config: Default::default(), files: vec![] },
+        loaded: Loaded { config: Default::default(), files: vec![], skipped: vec![] },
         notifier: Notifier::from_env(),
         generation: 0,
         started_at: report::now_unix(),
@@ -138,15 +159,15 @@ pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
         features,
         sweep: Default::default(),
         sweep_error: None,
+        start_failure: None,
         paths,
         log,
     };
-    d.run_loop(rx);
-    Ok(())
+    d.run_loop(rx)
 }
 
 impl Daemon {
-    fn run_loop(&mut self, rx: Receiver<Event>) {
+    fn run_loop(&mut self, rx: Receiver<Event>) -> Result<(), RunError> {
         let watchdog = self.notifier.watchdog_interval();
         let mut next_watchdog = watchdog.map(|w| Instant::now() + w);
         // The first sync is full and happens right away.
@@ -159,6 +180,12 @@ impl Daemon {
             let now = Instant::now();
             if now >= next_full {
                 let ok = self.sync(true);
+                if let Some(why) = self.start_failure.take() {
+                    // READY means working: a first sync that could not build
+                    // the dataplane is a failed start.
+                    self.notifier.status(&why);
+                    return Err(RunError::FirstSync(why));
+                }
                 next_full = Instant::now() + if ok { self.resync_interval() } else { RETRY_AFTER_FAILURE };
                 pending_incremental = false;
                 continue;
@@ -204,8 +231,12 @@ impl Daemon {
                 Ok(Event::Reload) => {
                     info!(self.log, "reload requested (SIGHUP)");
                     self.notifier.reloading();
-                    // An operator's reload re-reads everything.
-                    next_full = Instant::now();
+                    // An operator's reload re-reads everything, once for a
+                    // burst of signals: they settle like file events do.
+                    match self.debounce(&rx) {
+                        Settled::Stop => return self.stop(),
+                        Settled::Reload | Settled::Quiet => next_full = Instant::now(),
+                    }
                 }
                 Ok(Event::Stop) => return self.stop(),
                 Ok(Event::PeersChanged) => {
@@ -236,8 +267,10 @@ impl Daemon {
             match rx.recv_timeout(DEBOUNCE_QUIET.min(left)) {
                 Ok(Event::Stop) | Err(RecvTimeoutError::Disconnected) => return Settled::Stop,
                 Ok(Event::Reload) => {
-                    info!(self.log, "reload requested (SIGHUP)");
-                    self.notifier.reloading();
+                    if !matches!(settled, Settled::Reload) {
+                        info!(self.log, "reload requested (SIGHUP)");
+                        self.notifier.reloading();
+                    }
                     settled = Settled::Reload;
                 }
                 // A peer change during a burst rides along with its sync.
@@ -297,6 +330,14 @@ impl Daemon {
         self.generation += 1;
         self.track_peers();
         let result = self.reconciler.sync(&self.loaded.config, full);
+        if let Ok(o) = &result {
+            if o.stopped {
+                // Told to stop mid-sync: what was applied stays; the status
+                // keeps describing the last complete sync.
+                info!(self.log, "sync stopped early: stopping"; "generation" => self.generation);
+                return false;
+            }
+        }
         let ok = result.is_ok();
         match &result {
             Ok(outcome) => self.log_outcome(outcome),
@@ -311,7 +352,16 @@ impl Daemon {
                 at: report::now_unix(),
                 duration_ms: o.duration.as_millis() as u64,
                 steps: o.steps.len(),
-                errors: o.errors.iter().map(|e| format!("{}: {}", e.step, e.error)).collect(),
+                errors: o
+                    .errors
+                    .iter()
+                    .take(LOGGED_ERRORS)
+                    .map(|e| format!("{}: {}", e.step, e.error))
+                    .chain(
+                        (o.errors.len() > LOGGED_ERRORS)
+                            .then(|| format!("and {} more", o.errors.len() - LOGGED_ERRORS)),
+                    )
+                    .collect(),
             },
             Err(e) => SyncSummary {
                 ok: false,
@@ -321,6 +371,15 @@ impl Daemon {
                 ..Default::default()
             },
         };
+        if !self.ready && !matches!(&result, Ok(o) if o.stopped) {
+            self.start_failure = match &result {
+                Err(e) => Some(e.to_string()),
+                Ok(o) => o.bpf_unavailable.as_ref().map(|e| format!("cannot load the BPF programs: {e}")),
+            };
+            if self.start_failure.is_some() {
+                return false;
+            }
+        }
         let first_ready = ok && !self.ready;
         self.ready |= ok;
         if let Ok(outcome) = result {
@@ -409,7 +468,7 @@ impl Daemon {
     fn write_status(&self) -> String {
         let status = self.status(self.last_outcome.as_ref(), false);
         if let Err(e) = status.write(&self.paths.state_dir) {
-            warn!(self.log, "cannot write the status file"; "error" => e.to_string());
+            warn!(self.log, "cannot write the status file"; "path" => Status::path(&self.paths.state_dir).display().to_string(), "error" => e.to_string());
         }
         report::status_line(&status)
     }
@@ -418,8 +477,11 @@ impl Daemon {
         for step in &o.steps {
             slog::debug!(self.log, "step"; "step" => step.clone());
         }
-        for e in &o.errors {
+        for e in o.errors.iter().take(LOGGED_ERRORS) {
             error!(self.log, "apply failed"; "step" => e.step.clone(), "objects" => e.owners.iter().cloned().collect::<Vec<_>>().join(","), "error" => e.error.clone());
+        }
+        if o.errors.len() > LOGGED_ERRORS {
+            error!(self.log, "apply failed for more steps; `hostmesh status` lists them per object"; "more" => o.errors.len() - LOGGED_ERRORS);
         }
         for w in &o.desired.warnings {
             warn!(self.log, "config not applied"; "reason" => w.clone());
@@ -444,6 +506,12 @@ impl Daemon {
             last_sync: self.last_summary.clone(),
             counts: report::counts(&self.loaded, outcome, self.health.as_ref(), &self.sweep),
             files: report::files(&self.loaded),
+            skipped: self
+                .loaded
+                .skipped
+                .iter()
+                .map(|s| crate::state::SkippedEntry { path: s.path.clone(), reason: s.reason.clone() })
+                .collect(),
             objects: outcome
                 .map(|o| report::objects(&self.loaded, o, self.registrar.report(), self.health.as_ref()))
                 .unwrap_or_default(),
@@ -452,7 +520,7 @@ impl Daemon {
         }
     }
 
-    fn stop(&mut self) {
+    fn stop(&mut self) -> Result<(), RunError> {
         self.notifier.stopping();
         info!(self.log, "stopping; programs, maps, routes and links stay in place"; "generation" => self.generation);
         if let Ok(mut status) = Status::read(&self.paths.state_dir) {
@@ -460,5 +528,6 @@ impl Daemon {
             status.updated_at = report::now_unix();
             let _ = status.write(&self.paths.state_dir);
         }
+        Ok(())
     }
 }

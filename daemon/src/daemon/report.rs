@@ -61,12 +61,46 @@ pub fn files(loaded: &Loaded) -> Vec<FileStatus> {
         .collect()
 }
 
-fn errors_for(errors: &[StepError], owners: &[String]) -> Vec<String> {
-    errors
-        .iter()
-        .filter(|e| owners.iter().any(|o| e.owners.contains(o)))
-        .map(|e| format!("{}: {}", e.step, e.error))
-        .collect()
+/// The most step errors shown per object; the rest are counted.
+const ERRORS_PER_OBJECT: usize = 5;
+
+/// Step errors by the config object they are charged to, built once per
+/// status: looking an object's errors up costs its own errors, not all of
+/// them (30,000 services with 30,000 errors would otherwise compare 10^9
+/// pairs at every status write).
+struct ErrorIndex<'a> {
+    errors: &'a [StepError],
+    by_owner: std::collections::HashMap<&'a str, Vec<usize>>,
+}
+
+impl<'a> ErrorIndex<'a> {
+    fn new(errors: &'a [StepError]) -> Self {
+        let mut by_owner: std::collections::HashMap<&str, Vec<usize>> = std::collections::HashMap::new();
+        for (i, e) in errors.iter().enumerate() {
+            for o in &e.owners {
+                by_owner.entry(o.as_str()).or_default().push(i);
+            }
+        }
+        ErrorIndex { errors, by_owner }
+    }
+
+    /// The errors charged to any of `owners`, in plan order, at most
+    /// ERRORS_PER_OBJECT of them and then how many more.
+    fn for_owners(&self, owners: &[String]) -> Vec<String> {
+        let mut idx: Vec<usize> =
+            owners.iter().filter_map(|o| self.by_owner.get(o.as_str())).flatten().copied().collect();
+        idx.sort_unstable();
+        idx.dedup();
+        let mut out: Vec<String> = idx
+            .iter()
+            .take(ERRORS_PER_OBJECT)
+            .map(|&i| format!("{}: {}", self.errors[i].step, self.errors[i].error))
+            .collect();
+        if idx.len() > ERRORS_PER_OBJECT {
+            out.push(format!("and {} more errors", idx.len() - ERRORS_PER_OBJECT));
+        }
+        out
+    }
 }
 
 fn object(kind: &str, name: &str, origin: Option<String>, detail: String, errors: Vec<String>) -> ObjectStatus {
@@ -90,6 +124,7 @@ pub fn objects(
     health: Option<&PeerHealth>,
 ) -> Vec<ObjectStatus> {
     let d = &outcome.desired;
+    let index = ErrorIndex::new(&outcome.errors);
     let veth = d.links.contains_key(NATIN);
     let mode = d.connect_time;
     let cgroups: std::collections::BTreeSet<String> = d
@@ -111,7 +146,7 @@ pub fn objects(
                 Program::CONNECT_TIME.len(),
                 if mode == CtlbMode::All { "TCP and UDP" } else { "TCP" }
             ),
-            errors_for(&outcome.errors, &["services".to_string()]),
+            index.for_owners(&["services".to_string()]),
         ));
     }
     if veth {
@@ -127,7 +162,7 @@ pub fn objects(
                     .filter(|a| matches!(a.program, Program::NatOut | Program::Reply | Program::Direct))
                     .count()
             ),
-            errors_for(&outcome.errors, &["bpfnat".to_string()]),
+            index.for_owners(&["bpfnat".to_string()]),
         ));
     }
     for s in &loaded.config.services {
@@ -151,7 +186,7 @@ pub fn objects(
             s.protocol,
             if backends.is_empty() { "no backends".to_string() } else { backends.join(", ") }
         );
-        out.push(object("service", &s.name, Some(s.origin.to_string()), detail, errors_for(&outcome.errors, &owners)));
+        out.push(object("service", &s.name, Some(s.origin.to_string()), detail, index.for_owners(&owners)));
     }
     let how = match &d.mesh_path {
         Some(MeshPath::SkLookup) => "sk_lookup".to_string(),
@@ -170,7 +205,7 @@ pub fn objects(
             Some(Registration { problem: Some(p), .. }) => p.clone(),
             _ => "sidecar not checked yet".to_string(),
         };
-        let errors = errors_for(&outcome.errors, &[format!("mesh/{}", m.name), "mesh".to_string()]);
+        let errors = index.for_owners(&[format!("mesh/{}", m.name), "mesh".to_string()]);
         let detail = format!("{vip}:{port}/{} -> {sidecar} ({how})", m.protocol);
         let mut o = object("mesh", &m.name, Some(m.origin.to_string()), detail, errors);
         if o.state == "applied" && reg.is_none_or(|r| r.listener.is_none()) {
@@ -186,6 +221,7 @@ pub fn objects(
 /// member.
 fn gateway_objects(loaded: &Loaded, outcome: &SyncOutcome, health: Option<&PeerHealth>, out: &mut Vec<ObjectStatus>) {
     let Some(g) = &loaded.config.gateway else { return };
+    let index = ErrorIndex::new(&outcome.errors);
     let role = if g.role == GatewayRole::Gateway { "gateway" } else { "member" };
     let gw = g.gateway_ip.map(|ip| format!(", gateway {ip}")).unwrap_or_default();
     let mut tun = object(
@@ -193,7 +229,7 @@ fn gateway_objects(loaded: &Loaded, outcome: &SyncOutcome, health: Option<&PeerH
         gateway::TUN,
         Some(g.origin.to_string()),
         format!("{role}, VNI {}, UDP port {}, local {}{gw}", g.vni, g.udp_port, g.local_ip),
-        errors_for(&outcome.errors, &["gateway".to_string()]),
+        index.for_owners(&["gateway".to_string()]),
     );
     if let Some(e) = health.and_then(|h| h.error()) {
         tun.errors.push(e);
@@ -221,7 +257,7 @@ fn gateway_objects(loaded: &Loaded, outcome: &SyncOutcome, health: Option<&PeerH
     let list = |cidrs: &[ipnet::IpNet]| cidrs.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
     let peers = health.map(|h| h.report()).unwrap_or_default();
     for p in &loaded.config.peers {
-        let errors = errors_for(&outcome.errors, &[format!("peer/{}", p.name), "gateway".to_string()]);
+        let errors = index.for_owners(&[format!("peer/{}", p.name), "gateway".to_string()]);
         let via = match (g.role, p.endpoint) {
             (GatewayRole::Member, _) => {
                 format!("via gateway {}", g.gateway_ip.map(|ip| ip.to_string()).unwrap_or_default())
@@ -253,7 +289,7 @@ fn gateway_objects(loaded: &Loaded, outcome: &SyncOutcome, health: Option<&PeerH
         out.push(o);
     }
     for m in &loaded.config.members {
-        let errors = errors_for(&outcome.errors, &[format!("member/{}", m.name), "gateway".to_string()]);
+        let errors = index.for_owners(&[format!("member/{}", m.name), "gateway".to_string()]);
         let detail = if g.role == GatewayRole::Gateway {
             format!("{} via member {}{}", list(&m.cidrs), m.endpoint, mtu(&m.cidrs))
         } else {

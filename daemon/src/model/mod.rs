@@ -71,11 +71,20 @@ pub fn ctlb_mode(config: &Config, facts: &HostFacts, warnings: &mut Vec<String>)
     forced
 }
 
+use std::sync::atomic::AtomicBool;
+
 /// Config -> the kernel state it needs. `prior` keeps ids stable.
 pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior) -> Desired {
+    compile_unless_stopped(config, facts, prior, &AtomicBool::new(false))
+}
+
+/// `compile`, giving up early once `stopping` is raised (a daemon told to
+/// stop does not finish compiling 100,000 services first). What it returns
+/// then is partial: the caller checks `stopping` and discards it.
+pub fn compile_unless_stopped(config: &Config, facts: &HostFacts, prior: &Prior, stopping: &AtomicBool) -> Desired {
     let mut out = Desired::default();
     out.connect_time = ctlb_mode(config, facts, &mut out.warnings);
-    services::compile(config, facts, prior, &mut out);
+    services::compile(config, facts, prior, &mut out, stopping);
     bpfnat::compile(config, facts, &mut out);
     mesh::compile(config, facts, &mut out);
     gateway::compile(config, facts, &mut out);

@@ -12,12 +12,17 @@ use crate::config::{Config, CtlbMode, Service};
 use super::ids::{self, Prior};
 use super::maglev::{self, Entry};
 use super::mesh;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use super::state::*;
 use super::HostFacts;
 
 const OWNER: &str = "services";
 
-pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &mut Desired) {
+/// How many services are compiled between looks at the stop flag.
+const STOP_CHECK_EVERY: usize = 256;
+
+pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &mut Desired, stopping: &AtomicBool) {
     if config.services.is_empty() {
         return;
     }
@@ -62,7 +67,10 @@ pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &mut Desi
     want(&mut out.map_entries, MapEntryKey { map: BpfMap::Config, key: 0u32.to_bytes() }, cfg.to_bytes(), OWNER);
 
     let mut chunks_left = abi::MAX_MAGLEV_CHUNKS as usize;
-    for svc in &config.services {
+    for (n, svc) in config.services.iter().enumerate() {
+        if n % STOP_CHECK_EVERY == 0 && stopping.load(Ordering::Relaxed) {
+            return;
+        }
         let owner = format!("service/{}", svc.name);
         let key = key_of(svc);
         let table_size = svc.maglev_table_size.unwrap_or(d.maglev_table_size);

@@ -2,6 +2,16 @@
 //! a failure is recorded against the config objects it was for and the
 //! rest of the plan still runs, so one bad object does not hold back the
 //! others. Any failure makes the next sync a full resync.
+//!
+//! Two gates keep traffic from being steered at nothing: the BPF programs
+//! and maps are loaded before the first step that needs them, and if they
+//! cannot be, no such step runs (no veth that would run them, no map
+//! entry, no program); and a route into a link runs only if every step
+//! that built that link (creating it, setting it up, attaching its
+//! programs) succeeded in this apply.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::Serialize;
 
@@ -18,18 +28,80 @@ pub struct StepError {
     pub error: String,
 }
 
-pub fn apply(b: &mut Backends, steps: &[PlannedStep], originals: &mut SysctlOriginals) -> Vec<StepError> {
-    let mut errors = Vec::new();
+/// What apply did: the errors, and why the BPF programs could not be
+/// loaded if they could not (then nothing that needs them ran).
+#[derive(Debug, Default)]
+pub struct Applied {
+    pub errors: Vec<StepError>,
+    pub bpf_unavailable: Option<String>,
+    /// `stopping` was raised: the steps after it did not run.
+    pub stopped: bool,
+}
+
+pub fn apply(
+    b: &mut Backends,
+    steps: &[PlannedStep],
+    originals: &mut SysctlOriginals,
+    stopping: &AtomicBool,
+) -> Applied {
+    let mut out = Applied::default();
+    let mut bpf_checked = false;
+    // Link group -> the step that failed to build it.
+    let mut broken: BTreeMap<String, String> = BTreeMap::new();
+    let mut skipped = 0usize;
+    let mut skipped_owners = Owners::new();
     for planned in steps {
+        if stopping.load(Ordering::Relaxed) {
+            out.stopped = true;
+            break;
+        }
+        if planned.needs_bpf && !bpf_checked {
+            bpf_checked = true;
+            if let Err(e) = b.bpf.prepare() {
+                out.bpf_unavailable = Some(e.to_string());
+            }
+        }
+        if planned.needs_bpf && out.bpf_unavailable.is_some() {
+            skipped += 1;
+            skipped_owners.extend(planned.owners.iter().cloned());
+            if let Some(link) = &planned.link {
+                broken.entry(link.clone()).or_insert_with(|| "loading the BPF programs".to_string());
+            }
+            continue;
+        }
+        if let (Step::ReplaceRoute(..), Some(link)) = (&planned.step, &planned.link) {
+            if let Some(why) = broken.get(link) {
+                out.errors.push(StepError {
+                    step: planned.step.to_string(),
+                    owners: planned.owners.clone(),
+                    error: format!("not steering traffic into {link}: {why} failed"),
+                });
+                continue;
+            }
+        }
         if let Err(e) = apply_one(b, &planned.step, originals) {
-            errors.push(StepError {
+            if let (false, Some(link)) = (matches!(planned.step, Step::ReplaceRoute(..)), &planned.link) {
+                broken.entry(link.clone()).or_insert_with(|| planned.step.to_string());
+            }
+            out.errors.push(StepError {
                 step: planned.step.to_string(),
                 owners: planned.owners.clone(),
                 error: e.to_string(),
             });
         }
     }
-    errors
+    if let Some(why) = &out.bpf_unavailable {
+        // One error for all the steps it held back, not one per step.
+        out.errors.insert(
+            0,
+            StepError {
+                step: format!("load the BPF programs ({skipped} steps that need them not run)"),
+                owners: skipped_owners,
+                error: why.clone(),
+            },
+        );
+    }
+    out
 }
 
 fn apply_one(b: &mut Backends, step: &Step, originals: &mut SysctlOriginals) -> Result<()> {

@@ -50,6 +50,13 @@ pub struct PlannedStep {
     pub step: Step,
     /// Config objects affected if the step fails.
     pub owners: Owners,
+    /// The link (a veth by its first name) this step builds, or, for a
+    /// route, steers traffic into: a route runs only if every step that
+    /// builds its link succeeded (apply's gate).
+    pub link: Option<String>,
+    /// The step needs hostmesh's BPF programs and maps loaded: programs,
+    /// map entries, and links that run programs.
+    pub needs_bpf: bool,
 }
 
 impl fmt::Display for Step {
@@ -103,7 +110,28 @@ fn link_names(name: &str, spec: &LinkSpec) -> Vec<String> {
 
 pub fn plan(have: &Observed, want: &Desired, sysctl_originals: &BTreeMap<String, String>) -> Vec<PlannedStep> {
     let mut steps = Vec::new();
-    let mut push = |step: Step, owners: &Owners| steps.push(PlannedStep { step, owners: owners.clone() });
+    // The link group of a device: a veth's ends are one (the first name).
+    let group = |dev: &str| -> String {
+        want.links
+            .iter()
+            .find(|(_, w)| matches!(&w.spec, LinkSpec::Veth { peer, .. } if peer == dev))
+            .map_or(dev.to_string(), |(n, _)| n.clone())
+    };
+    let with_programs: BTreeSet<String> = want.attachments.keys().filter_map(|a| a.device()).map(group).collect();
+    let mut push = |step: Step, owners: &Owners| {
+        let link = match &step {
+            Step::CreateLink(n, _) | Step::SetLinkUp(n) => Some(group(n)),
+            Step::Attach(a) => a.device().map(group),
+            Step::ReplaceRoute(_, spec) => spec.dev().map(group),
+            _ => None,
+        };
+        let needs_bpf = match &step {
+            Step::Attach(_) | Step::PutMapEntry(..) => true,
+            Step::CreateLink(..) | Step::SetLinkUp(_) => link.as_ref().is_some_and(|l| with_programs.contains(l)),
+            _ => false,
+        };
+        steps.push(PlannedStep { step, owners: owners.clone(), link, needs_bpf })
+    };
     let none = Owners::new();
 
     // Links: decide which are (re)created; everything on them starts over.

@@ -5,13 +5,15 @@
 //! drift.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backends::{BackendError, Backends, BpfSettings, MapSizes};
 use crate::config::{Config, MeshBackend};
-use crate::model::{compile, gateway, Desired, Observed, Prior};
+use crate::model::{compile_unless_stopped, gateway, Desired, Observed, Prior};
 
-use super::apply::{apply, StepError};
+use super::apply::{apply, Applied, StepError};
 use super::observe::{observe, observe_sysctls};
 use super::originals::SysctlOriginals;
 use super::plan::plan;
@@ -24,6 +26,8 @@ pub struct Reconciler {
     last_applied: Option<Observed>,
     /// Peers the health probes found down (runtime state, not config).
     peers_down: BTreeSet<String>,
+    /// Raised when the daemon is told to stop: a sync stops between steps.
+    stopping: Arc<AtomicBool>,
 }
 
 #[derive(Debug)]
@@ -33,12 +37,29 @@ pub struct SyncOutcome {
     /// Steps carried out (including failed ones).
     pub steps: Vec<String>,
     pub errors: Vec<StepError>,
+    /// Why the BPF programs could not be loaded, if so: nothing that needs
+    /// them was applied.
+    pub bpf_unavailable: Option<String>,
+    /// The sync stopped early because the daemon is stopping.
+    pub stopped: bool,
     pub duration: Duration,
 }
 
 impl Reconciler {
     pub fn new(backends: Backends, originals: SysctlOriginals) -> Self {
-        Reconciler { backends, originals, last_applied: None, peers_down: BTreeSet::new() }
+        Reconciler {
+            backends,
+            originals,
+            last_applied: None,
+            peers_down: BTreeSet::new(),
+            stopping: Default::default(),
+        }
+    }
+
+    /// A sync checks `stopping` between steps and ends early once it is set.
+    pub fn with_stop_flag(mut self, stopping: Arc<AtomicBool>) -> Self {
+        self.stopping = stopping;
+        self
     }
 
     /// Which peers are down, for the next sync.
@@ -86,21 +107,47 @@ impl Reconciler {
         facts.peers_down = self.peers_down.clone();
         let (have, want) = match (&self.last_applied, full) {
             (Some(last), false) => {
-                let want = compile(config, &facts, &Prior::from_entries(last.map_entries.iter()));
+                let want = compile_unless_stopped(
+                    config,
+                    &facts,
+                    &Prior::from_entries(last.map_entries.iter()),
+                    &self.stopping,
+                );
                 (last.clone(), want)
             }
             _ => {
                 let mut have = observe(&mut self.backends)?;
-                let want = compile(config, &facts, &Prior::from_entries(have.map_entries.iter()));
+                let want = compile_unless_stopped(
+                    config,
+                    &facts,
+                    &Prior::from_entries(have.map_entries.iter()),
+                    &self.stopping,
+                );
                 let paths: BTreeSet<String> =
                     want.sysctls.keys().chain(self.originals.values().keys()).cloned().collect();
                 observe_sysctls(&mut self.backends, &paths, &mut have)?;
                 (have, want)
             }
         };
+        if self.stopping.load(Ordering::Relaxed) {
+            // A partial compile is never planned, let alone applied.
+            return Ok(SyncOutcome {
+                full,
+                steps: Vec::new(),
+                desired: want,
+                errors: Vec::new(),
+                bpf_unavailable: None,
+                stopped: true,
+                duration: started.elapsed(),
+            });
+        }
         let steps = plan(&have, &want, self.originals.values());
-        let errors = apply(&mut self.backends, &steps, &mut self.originals);
-        if errors.is_empty() {
+        let Applied { errors, bpf_unavailable, stopped } =
+            apply(&mut self.backends, &steps, &mut self.originals, &self.stopping);
+        if stopped {
+            // Part of the plan ran: the next start observes the kernel.
+            self.last_applied = None;
+        } else if errors.is_empty() {
             self.last_applied = Some(want.as_observed());
         }
         Ok(SyncOutcome {
@@ -108,6 +155,8 @@ impl Reconciler {
             steps: steps.iter().map(|s| s.step.to_string()).collect(),
             desired: want,
             errors,
+            bpf_unavailable,
+            stopped,
             duration: started.elapsed(),
         })
     }

@@ -252,3 +252,35 @@ fn the_mesh_fallback_table_comes_before_its_routes_and_goes_after_them() {
     assert_eq!(out.steps, ["delete route 10.96.0.60/32 table 255", "delete table inet hostmesh"]);
     assert!(k.state().nft_table.is_none());
 }
+
+#[test]
+fn a_failed_program_attach_blocks_the_routes_into_its_veth() {
+    let k = kernel();
+    let mut r = reconciler(&k);
+    k.state().fail_next = Some("attach hm_natout@tc-ingress@hm-natout".into());
+    let out = r.sync(&config(WEB), false).unwrap();
+    assert!(k.state().routes.is_empty(), "a route into hm-natin with no program behind it: {:?}", k.state().routes);
+    let route_err = out.errors.iter().find(|e| e.step.starts_with("set route 10.96.0.10/32")).expect("route refused");
+    assert!(route_err.error.contains("not steering traffic into hm-natin"), "{}", route_err.error);
+    assert_eq!(route_err.owners, ["service/web".to_string()].into());
+    // Once the program attaches, the next (full) sync adds the route.
+    let next = r.sync(&config(WEB), false).unwrap();
+    assert!(next.errors.is_empty(), "{:?}", next.errors);
+    assert!(k.state().routes.keys().any(|r| r.dst.to_string() == "10.96.0.10/32"));
+}
+
+#[test]
+fn programs_that_cannot_load_hold_back_the_veth_its_maps_and_routes() {
+    let k = kernel();
+    let mut r = reconciler(&k);
+    k.state().bpf_broken = Some("pinned map HM_CT is not a map".into());
+    let out = r.sync(&config(WEB), false).unwrap();
+    assert!(out.bpf_unavailable.as_deref().is_some_and(|e| e.contains("HM_CT")), "{:?}", out.bpf_unavailable);
+    let s = k.state();
+    assert!(s.links.is_empty(), "no veth without its programs: {:?}", s.links);
+    assert!(s.routes.is_empty() && s.maps.is_empty() && s.attachments.is_empty());
+    // One error for everything held back, not one per step.
+    let bpf: Vec<_> = out.errors.iter().filter(|e| e.error.contains("HM_CT")).collect();
+    assert_eq!(bpf.len(), 1, "{:?}", out.errors);
+    assert!(bpf[0].step.starts_with("load the BPF programs ("), "{}", bpf[0].step);
+}

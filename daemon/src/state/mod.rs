@@ -1,49 +1,156 @@
 //! The daemon's state dir (`--state-dir`, default /run/hostmesh): the
 //! status file `hostmesh status` reads (so it works while the daemon is
-//! down) and the sysctl originals. Files are replaced atomically.
+//! down), the sysctl originals and the instance lock. Root writes here, so
+//! the dir must be root's alone and nothing in it is followed blindly:
+//! files are replaced through a fresh temp file (O_EXCL, random name) and
+//! a rename, which replaces a planted symlink instead of writing through it.
 
+mod lock;
 mod status;
+
+pub use lock::{InstanceLock, LockError, LOCK_FILE};
 
 pub use status::*;
 
 use std::fs;
 use std::io::{self, Write};
-use std::path::Path;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
 
-/// Writes `bytes` to `path` via a temporary file and rename, so readers
+/// Why a state dir (or config dir) cannot be trusted or used.
+#[derive(Debug, thiserror::Error)]
+pub enum StateDirError {
+    #[error("cannot create state dir {}: {source}", dir.display())]
+    Create { dir: PathBuf, source: io::Error },
+    #[error("state dir {} is not a directory (a symlink or another file is in its place); remove it", dir.display())]
+    NotADir { dir: PathBuf },
+    #[error("{0}")]
+    Unsafe(#[from] Unsafe),
+}
+
+/// A file or dir that others could have written, like sshd's StrictModes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unsafe {
+    #[error("{} is owned by uid {uid}, not root; fix: chown root {}", path.display(), path.display())]
+    Owner { path: PathBuf, uid: u32 },
+    #[error("{} is writable by {who} (mode {mode:04o}); fix: chmod go-w {}", path.display(), path.display())]
+    Writable { path: PathBuf, who: &'static str, mode: u32 },
+}
+
+/// The one rule for what hostmesh trusts: owned by root (or the uid the
+/// daemon runs as) and writable by no group and no other user.
+pub fn check_trusted(path: &Path, uid: u32, mode: u32) -> Result<(), Unsafe> {
+    let me = nix::unistd::geteuid().as_raw();
+    if uid != 0 && uid != me {
+        return Err(Unsafe::Owner { path: path.to_path_buf(), uid });
+    }
+    let who = match (mode & 0o020 != 0, mode & 0o002 != 0) {
+        (true, true) => "group and others",
+        (true, false) => "its group",
+        (false, true) => "others",
+        (false, false) => return Ok(()),
+    };
+    Err(Unsafe::Writable { path: path.to_path_buf(), who, mode: mode & 0o7777 })
+}
+
+/// Creates the state dir (0755) if needed and checks it is a real dir
+/// that only root can write.
+pub fn prepare_state_dir(dir: &Path) -> Result<(), StateDirError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)
+        .map_err(|source| StateDirError::Create { dir: dir.to_path_buf(), source })?;
+    let meta = fs::symlink_metadata(dir).map_err(|source| StateDirError::Create { dir: dir.to_path_buf(), source })?;
+    if !meta.is_dir() {
+        return Err(StateDirError::NotADir { dir: dir.to_path_buf() });
+    }
+    check_trusted(dir, meta.uid(), meta.mode())?;
+    Ok(())
+}
+
+/// Writes `bytes` to `path` via a new temporary file (random name, created
+/// exclusively, so no planted link is followed) and a rename, so readers
 /// never see a partial file.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.tmp.{}",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("state"),
-        std::process::id()
-    ));
-    let result = (|| {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_data()?;
-        fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("state");
+    let mut tmp = tempfile::Builder::new().prefix(&format!(".{name}.")).suffix(".tmp").tempfile_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_data()?;
+    // The temp file is 0600; the status is for everyone to read.
+    fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("hm-state-test-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
 
     #[test]
     fn atomic_write_replaces_and_leaves_no_temp_file() {
-        let dir = std::env::temp_dir().join(format!("hm-state-test-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
+        let dir = scratch("atomic");
         let p = dir.join("status.json");
         write_atomic(&p, b"one").unwrap();
         write_atomic(&p, b"two").unwrap();
         assert_eq!(fs::read(&p).unwrap(), b"two");
         assert_eq!(fs::read_dir(&dir).unwrap().count(), 1);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn atomic_write_replaces_a_planted_link_instead_of_following_it() {
+        let dir = scratch("link");
+        let victim = dir.join("victim");
+        fs::write(&victim, b"keep").unwrap();
+        let p = dir.join("status.json");
+        symlink(&victim, &p).unwrap();
+        // The old predictable temp name, planted too.
+        symlink(&victim, dir.join(format!(".status.json.tmp.{}", std::process::id()))).unwrap();
+        write_atomic(&p, b"new").unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"keep");
+        assert!(!fs::symlink_metadata(&p).unwrap().file_type().is_symlink());
+        assert_eq!(fs::read(&p).unwrap(), b"new");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn trust_needs_root_and_no_group_or_other_write() {
+        let p = Path::new("/etc/hostmesh/10-web.toml");
+        assert_eq!(check_trusted(p, 0, 0o100644), Ok(()));
+        assert_eq!(check_trusted(p, 0, 0o100600), Ok(()));
+        let e = check_trusted(p, 0, 0o100664).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "/etc/hostmesh/10-web.toml is writable by its group (mode 0664); fix: chmod go-w /etc/hostmesh/10-web.toml"
+        );
+        assert!(matches!(check_trusted(p, 0, 0o100666), Err(Unsafe::Writable { who: "group and others", .. })));
+        assert!(matches!(check_trusted(p, 0, 0o40777), Err(Unsafe::Writable { mode: 0o777, .. })));
+        let e = check_trusted(p, 1000, 0o100644).unwrap_err();
+        assert!(e.to_string().contains("owned by uid 1000"), "{e}");
+    }
+
+    #[test]
+    fn a_group_writable_state_dir_is_refused() {
+        let dir = scratch("mode");
+        let sub = dir.join("state");
+        prepare_state_dir(&sub).unwrap();
+        assert_eq!(fs::metadata(&sub).unwrap().mode() & 0o777, 0o755);
+        fs::set_permissions(&sub, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+        let e = prepare_state_dir(&sub).unwrap_err();
+        assert!(e.to_string().contains("chmod go-w"), "{e}");
+        let link = dir.join("link");
+        symlink(&sub, &link).unwrap();
+        assert!(matches!(prepare_state_dir(&link), Err(StateDirError::NotADir { .. })));
         fs::remove_dir_all(&dir).unwrap();
     }
 }

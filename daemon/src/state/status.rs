@@ -28,6 +28,9 @@ pub struct Status {
     pub last_sync: SyncSummary,
     pub counts: Counts,
     pub files: Vec<FileStatus>,
+    /// Entries named like drop-ins that were not read, and why.
+    #[serde(default)]
+    pub skipped: Vec<SkippedEntry>,
     pub objects: Vec<ObjectStatus>,
     pub warnings: Vec<String>,
     /// What the kernel offers, as probed at start.
@@ -96,6 +99,12 @@ pub struct FileStatus {
     /// "applied", "rejected_keeping_last_good" or "rejected".
     pub state: String,
     pub errors: Vec<ErrorEntry>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkippedEntry {
+    pub path: PathBuf,
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

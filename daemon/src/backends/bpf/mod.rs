@@ -355,6 +355,10 @@ fn cgroup_id(path: &Path) -> Option<u64> {
 }
 
 impl BpfBackend for PinnedBpf {
+    fn prepare(&mut self) -> Result<()> {
+        self.ensure_loaded().map(|_| ())
+    }
+
     fn map_entries(&mut self) -> Result<BTreeMap<MapEntryKey, Vec<u8>>> {
         let mut out = BTreeMap::new();
         if self.loaded.is_none() && !self.has_pins() {

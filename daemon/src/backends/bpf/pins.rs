@@ -19,10 +19,26 @@
 
 use std::fs;
 use std::io;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 /// statfs(2) f_type of a bpffs.
 const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+/// Where systemd mounts the host's bpffs.
+const SYS_FS_BPF: &str = "/sys/fs/bpf";
+
+/// The pin dir cannot be used: the daemon does not start.
+#[derive(Debug, thiserror::Error)]
+#[error("pin dir {}: {cause}; hostmesh keeps its programs and maps on a bpffs there: mount one (mount -t bpf bpf /sys/fs/bpf) or pass --bpffs with a dir on one", dir.display())]
+pub struct PinDirError {
+    pub dir: PathBuf,
+    pub cause: String,
+}
+
+fn mount_bpffs(dir: &Path) -> io::Result<()> {
+    nix::mount::mount(Some("bpf"), dir, Some("bpf"), nix::mount::MsFlags::empty(), Some("mode=0700"))
+        .map_err(|e| io::Error::other(format!("cannot mount a bpffs on {}: {e}", dir.display())))
+}
 
 #[derive(Debug, Clone)]
 pub struct PinDir {
@@ -73,13 +89,33 @@ impl PinDir {
         Ok(names(&self.qdiscs())?.iter().filter_map(|n| n.parse().ok()).collect())
     }
 
+    /// At start, before anything is loaded: the pin dir exists on a
+    /// bpffs. Where nothing is mounted on /sys/fs/bpf (plain `ip netns
+    /// exec`, containers) a bpffs is mounted there first, as systemd and
+    /// Cilium do; if the dir is still not on one, a bpffs goes on the dir.
+    pub fn prepare(&self) -> Result<(), PinDirError> {
+        let err = |cause: String| PinDirError { dir: self.root.clone(), cause };
+        let sys_bpf = Path::new(SYS_FS_BPF);
+        if self.root.starts_with(sys_bpf) && sys_bpf.is_dir() && !is_bpffs(sys_bpf).unwrap_or(true) {
+            mount_bpffs(sys_bpf).map_err(|e| err(e.to_string()))?;
+        }
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.root)
+            .map_err(|e| err(format!("cannot create it: {e}")))?;
+        if !is_bpffs(&self.root).map_err(|e| err(e.to_string()))? {
+            mount_bpffs(&self.root).map_err(|e| err(e.to_string()))?;
+        }
+        Ok(())
+    }
+
     /// Creates the dir on a bpffs, mounting one on it if it is not on one
     /// (hosts without systemd's /sys/fs/bpf mount, tests).
     pub fn ensure(&self) -> io::Result<()> {
         fs::create_dir_all(&self.root)?;
         if !is_bpffs(&self.root)? {
-            nix::mount::mount(Some("bpf"), &self.root, Some("bpf"), nix::mount::MsFlags::empty(), Some("mode=0700"))
-                .map_err(|e| io::Error::other(format!("mount bpffs on {}: {e}", self.root.display())))?;
+            mount_bpffs(&self.root)?;
         }
         fs::create_dir_all(self.maps())?;
         fs::create_dir_all(self.links())?;
