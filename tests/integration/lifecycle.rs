@@ -180,7 +180,12 @@ fn a_burst_of_a_thousand_drop_ins_costs_one_sync() {
     // Let any straggling sync happen before counting.
     std::thread::sleep(Duration::from_millis(500));
     let generations = host.status().generation - generation;
-    assert!((1..=syncs).contains(&generations), "{generations} syncs for a burst written in {:?}", started.elapsed());
+    assert!(
+        (1..=syncs).contains(&generations),
+        "{generations} syncs for a burst written in {:?}\n{}",
+        started.elapsed(),
+        d.log_text()
+    );
     assert_eq!(d.log_text().matches("msg=\"sync done\"").count() as u64, before as u64 + generations);
     assert_eq!(host.owned_routes().len(), 1000);
 }

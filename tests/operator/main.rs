@@ -11,4 +11,5 @@ mod fixtures;
 
 mod dirs;
 mod files;
+mod repair;
 mod signals;

@@ -81,6 +81,11 @@ pub trait BpfBackend {
     /// Loads the programs and maps (once): the gate before any step that
     /// needs them.
     fn prepare(&mut self) -> Result<()>;
+    /// Repairs and replacements made on the way (a lost pin pinned again,
+    /// a map of another layout replaced), as sentences for the log.
+    fn take_notes(&mut self) -> Vec<String> {
+        Vec::new()
+    }
     fn map_entries(&mut self) -> Result<BTreeMap<MapEntryKey, Vec<u8>>>;
     fn put_map_entry(&mut self, key: &MapEntryKey, value: &[u8]) -> Result<()>;
     fn delete_map_entry(&mut self, key: &MapEntryKey) -> Result<()>;

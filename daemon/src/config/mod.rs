@@ -22,6 +22,8 @@ pub use types::*;
 pub use validate::{is_object_name, is_unicast, parse_file};
 
 #[cfg(test)]
+mod fuzz;
+#[cfg(test)]
 mod tests;
 
 /// One valid file's text as the whole configuration, for other modules'

@@ -239,16 +239,21 @@ fn read_and_parse(path: &Path) -> Result<Result<FileConfig, Vec<ConfigError>>, N
         Err(Unread::Unsafe(u)) => return Ok(Err(vec![whole_file_error(path, format!("not read: {u}"))])),
         Err(Unread::Io(e)) => return Ok(Err(vec![whole_file_error(path, format!("cannot read the file: {e}"))])),
     };
+    Ok(parse_bytes(path, bytes))
+}
+
+/// One file's bytes, as read, to its configuration or its errors.
+pub fn parse_bytes(path: &Path, bytes: Vec<u8>) -> Result<FileConfig, Vec<ConfigError>> {
     let text = match String::from_utf8(bytes) {
         Ok(t) => t,
         Err(e) => {
             let offset = e.utf8_error().valid_up_to();
             let text = String::from_utf8_lossy(&e.into_bytes()[..offset]).into_owned();
             let src = Source::new(path, &text);
-            return Ok(Err(vec![src.error(&(offset..offset), None, "the file is not valid UTF-8 text".to_string())]));
+            return Err(vec![src.error(&(offset..offset), None, "the file is not valid UTF-8 text".to_string())]);
         }
     };
-    Ok(parse_file(&Source::new(path, &text)))
+    parse_file(&Source::new(path, &text))
 }
 
 /// `hostmesh check`: every error of every file, with no history.

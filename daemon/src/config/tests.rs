@@ -523,3 +523,12 @@ fn the_packaged_example_is_valid_and_declares_nothing() {
     assert!(f.daemon.is_some() && f.gateway.is_some());
     assert_eq!((f.services.len(), f.meshes.len(), f.peers.len(), f.members.len()), (1, 1, 1, 1));
 }
+
+#[test]
+fn every_unknown_key_of_a_file_is_reported() {
+    let text = "[[service]]\nname = \"web\"\nvipp = \"10.96.0.10\"\nport = 80\nprotocl = \"tcp\"\n\n[daemon]\nresync = \"1s\"\n";
+    let errs = parse_file(&Source::new(Path::new("t.toml"), text)).unwrap_err();
+    let at: Vec<(usize, Option<&str>)> = errs.iter().map(|e| (e.line, e.key.as_deref())).collect();
+    assert_eq!(at, [(3, Some("vipp")), (5, Some("protocl")), (8, Some("resync"))], "{errs:?}");
+    assert!(errs.iter().all(|e| e.message.contains("unknown field")), "{errs:?}");
+}

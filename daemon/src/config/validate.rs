@@ -21,7 +21,7 @@ pub const MAX_VNI: i64 = (1 << 24) - 1;
 
 /// Parses and validates one file's text.
 pub fn parse_file(src: &Source<'_>) -> Result<FileConfig, Vec<ConfigError>> {
-    let raw: RawFile = toml::from_str(src.text).map_err(|e| vec![toml_error(src, &e)])?;
+    let raw = parse_raw(src)?;
     let mut check = Check { src, errors: Vec::new() };
     let file = check.file(raw);
     if check.errors.is_empty() {
@@ -29,6 +29,47 @@ pub fn parse_file(src: &Source<'_>) -> Result<FileConfig, Vec<ConfigError>> {
     } else {
         Err(check.errors)
     }
+}
+
+/// Unknown keys reported per file, at most (the rest wait for the next check).
+const UNKNOWN_KEYS_MAX: usize = 20;
+
+/// The TOML parsed into the schema. The parser stops at the first unknown
+/// key; to report every one, the line holding it is blanked (offsets kept,
+/// so positions stay true) and the text parsed again. An error that only
+/// shows up after blanking may be an artefact of it (a value that went on
+/// over several lines), so it is left for the next check.
+fn parse_raw(src: &Source<'_>) -> Result<RawFile, Vec<ConfigError>> {
+    let mut text = std::borrow::Cow::Borrowed(src.text);
+    let mut errors = Vec::new();
+    loop {
+        let err = match toml::from_str::<RawFile>(&text) {
+            Ok(raw) if errors.is_empty() => return Ok(raw),
+            Ok(_) => return Err(in_file_order(errors)),
+            Err(e) => e,
+        };
+        let unknown = err.message().starts_with("unknown field");
+        if !unknown && !errors.is_empty() {
+            return Err(in_file_order(errors));
+        }
+        errors.push(toml_error(src, &err));
+        let span = err.span().unwrap_or(0..0);
+        let start = src.text[..span.start.min(src.text.len())].rfind('\n').map_or(0, |i| i + 1);
+        let end = src.text[start..].find('\n').map_or(src.text.len(), |i| start + i);
+        // A table header ([[servce]]) cannot be blanked without moving its
+        // keys into the table before it.
+        if !unknown || errors.len() >= UNKNOWN_KEYS_MAX || src.text[start..end].trim_start().starts_with('[') {
+            return Err(in_file_order(errors));
+        }
+        let mut owned = text.into_owned();
+        owned.replace_range(start..end, &" ".repeat(end - start));
+        text = std::borrow::Cow::Owned(owned);
+    }
+}
+
+fn in_file_order(mut errors: Vec<ConfigError>) -> Vec<ConfigError> {
+    errors.sort_by_key(|e| (e.line, e.column));
+    errors
 }
 
 fn toml_error(src: &Source<'_>, err: &toml::de::Error) -> ConfigError {

@@ -24,6 +24,8 @@ pub enum Event {
     PeersChanged,
     /// The watcher failed; periodic resync still picks changes up.
     WatchError(String),
+    /// The kernel announced a change to links, routes or neighbours.
+    Kernel(crate::backends::netlink::monitor::KernelChange),
 }
 
 /// Signals become events; SIGTERM and SIGINT also raise `stopping`, which

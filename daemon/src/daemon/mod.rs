@@ -4,6 +4,7 @@
 //! config dir to be quiet for a moment, so 1,000 drop-ins written at once
 //! cost one sync.
 
+mod drift;
 mod events;
 pub use events::Event;
 mod notify;
@@ -18,7 +19,7 @@ use slog::{error, info, warn, Logger};
 
 use crate::backends::bpf::{features, PinnedBpf};
 use crate::backends::host::LiveHost;
-use crate::backends::netlink::Rtnetlink;
+use crate::backends::netlink::{monitor, Rtnetlink};
 use crate::backends::nft::NftCli;
 use crate::backends::sysctl::ProcSys;
 use crate::backends::Backends;
@@ -44,6 +45,13 @@ const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(1);
 /// How often sidecar listeners are checked while mesh entries exist: a
 /// restarted sidecar is registered within this (plus a little).
 const SIDECAR_CHECK: Duration = Duration::from_millis(250);
+/// A repair waits this long for the rest of a burst of kernel events (a
+/// deleted veth takes its routes with it): one resync repairs them all.
+const REPAIR_SETTLE: Duration = Duration::from_millis(100);
+/// How often the sysctls hostmesh set are read back.
+const SYSCTL_CHECK: Duration = Duration::from_secs(1);
+/// Repairs named in the log per burst; the rest are counted.
+const REPAIRS_LOGGED: usize = 5;
 /// How often conntrack is swept for flows past their timeout: a closed
 /// flow leaves the map at most this long after its timeout ran out.
 pub const CONNTRACK_SWEEP: Duration = Duration::from_secs(2);
@@ -101,6 +109,11 @@ struct Daemon {
     sweep_error: Option<String>,
     /// Why the first sync could not build the dataplane (the start fails).
     start_failure: Option<String>,
+    /// Host interfaces carrying hostmesh's programs, by index, as of the
+    /// last sync (one that comes back under a new index is re-attached).
+    host_indexes: drift::HostIndexes,
+    /// Drift found since the last sync, not yet repaired.
+    drift_seen: usize,
 }
 
 pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
@@ -133,6 +146,12 @@ pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
     // SIGTERM also raises this flag, which a sync checks between steps.
     let stopping = Arc::new(AtomicBool::new(false));
     events::spawn_signal_thread(tx.clone(), stopping.clone()).map_err(RunError::Signals)?;
+    let monitor_tx = tx.clone();
+    if let Err(e) = crate::backends::netlink::monitor::spawn_monitor(move |c| {
+        let _ = monitor_tx.send(Event::Kernel(c));
+    }) {
+        warn!(log, "cannot follow kernel events; drift is repaired at the periodic resync"; "error" => e.to_string());
+    }
     let _watcher = match events::watch_config_dir(&paths.config_dir, tx.clone()) {
         Ok(w) => Some(w),
         Err(e) => {
@@ -160,6 +179,8 @@ pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
         sweep: Default::default(),
         sweep_error: None,
         start_failure: None,
+        host_indexes: Default::default(),
+        drift_seen: 0,
         paths,
         log,
     };
@@ -175,6 +196,7 @@ impl Daemon {
         let mut pending_incremental = false;
         let mut next_sidecars = Instant::now();
         let mut next_sweep = Instant::now() + CONNTRACK_SWEEP;
+        let mut next_sysctl_check = Instant::now() + SYSCTL_CHECK;
 
         loop {
             let now = Instant::now();
@@ -193,6 +215,14 @@ impl Daemon {
             if now >= next_sweep {
                 self.expire_flows();
                 next_sweep = Instant::now() + CONNTRACK_SWEEP;
+            }
+            if now >= next_sysctl_check {
+                next_sysctl_check = Instant::now() + SYSCTL_CHECK;
+                let drifted = self.last_outcome.as_ref().and_then(|o| self.reconciler.sysctl_drift(&o.desired));
+                if let Some(why) = drifted {
+                    self.note_drift(why, &mut next_full);
+                    continue;
+                }
             }
             if pending_incremental {
                 let ok = self.sync(false);
@@ -218,7 +248,7 @@ impl Daemon {
                 }
                 Some(next_sidecars)
             };
-            let mut deadline = next_full.min(next_sweep);
+            let mut deadline = next_full.min(next_sweep).min(next_sysctl_check);
             for at in [next_watchdog, next_sidecar_check].into_iter().flatten() {
                 deadline = deadline.min(at);
             }
@@ -245,6 +275,15 @@ impl Daemon {
                     self.log_peer_changes();
                     pending_incremental = true;
                 }
+                Ok(Event::Kernel(change)) => {
+                    let why = self
+                        .last_outcome
+                        .as_ref()
+                        .and_then(|o| drift::drift(&change, &o.desired, &self.host_indexes, &monitor::CurrentLinks));
+                    if let Some(why) = why {
+                        self.note_drift(why, &mut next_full);
+                    }
+                }
                 Ok(Event::WatchError(e)) => {
                     warn!(self.log, "config dir watch failed; changes apply at the next resync or SIGHUP"; "error" => e)
                 }
@@ -252,6 +291,16 @@ impl Daemon {
                 Err(RecvTimeoutError::Disconnected) => return self.stop(),
             }
         }
+    }
+
+    /// Logs a move away from what hostmesh wants and brings the full
+    /// resync that repairs it forward to REPAIR_SETTLE from now.
+    fn note_drift(&mut self, why: String, next_full: &mut Instant) {
+        self.drift_seen += 1;
+        if self.drift_seen <= REPAIRS_LOGGED {
+            warn!(self.log, "repairing drift"; "what" => why);
+        }
+        *next_full = (*next_full).min(Instant::now() + REPAIR_SETTLE);
     }
 
     /// Waits until the config dir has been quiet for DEBOUNCE_QUIET (at
@@ -382,7 +431,15 @@ impl Daemon {
         }
         let first_ready = ok && !self.ready;
         self.ready |= ok;
+        if self.drift_seen > REPAIRS_LOGGED {
+            warn!(self.log, "repaired more drift than was logged"; "changes" => self.drift_seen);
+        }
+        self.drift_seen = 0;
         if let Ok(outcome) = result {
+            self.host_indexes = drift::host_devices(&outcome.desired)
+                .into_iter()
+                .filter_map(|d| monitor::current_index(&d).map(|i| (d, i)))
+                .collect();
             self.last_outcome = Some(outcome);
         }
         self.tick_sidecars();
@@ -482,6 +539,9 @@ impl Daemon {
         }
         if o.errors.len() > LOGGED_ERRORS {
             error!(self.log, "apply failed for more steps; `hostmesh status` lists them per object"; "more" => o.errors.len() - LOGGED_ERRORS);
+        }
+        for n in &o.notes {
+            warn!(self.log, "repaired"; "what" => n.clone());
         }
         for w in &o.desired.warnings {
             warn!(self.log, "config not applied"; "reason" => w.clone());

@@ -42,6 +42,8 @@ pub struct SyncOutcome {
     pub bpf_unavailable: Option<String>,
     /// The sync stopped early because the daemon is stopping.
     pub stopped: bool,
+    /// What the backends repaired or replaced on the way, for the log.
+    pub notes: Vec<String>,
     pub duration: Duration,
 }
 
@@ -138,6 +140,7 @@ impl Reconciler {
                 errors: Vec::new(),
                 bpf_unavailable: None,
                 stopped: true,
+                notes: self.backends.bpf.take_notes(),
                 duration: started.elapsed(),
             });
         }
@@ -157,8 +160,23 @@ impl Reconciler {
             errors,
             bpf_unavailable,
             stopped,
+            notes: self.backends.bpf.take_notes(),
             duration: started.elapsed(),
         })
+    }
+
+    /// The first sysctl hostmesh set that no longer has its value, as a
+    /// sentence (sysctls send no events: the daemon asks every second).
+    pub fn sysctl_drift(&mut self, want: &Desired) -> Option<String> {
+        for (path, w) in &want.sysctls {
+            match self.backends.sysctl.get(path) {
+                Ok(Some(v)) if v != w.spec => {
+                    return Some(format!("sysctl {} is {v}, hostmesh set {}", path.replace('/', "."), w.spec))
+                }
+                _ => {}
+            }
+        }
+        None
     }
 
     /// Housekeeping between syncs: expire idle flows from conntrack.

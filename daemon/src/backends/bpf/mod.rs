@@ -150,6 +150,20 @@ impl PinnedBpf {
         Ok(Loaded { objects, programs, maps })
     }
 
+    /// A map whose pin someone removed lives on while the daemon holds it:
+    /// pin it again, so a restart adopts it instead of starting empty.
+    fn repin_missing_maps(&mut self) -> Result<()> {
+        let Some(loaded) = &self.loaded else { return Ok(()) };
+        for (name, fd) in &loaded.maps {
+            let path = self.pins.map(name);
+            if !path.exists() {
+                sys::obj_pin(fd.as_fd(), &path).map_err(|e| bpf_err(format!("pin {}", path.display()), e))?;
+                self.notes.push(format!("map {name} had lost its pin {}; pinned it again", path.display()));
+            }
+        }
+        Ok(())
+    }
+
     /// A pinned map with another layout (an upgrade changed it) is unpinned
     /// so a new one is created. Programs still attached keep using the old
     /// map until this build's programs replace them (they show as
@@ -359,11 +373,16 @@ impl BpfBackend for PinnedBpf {
         self.ensure_loaded().map(|_| ())
     }
 
+    fn take_notes(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.notes)
+    }
+
     fn map_entries(&mut self) -> Result<BTreeMap<MapEntryKey, Vec<u8>>> {
         let mut out = BTreeMap::new();
         if self.loaded.is_none() && !self.has_pins() {
             return Ok(out);
         }
+        self.repin_missing_maps()?;
         for map in BpfMap::ALL {
             let def = def_of(map, &self.sizes);
             let fd = self.map_fd(def.name)?;

@@ -39,7 +39,7 @@ pub fn dump_links(sock: &mut NetlinkSocket) -> io::Result<Vec<Link>> {
         .collect())
 }
 
-fn parse(m: &LinkMessage) -> Link {
+pub(super) fn parse(m: &LinkMessage) -> Link {
     let mut link = Link {
         index: m.header.index,
         name: String::new(),

@@ -3,6 +3,7 @@
 //! build typed requests; this module maps them to the model.
 
 mod link;
+pub mod monitor;
 mod neigh;
 mod route;
 mod socket;

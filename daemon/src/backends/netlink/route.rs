@@ -57,7 +57,7 @@ fn ip_of(a: &RouteAddress) -> Option<IpAddr> {
     }
 }
 
-fn parse(m: &RouteMessage) -> Option<Route> {
+pub(super) fn parse(m: &RouteMessage) -> Option<Route> {
     let h = &m.header;
     let mut table = u32::from(h.table);
     let mut dst = None;

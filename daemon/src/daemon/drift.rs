@@ -1,0 +1,127 @@
+//! Is a change the kernel announced a move away from what hostmesh wants?
+//! The rule for fast repair: anything hostmesh owns that is deleted or set
+//! down, and a host interface hostmesh attaches programs to that comes
+//! back under a new index, is drift (repaired by a full resync at once);
+//! everything else — including the echo of hostmesh's own changes — is not.
+
+use std::collections::BTreeMap;
+
+use crate::backends::netlink::monitor::{KernelChange, LinkLookup};
+use crate::model::{Desired, LinkSpec, NeighKey, RouteKey, RTPROT_HOSTMESH};
+
+/// The interfaces hostmesh attaches programs to that it did not create,
+/// with their index at the last sync.
+pub type HostIndexes = BTreeMap<String, u32>;
+
+/// Names of every link hostmesh wants, both ends of its veths included.
+fn wanted_link(want: &Desired, name: &str) -> bool {
+    want.links.contains_key(name)
+        || want.links.values().any(|w| matches!(&w.spec, LinkSpec::Veth { peer, .. } if peer == name))
+}
+
+/// Host interfaces that carry hostmesh's programs.
+pub fn host_devices(want: &Desired) -> Vec<String> {
+    let mut devs: Vec<String> = want
+        .attachments
+        .keys()
+        .filter_map(|a| a.device())
+        .filter(|d| !wanted_link(want, d))
+        .map(str::to_string)
+        .collect();
+    devs.sort();
+    devs.dedup();
+    devs
+}
+
+/// Why `change` needs a repair, if it does. `now` says what links are
+/// like at this moment: a change already undone is no drift.
+pub fn drift(change: &KernelChange, want: &Desired, hosts: &HostIndexes, now: &dyn LinkLookup) -> Option<String> {
+    match change {
+        KernelChange::Lost => Some("rtnetlink events were lost".to_string()),
+        KernelChange::LinkGone { name } if wanted_link(want, name) && now.index(name).is_none() => {
+            Some(format!("link {name} was deleted"))
+        }
+        KernelChange::Link { name, up: false, .. } if wanted_link(want, name) && now.up(name) == Some(false) => {
+            Some(format!("link {name} was set down"))
+        }
+        KernelChange::Link { name, index, .. } if hosts.get(name).is_some_and(|i| i != index) => Some(format!(
+            "host interface {name} came back as index {index} (was {}); its programs must be attached again",
+            hosts[name]
+        )),
+        KernelChange::RouteGone { table, dst, protocol }
+            if *protocol == RTPROT_HOSTMESH && want.routes.contains_key(&RouteKey { table: *table, dst: *dst }) =>
+        {
+            Some(format!("route {dst} table {table} was deleted"))
+        }
+        KernelChange::NeighbourGone { ip, ifindex } => {
+            let dev = now.name(*ifindex)?;
+            want.neighbours
+                .contains_key(&NeighKey { dev: dev.clone(), ip: *ip })
+                .then(|| format!("neighbour {ip} dev {dev} was deleted"))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Attachment, Hook, Owned, Program, RouteSpec};
+
+    fn want() -> Desired {
+        let mut d = Desired::default();
+        let veth = LinkSpec::Veth { peer: "hm-natout".into(), mac: [0; 6], peer_mac: [0; 6], up: true };
+        d.links.insert("hm-natin".into(), Owned { spec: veth, owners: Default::default() });
+        let dst: ipnet::IpNet = "10.96.0.10/32".parse().unwrap();
+        let route = RouteSpec::Via { gateway: "169.254.1.1".parse().unwrap(), dev: "hm-natin".into(), mtu: None };
+        d.routes.insert(RouteKey { table: 254, dst }, Owned { spec: route, owners: Default::default() });
+        let a = Attachment { program: Program::Reply, hook: Hook::TcIngress("eth0".into()) };
+        d.attachments.insert(a, Owned { spec: (), owners: Default::default() });
+        d
+    }
+
+    /// Links as a test says they are now.
+    struct Now {
+        present: bool,
+        up: bool,
+    }
+
+    impl LinkLookup for Now {
+        fn index(&self, _: &str) -> Option<u32> {
+            self.present.then_some(7)
+        }
+        fn name(&self, _: u32) -> Option<String> {
+            None
+        }
+        fn up(&self, _: &str) -> Option<bool> {
+            self.present.then_some(self.up)
+        }
+    }
+
+    #[test]
+    fn what_hostmesh_owns_going_away_is_drift_and_its_own_changes_are_not() {
+        let w = want();
+        let hosts: HostIndexes = [("eth0".to_string(), 2)].into();
+        let gone = Now { present: false, up: false };
+        let here = Now { present: true, up: true };
+        let down = Now { present: true, up: false };
+        let d = |c: KernelChange, now: &Now| drift(&c, &w, &hosts, now);
+        assert_eq!(
+            d(KernelChange::LinkGone { name: "hm-natout".into() }, &gone).unwrap(),
+            "link hm-natout was deleted"
+        );
+        // Deleted and already re-created (hostmesh replacing it): no repair.
+        assert_eq!(d(KernelChange::LinkGone { name: "hm-natin".into() }, &here), None);
+        assert_eq!(d(KernelChange::LinkGone { name: "eth9".into() }, &gone), None);
+        assert!(d(KernelChange::Link { name: "hm-natin".into(), index: 7, up: false }, &down).is_some());
+        // Created down, then set up by hostmesh: the first event is no drift.
+        assert_eq!(d(KernelChange::Link { name: "hm-natin".into(), index: 7, up: false }, &here), None);
+        assert_eq!(d(KernelChange::Link { name: "eth0".into(), index: 2, up: true }, &here), None);
+        let back = d(KernelChange::Link { name: "eth0".into(), index: 9, up: true }, &here).unwrap();
+        assert!(back.contains("host interface eth0 came back as index 9 (was 2)"), "{back}");
+        let route = |protocol| KernelChange::RouteGone { table: 254, dst: "10.96.0.10/32".parse().unwrap(), protocol };
+        assert!(d(route(RTPROT_HOSTMESH), &here).is_some());
+        assert_eq!(d(route(4), &here), None, "another protocol's route");
+        assert_eq!(host_devices(&w), ["eth0"]);
+    }
+}
