@@ -1,5 +1,5 @@
 # Shorthands for the scripts (every target runs as root on Debian 12).
-.PHONY: demo test test-kernels deb rpm packages acceptance
+.PHONY: demo test test-kernels deb rpm packages acceptance fuzz
 
 demo:
 	./scripts/demo
@@ -25,3 +25,7 @@ packages: deb rpm
 # minutes the first time: the Debian roots are cached).
 acceptance:
 	./scripts/acceptance
+
+# The loader's property tests with 1,000,000 cases each (a few minutes).
+fuzz:
+	./bench/fuzz

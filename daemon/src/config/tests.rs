@@ -499,7 +499,7 @@ fn hostmesh_keys_are_validated_too() {
     .unwrap()
     .daemon
     .unwrap();
-    assert_eq!((d.maglev_table_size, d.mesh_map_size, d.conntrack_tcp_timeout.as_secs()), (251, 4096, 7200));
+    assert_eq!((d.maglev_table_size, d.mesh_map_size, d.conntrack_tcp_timeout.as_secs()), (Some(251), 4096, 7200));
 }
 
 #[test]

@@ -93,8 +93,9 @@ pub struct DaemonSettings {
     pub cgroup: Option<PathBuf>,
     pub mesh_backend: MeshBackend,
     pub resync_interval: Duration,
-    /// Maglev table size for services that do not set their own.
-    pub maglev_table_size: u32,
+    /// Maglev table size for services that do not set their own; `None`:
+    /// sized from each service's backend count (`maglev::table_size_for`).
+    pub maglev_table_size: Option<u32>,
     pub conntrack_tcp_timeout: Duration,
     pub conntrack_udp_timeout: Duration,
     /// Capacity of the mesh maps (entries, sidecar listeners).
@@ -114,7 +115,7 @@ impl Default for DaemonSettings {
             cgroup: None,
             mesh_backend: MeshBackend::default(),
             resync_interval: DEFAULT_RESYNC_INTERVAL,
-            maglev_table_size: crate::model::maglev::DEFAULT_TABLE_SIZE,
+            maglev_table_size: None,
             conntrack_tcp_timeout: DEFAULT_CONNTRACK_TCP_TIMEOUT,
             conntrack_udp_timeout: DEFAULT_CONNTRACK_UDP_TIMEOUT,
             mesh_map_size: crate::abi::MESH_MAP_SIZE,

@@ -185,7 +185,7 @@ impl Check<'_, '_> {
         }
         if let Some(v) = d.maglev_table_size {
             if let Some(n) = self.table_size(ctx, &v) {
-                out.maglev_table_size = n;
+                out.maglev_table_size = Some(n);
             }
         }
         for (key, value, slot) in [

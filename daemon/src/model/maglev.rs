@@ -12,9 +12,23 @@
 
 use std::net::SocketAddr;
 
-pub const DEFAULT_TABLE_SIZE: u32 = 1021;
 pub const MIN_TABLE_SIZE: u32 = 7;
 pub const MAX_TABLE_SIZE: u32 = 65521;
+/// The sizes chosen when the configuration names none: primes about four
+/// times apart, so a service changes size only when its backend count
+/// crosses a step, not at every added backend.
+pub const AUTO_TABLE_SIZES: [u32; 5] = [251, 1021, 4093, 16381, MAX_TABLE_SIZE];
+/// Maglev's guidance: a table over 100 times the backends keeps the split
+/// even and a backend's removal moving little more than its share.
+pub const SLOTS_PER_BACKEND: u32 = 100;
+
+/// The table size for `backends` backends when the configuration names
+/// none: the smallest of AUTO_TABLE_SIZES over SLOTS_PER_BACKEND × backends
+/// (251 slots, four 256-byte chunks, for up to two backends).
+pub fn table_size_for(backends: usize) -> u32 {
+    let want = (backends as u64).saturating_mul(u64::from(SLOTS_PER_BACKEND));
+    AUTO_TABLE_SIZES.into_iter().find(|&m| u64::from(m) > want).unwrap_or(MAX_TABLE_SIZE)
+}
 
 pub fn is_prime(n: u32) -> bool {
     if n < 2 {
@@ -122,15 +136,15 @@ mod tests {
     fn primes() {
         let primes: Vec<u32> = (0..30).filter(|&n| is_prime(n)).collect();
         assert_eq!(primes, [2, 3, 5, 7, 11, 13, 17, 19, 23, 29]);
-        assert!(is_prime(DEFAULT_TABLE_SIZE) && is_prime(MAX_TABLE_SIZE) && is_prime(MIN_TABLE_SIZE));
+        assert!(AUTO_TABLE_SIZES.iter().all(|m| is_prime(*m)) && is_prime(MIN_TABLE_SIZE));
     }
 
     #[test]
     fn every_slot_is_filled_and_the_split_is_even() {
         for n in [1, 2, 3, 7, 10, 50] {
             let b = backends(n);
-            let t = build(&b, DEFAULT_TABLE_SIZE);
-            assert_eq!(t.len(), DEFAULT_TABLE_SIZE as usize);
+            let t = build(&b, 1021);
+            assert_eq!(t.len(), 1021);
             for i in 0..n as u32 {
                 let s = share(&t, i);
                 assert!((s - 1.0 / n as f64).abs() < 0.01, "n={n}: backend {i} has {s:.4}");
@@ -146,7 +160,7 @@ mod tests {
                 .enumerate()
                 .map(|(i, &w)| Entry { weight: w, ..backends(weights.len())[i].clone() })
                 .collect();
-            let t = build(&b, DEFAULT_TABLE_SIZE);
+            let t = build(&b, 1021);
             let total: u32 = weights.iter().sum();
             for (i, &w) in weights.iter().enumerate() {
                 let want = w as f64 / total as f64;
@@ -176,8 +190,8 @@ mod tests {
         for n in [2, 3, 5, 10, 20] {
             let all = backends(n + 1);
             let fewer = all[..n].to_vec();
-            let t_all = build(&all, DEFAULT_TABLE_SIZE);
-            let t_fewer = build(&fewer, DEFAULT_TABLE_SIZE);
+            let t_all = build(&all, 1021);
+            let t_fewer = build(&fewer, 1021);
             // Removing one of n+1: the removed backend's share must move,
             // and only a little more.
             let removed = moved(&t_all, &all, &t_fewer, &fewer);
@@ -191,6 +205,24 @@ mod tests {
 
     #[test]
     fn no_backends_no_table() {
-        assert!(build(&[], DEFAULT_TABLE_SIZE).is_empty());
+        assert!(build(&[], 1021).is_empty());
+    }
+}
+
+#[cfg(test)]
+mod sizing {
+    use super::*;
+
+    #[test]
+    fn the_automatic_size_stays_over_a_hundred_slots_per_backend() {
+        assert_eq!(table_size_for(0), 251);
+        assert_eq!(table_size_for(2), 251);
+        assert_eq!(table_size_for(3), 1021);
+        assert_eq!(table_size_for(10), 1021);
+        assert_eq!(table_size_for(11), 4093);
+        assert_eq!(table_size_for(1000), MAX_TABLE_SIZE);
+        for n in 1..=655 {
+            assert!(table_size_for(n) > n as u32 * SLOTS_PER_BACKEND, "{n} backends");
+        }
     }
 }

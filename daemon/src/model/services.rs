@@ -73,7 +73,8 @@ pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &mut Desi
         }
         let owner = format!("service/{}", svc.name);
         let key = key_of(svc);
-        let table_size = svc.maglev_table_size.unwrap_or(d.maglev_table_size);
+        let table_size =
+            svc.maglev_table_size.or(d.maglev_table_size).unwrap_or_else(|| maglev::table_size_for(svc.backends.len()));
         let chunks = (table_size as usize).div_ceil(MAGLEV_CHUNK);
         if !svc.backends.is_empty() {
             if chunks > chunks_left {

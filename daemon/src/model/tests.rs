@@ -71,7 +71,9 @@ fn services_fill_the_service_maps() {
 
     let services = entries(&d, BpfMap::Services);
     let web = SvcValue::from_bytes(&services[&SvcKey::new("10.96.0.10".parse().unwrap(), 80, 6).to_bytes()]).unwrap();
-    assert_eq!((web.backend_count, web.table_size), (2, maglev::DEFAULT_TABLE_SIZE));
+    // Sized from its two backends: 251 slots, over 100 per backend.
+    assert_eq!((web.backend_count, web.table_size), (2, maglev::table_size_for(2)));
+    assert_eq!(web.table_size, 251);
 
     // Three backend entries for three distinct addresses... two here: .11:8080,
     // .12:8080 and .11:53.
@@ -79,17 +81,17 @@ fn services_fill_the_service_maps() {
         entries(&d, BpfMap::Backends).values().map(|v| BackendValue::from_bytes(v).unwrap()).collect();
     assert_eq!(backends.len(), 3);
 
-    // web's Maglev table: 16 chunks of 64 for 1021 slots, in a 1:2 split.
+    // web's Maglev table: 4 chunks of 64 for 251 slots, in a 1:2 split.
     let chunks: Vec<MaglevChunk> = entries(&d, BpfMap::Maglev)
         .iter()
         .filter(|(k, _)| MaglevKey::from_bytes(k).unwrap().svc_id == web.id)
         .map(|(_, v)| MaglevChunk::from_bytes(v).unwrap())
         .collect();
-    assert_eq!(chunks.len(), 16);
-    let slots: Vec<u32> = chunks.iter().flat_map(|c| c.backend).take(1021).collect();
+    assert_eq!(chunks.len(), 4);
+    let slots: Vec<u32> = chunks.iter().flat_map(|c| c.backend).take(251).collect();
     let ids = ids::Prior::from_entries(d.map_entries.iter().map(|(k, v)| (k, &v.spec))).backends;
     let b12 = ids[&"192.168.10.12:8080".parse().unwrap()];
-    let share = slots.iter().filter(|&&b| b == b12).count() as f64 / 1021.0;
+    let share = slots.iter().filter(|&&b| b == b12).count() as f64 / 251.0;
     assert!((share - 2.0 / 3.0).abs() < 0.01, "weight 2 of 3: {share}");
 
     // Every entry is owned by its service (the config by "services").

@@ -284,3 +284,37 @@ fn programs_that_cannot_load_hold_back_the_veth_its_maps_and_routes() {
     assert_eq!(bpf.len(), 1, "{:?}", out.errors);
     assert!(bpf[0].step.starts_with("load the BPF programs ("), "{}", bpf[0].step);
 }
+
+/// `n` services of one backend each, service `i` at 10.{100+i/65536}.x.y.
+fn many_services(n: u32, changed: Option<u32>) -> String {
+    (0..n)
+        .map(|i| {
+            let backend = if Some(i) == changed { 2 } else { 1 };
+            format!(
+                "[[service]]\nname = \"s{i}\"\nvip = \"10.{}.{}.{}\"\nport = 80\nbackends = [\"192.168.{}.{}:80\"]\n",
+                100 + (i >> 16),
+                (i >> 8) & 255,
+                i & 255,
+                backend,
+                i % 250 + 1
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn one_changed_service_among_tens_of_thousands_plans_only_its_own_entries() {
+    const N: u32 = 5_000;
+    let k = kernel();
+    let mut r = reconciler(&k);
+    let first = r.sync(&config(&many_services(N, None)), false).unwrap();
+    assert!(first.errors.is_empty(), "{:?}", &first.errors[..3.min(first.errors.len())]);
+    // Service 777 moves to another backend.
+    let out = r.sync(&config(&many_services(N, Some(777))), false).unwrap();
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    assert!(!out.full);
+    // Its backend entry, its table's chunks (four at 251 slots), and the
+    // old backend's entry when no other service uses it: nothing else.
+    assert!(!out.steps.is_empty() && out.steps.len() <= 8, "{} steps: {:?}", out.steps.len(), out.steps);
+    assert!(out.steps.iter().all(|s| s.contains("HM_BACKENDS") || s.contains("HM_MAGLEV")), "{:?}", out.steps);
+}
