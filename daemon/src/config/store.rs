@@ -40,6 +40,8 @@ pub struct Loaded {
     /// Entries named like drop-ins that were not read, and why (not a
     /// regular file, a dangling link, still open for writing).
     pub skipped: Vec<Skipped>,
+    /// Files parsed by this load; the others' text was unchanged.
+    pub parsed_files: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -62,10 +64,30 @@ pub struct DirError {
     pub source: io::Error,
 }
 
-/// Remembers each file's last good version between loads.
+/// Remembers each file's last good version between loads, and what each
+/// file's text parsed to, so a load parses only files whose text changed
+/// (parsing is a function of the path and the bytes alone).
 #[derive(Debug, Default)]
 pub struct ConfigStore {
     last_good: BTreeMap<PathBuf, FileConfig>,
+    parsed: BTreeMap<PathBuf, Parsed>,
+    /// Files parsed since the store was made.
+    parses: usize,
+}
+
+/// One file's text, by its length and hash, and what it parsed to.
+#[derive(Debug, Clone)]
+struct Parsed {
+    len: usize,
+    hash: u64,
+    result: Result<FileConfig, Vec<ConfigError>>,
+}
+
+fn text_hash(bytes: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish()
 }
 
 impl ConfigStore {
@@ -83,13 +105,15 @@ impl ConfigStore {
         // Parse every file alone. One still being written counts as its
         // last good version (or as absent) until its writer closes it.
         let mut parsed: Vec<(PathBuf, Result<FileConfig, Vec<ConfigError>>)> = Vec::new();
+        let parses_before = self.parses;
         for p in paths {
             if let Some(u) = &dir_unsafe {
                 parsed.push((p.clone(), Err(vec![whole_file_error(&p, format!("not read: {u}"))])));
                 continue;
             }
-            match read_and_parse(&p) {
+            match self.read_and_parse(&p) {
                 Ok(r) => parsed.push((p, r)),
+                Err(NotRead { errors: Some(errors), .. }) => parsed.push((p, Err(errors))),
                 Err(reason) => match self.last_good.get(&p) {
                     Some(old) if reason.keeps_last_good => parsed.push((p.clone(), Ok(old.clone()))),
                     _ => skipped.push(Skipped { path: p, reason: reason.text }),
@@ -141,7 +165,9 @@ impl ConfigStore {
         }
         // Files that disappeared lose their last good version with them.
         self.last_good = next_last_good;
-        Ok(Loaded { config, files, skipped })
+        let present: std::collections::BTreeSet<&PathBuf> = files.iter().map(|f| &f.path).collect();
+        self.parsed.retain(|p, _| present.contains(p));
+        Ok(Loaded { config, files, skipped, parsed_files: self.parses - parses_before })
     }
 }
 
@@ -216,14 +242,39 @@ pub fn list_drop_ins(dir: &Path) -> io::Result<(Vec<PathBuf>, Vec<Skipped>)> {
     Ok((out, skipped))
 }
 
-/// A drop-in that was not parsed this time, and whether its last good
-/// version stays in force meanwhile.
+/// A drop-in that was not parsed this time: skipped (and whether its last
+/// good version stays in force meanwhile), or rejected with these errors.
 struct NotRead {
     text: String,
     keeps_last_good: bool,
+    errors: Option<Vec<ConfigError>>,
 }
 
-fn read_and_parse(path: &Path) -> Result<Result<FileConfig, Vec<ConfigError>>, NotRead> {
+impl NotRead {
+    fn errors(path: &Path, message: String) -> NotRead {
+        NotRead { text: String::new(), keeps_last_good: false, errors: Some(vec![whole_file_error(path, message)]) }
+    }
+}
+
+impl ConfigStore {
+    /// A file read whole and parsed, or its earlier parse when its text is
+    /// the same as then.
+    fn read_and_parse(&mut self, path: &Path) -> Result<Result<FileConfig, Vec<ConfigError>>, NotRead> {
+        let bytes = read_whole(path)?;
+        let (len, hash) = (bytes.len(), text_hash(&bytes));
+        if let Some(p) = self.parsed.get(path).filter(|p| p.len == len && p.hash == hash) {
+            return Ok(p.result.clone());
+        }
+        let result = parse_bytes(path, bytes);
+        self.parses += 1;
+        self.parsed.insert(path.to_path_buf(), Parsed { len, hash, result: result.clone() });
+        Ok(result)
+    }
+}
+
+/// A drop-in's bytes, or why it is not read now (an unsafe or unreadable
+/// file reads as a file of errors).
+fn read_whole(path: &Path) -> Result<Vec<u8>, NotRead> {
     use super::read::{read_drop_in, Unread};
     let bytes = match read_drop_in(path) {
         Ok(b) => b,
@@ -231,15 +282,16 @@ fn read_and_parse(path: &Path) -> Result<Result<FileConfig, Vec<ConfigError>>, N
             return Err(NotRead {
                 text: "still open for writing; read when it is closed".into(),
                 keeps_last_good: true,
+                errors: None,
             })
         }
         Err(Unread::NotAFile(kind)) => {
-            return Err(NotRead { text: format!("{kind}, not a regular file"), keeps_last_good: false })
+            return Err(NotRead { text: format!("{kind}, not a regular file"), keeps_last_good: false, errors: None })
         }
-        Err(Unread::Unsafe(u)) => return Ok(Err(vec![whole_file_error(path, format!("not read: {u}"))])),
-        Err(Unread::Io(e)) => return Ok(Err(vec![whole_file_error(path, format!("cannot read the file: {e}"))])),
+        Err(Unread::Unsafe(u)) => return Err(NotRead::errors(path, format!("not read: {u}"))),
+        Err(Unread::Io(e)) => return Err(NotRead::errors(path, format!("cannot read the file: {e}"))),
     };
-    Ok(parse_bytes(path, bytes))
+    Ok(bytes)
 }
 
 /// One file's bytes, as read, to its configuration or its errors.

@@ -532,3 +532,18 @@ fn every_unknown_key_of_a_file_is_reported() {
     assert_eq!(at, [(3, Some("vipp")), (5, Some("protocl")), (8, Some("resync"))], "{errs:?}");
     assert!(errs.iter().all(|e| e.message.contains("unknown field")), "{errs:?}");
 }
+
+#[test]
+fn only_files_whose_text_changed_are_parsed_again() {
+    let dir = Dir::new();
+    let mut store = ConfigStore::new();
+    dir.write("a.toml", "[[service]]\nname = \"aaa\"\nvip = \"10.0.0.1\"\nport = 80\n");
+    dir.write("b.toml", "[[service]]\nname = \"bbb\"\nvip = \"10.0.0.2\"\nport = 80\n");
+    assert_eq!(load(&dir, &mut store).parsed_files, 2);
+    assert_eq!(load(&dir, &mut store).parsed_files, 0, "nothing changed");
+    // The same length, other text, written at once: parsed again.
+    dir.write("b.toml", "[[service]]\nname = \"ccc\"\nvip = \"10.0.0.2\"\nport = 80\n");
+    let l = load(&dir, &mut store);
+    assert_eq!(l.parsed_files, 1);
+    assert_eq!(service_names(&l), ["aaa", "ccc"]);
+}

@@ -78,10 +78,13 @@ pub enum RunError {
     FirstSync(String),
 }
 
-/// How a burst of file events ended.
+/// How a burst of events ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Settled {
+    /// File changes only: an incremental sync.
     Quiet,
-    Reload,
+    /// A full sync is due: a SIGHUP, or drift seen during the burst.
+    Full,
     Stop,
 }
 
@@ -165,7 +168,7 @@ pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
     let mut d = Daemon {
         reconciler: Reconciler::new(backends, originals).with_stop_flag(stopping),
         store: ConfigStore::new(),
-        loaded: Loaded { config: Default::default(), files: vec![], skipped: vec![] },
+        loaded: Loaded { config: Default::default(), files: vec![], skipped: vec![], parsed_files: 0 },
         notifier: Notifier::from_env(),
         generation: 0,
         started_at: report::now_unix(),
@@ -253,9 +256,9 @@ impl Daemon {
                 deadline = deadline.min(at);
             }
             match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(Event::ConfigChanged) => match self.debounce(&rx) {
+                Ok(Event::ConfigChanged) => match self.debounce(&rx, Settled::Quiet) {
                     Settled::Stop => return self.stop(),
-                    Settled::Reload => next_full = Instant::now(),
+                    Settled::Full => next_full = Instant::now(),
                     Settled::Quiet => pending_incremental = true,
                 },
                 Ok(Event::Reload) => {
@@ -263,9 +266,9 @@ impl Daemon {
                     self.notifier.reloading();
                     // An operator's reload re-reads everything, once for a
                     // burst of signals: they settle like file events do.
-                    match self.debounce(&rx) {
+                    match self.debounce(&rx, Settled::Full) {
                         Settled::Stop => return self.stop(),
-                        Settled::Reload | Settled::Quiet => next_full = Instant::now(),
+                        Settled::Full | Settled::Quiet => next_full = Instant::now(),
                     }
                 }
                 Ok(Event::Stop) => return self.stop(),
@@ -276,11 +279,7 @@ impl Daemon {
                     pending_incremental = true;
                 }
                 Ok(Event::Kernel(change)) => {
-                    let why = self
-                        .last_outcome
-                        .as_ref()
-                        .and_then(|o| drift::drift(&change, &o.desired, &self.host_indexes, &monitor::CurrentLinks));
-                    if let Some(why) = why {
+                    if let Some(why) = self.drift_of(&change) {
                         self.note_drift(why, &mut next_full);
                     }
                 }
@@ -296,18 +295,29 @@ impl Daemon {
     /// Logs a move away from what hostmesh wants and brings the full
     /// resync that repairs it forward to REPAIR_SETTLE from now.
     fn note_drift(&mut self, why: String, next_full: &mut Instant) {
+        self.log_drift(why);
+        *next_full = (*next_full).min(Instant::now() + REPAIR_SETTLE);
+    }
+
+    fn log_drift(&mut self, why: String) {
         self.drift_seen += 1;
         if self.drift_seen <= REPAIRS_LOGGED {
             warn!(self.log, "repairing drift"; "what" => why);
         }
-        *next_full = (*next_full).min(Instant::now() + REPAIR_SETTLE);
     }
 
-    /// Waits until the config dir has been quiet for DEBOUNCE_QUIET (at
-    /// most DEBOUNCE_MAX), noting a stop or reload that arrives meanwhile.
-    fn debounce(&mut self, rx: &Receiver<Event>) -> Settled {
+    /// Why a kernel change needs a repair, if it does (`drift::drift`
+    /// against the last sync's desired state).
+    fn drift_of(&self, change: &crate::backends::netlink::monitor::KernelChange) -> Option<String> {
+        let o = self.last_outcome.as_ref()?;
+        drift::drift(change, &o.desired, &self.host_indexes, &monitor::CurrentLinks)
+    }
+
+    /// Waits until events have been quiet for DEBOUNCE_QUIET (at most
+    /// DEBOUNCE_MAX), noting a stop, a reload or drift that arrives
+    /// meanwhile. `settled` is what the burst started as.
+    fn debounce(&mut self, rx: &Receiver<Event>, mut settled: Settled) -> Settled {
         let start = Instant::now();
-        let mut settled = Settled::Quiet;
         loop {
             let left = DEBOUNCE_MAX.saturating_sub(start.elapsed());
             if left.is_zero() {
@@ -316,11 +326,18 @@ impl Daemon {
             match rx.recv_timeout(DEBOUNCE_QUIET.min(left)) {
                 Ok(Event::Stop) | Err(RecvTimeoutError::Disconnected) => return Settled::Stop,
                 Ok(Event::Reload) => {
-                    if !matches!(settled, Settled::Reload) {
+                    if settled != Settled::Full {
                         info!(self.log, "reload requested (SIGHUP)");
                         self.notifier.reloading();
                     }
-                    settled = Settled::Reload;
+                    settled = Settled::Full;
+                }
+                // Drift during a burst makes its sync a full one.
+                Ok(Event::Kernel(change)) => {
+                    if let Some(why) = self.drift_of(&change) {
+                        self.log_drift(why);
+                        settled = Settled::Full;
+                    }
                 }
                 // A peer change during a burst rides along with its sync.
                 Ok(_) => {}
@@ -548,7 +565,8 @@ impl Daemon {
         }
         info!(self.log, "sync done"; "generation" => self.generation, "full" => o.full, "steps" => o.steps.len(),
             "errors" => o.errors.len(), "duration_ms" => o.duration.as_millis() as u64,
-            "services" => self.loaded.config.services.len(), "rejected_files" => self.loaded.rejected().count());
+            "services" => self.loaded.config.services.len(), "rejected_files" => self.loaded.rejected().count(),
+            "parsed_files" => self.loaded.parsed_files);
     }
 
     fn status(&self, outcome: Option<&SyncOutcome>, stopped: bool) -> Status {
