@@ -1,5 +1,5 @@
 # Shorthands for the scripts (every target runs as root on Debian 12).
-.PHONY: demo test test-kernels deb rpm packages acceptance fuzz
+.PHONY: demo test test-kernels deb rpm packages acceptance fuzz scale
 
 demo:
 	./scripts/demo
@@ -29,3 +29,7 @@ acceptance:
 # The loader's property tests with 1,000,000 cases each (a few minutes).
 fuzz:
 	./bench/fuzz
+
+# The control plane at 1,000 to 60,000 services (about a minute).
+scale:
+	./bench/scale
