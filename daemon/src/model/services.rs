@@ -99,10 +99,13 @@ pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &mut Desi
         }
         let entries: Vec<Entry> = svc.backends.iter().map(|b| Entry { addr: b.addr, weight: b.weight }).collect();
         let table = maglev::build(&entries, table_size);
+        // Each backend's id looked up once, not once per slot (a quarter of
+        // a 60,000-service compile went to those lookups).
+        let ids: Vec<u32> = svc.backends.iter().map(|b| backend_ids[&b.addr]).collect();
         for (c, slots) in table.chunks(MAGLEV_CHUNK).enumerate() {
             let mut chunk = MaglevChunk { backend: [0; MAGLEV_CHUNK] };
             for (i, &b) in slots.iter().enumerate() {
-                chunk.backend[i] = backend_ids[&svc.backends[b as usize].addr];
+                chunk.backend[i] = ids[b as usize];
             }
             let k = MaglevKey { svc_id: id, chunk: c as u32 };
             want(

@@ -140,7 +140,8 @@ impl Status {
     }
 
     pub fn write(&self, state_dir: &Path) -> io::Result<()> {
-        let json = serde_json::to_vec_pretty(self).expect("status serialises");
+        // Compact: `hostmesh status --json` prints it pretty for people.
+        let json = serde_json::to_vec(self).expect("status serialises");
         super::write_atomic(&Self::path(state_dir), &json)
     }
 
