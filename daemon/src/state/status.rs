@@ -140,8 +140,7 @@ impl Status {
     }
 
     pub fn write(&self, state_dir: &Path) -> io::Result<()> {
-        // Compact: `hostmesh status --json` prints it pretty for people.
-        let json = serde_json::to_vec(self).expect("status serialises");
+        let json = serde_json::to_vec_pretty(self).expect("status serialises");
         super::write_atomic(&Self::path(state_dir), &json)
     }
 
