@@ -19,14 +19,8 @@ fn an_unusable_pin_dir_fails_the_start_with_no_ready_no_link_and_no_route() {
     let file = host.opts.state_dir.with_file_name("not-a-dir");
     fs::write(&file, "").unwrap();
     host.opts.bpffs = file.join("bpf");
-    let mut d = host.start();
-    let status = d.exited_within(hm_testkit::scaled(Duration::from_secs(5))).expect("the daemon exits");
-    assert_eq!(status.code(), Some(1), "{}", d.log_text());
-    assert!(d.notify.messages().iter().all(|m| !m.contains("READY=1")), "{:?}", d.notify.messages());
-    let log = d.log_text();
+    let log = failed_start(&host, Duration::from_secs(5));
     assert!(log.contains(&format!("pin dir {}", host.opts.bpffs.display())) && log.contains("mount -t bpf"), "{log}");
-    assert!(host.ns.links().iter().all(|l| !l.starts_with("hm-")), "{:?}", host.ns.links());
-    assert!(host.owned_routes().is_empty(), "{:?}", host.owned_routes());
 }
 
 #[test]
@@ -37,13 +31,8 @@ fn programs_that_cannot_load_fail_the_start_before_any_link_or_route() {
     // Something that is not a map where hostmesh pins HM_CT.
     mount_bpffs(&host.opts);
     fs::create_dir_all(host.opts.bpffs.join("maps/HM_CT")).unwrap();
-    let mut d = host.start();
-    let status = d.exited_within(hm_testkit::scaled(Duration::from_secs(10))).expect("the daemon exits");
-    assert_eq!(status.code(), Some(1), "{}", d.log_text());
-    assert!(d.notify.messages().iter().all(|m| !m.contains("READY=1")));
-    assert!(d.log_text().contains("the first sync failed"), "{}", d.log_text());
-    assert!(host.ns.links().iter().all(|l| !l.starts_with("hm-")), "{:?}", host.ns.links());
-    assert!(host.owned_routes().is_empty(), "{:?}", host.owned_routes());
+    let log = failed_start(&host, Duration::from_secs(10));
+    assert!(log.contains("the first sync failed"), "{log}");
 }
 
 #[test]
@@ -132,6 +121,18 @@ fn a_truncated_originals_file_is_moved_aside_and_the_daemon_starts() {
     assert!(d.log_text().contains("is corrupt"), "{}", d.log_text());
     assert!(host.opts.state_dir.join("sysctl-originals.json.corrupt").exists());
     assert!(host.has_route("10.96.0.10"));
+}
+
+/// Starts a daemon that must fail: it exits 1 within `within` (scaled),
+/// never says READY=1, and leaves no hm-* link and no route. Returns its log.
+fn failed_start(host: &Host, within: Duration) -> String {
+    let mut d = host.start();
+    let status = d.exited_within(hm_testkit::scaled(within)).expect("the daemon exits");
+    assert_eq!(status.code(), Some(1), "{}", d.log_text());
+    assert!(d.notify.messages().iter().all(|m| !m.contains("READY=1")), "{:?}", d.notify.messages());
+    assert!(host.ns.links().iter().all(|l| !l.starts_with("hm-")), "{:?}", host.ns.links());
+    assert!(host.owned_routes().is_empty(), "{:?}", host.owned_routes());
+    d.log_text()
 }
 
 fn clone_opts(o: &DaemonOptions) -> DaemonOptions {

@@ -14,6 +14,7 @@
 pub mod bpf;
 pub mod fake;
 pub mod host;
+pub mod ifaces;
 pub mod netlink;
 pub mod nft;
 pub mod sockopt;

@@ -97,32 +97,25 @@ pub fn main() -> ExitCode {
 fn teardown(paths: Paths, force: bool) -> ExitCode {
     // The daemon's own lock: held while it runs, so teardown and a daemon
     // never work on the same objects at once.
-    let _lock = if paths.state_dir.is_dir() && !force {
+    // (The status file's pid covers a daemon of a build without the lock.)
+    let (_lock, running) = if paths.state_dir.is_dir() && !force {
         match crate::state::InstanceLock::acquire(&paths.state_dir, &paths.bpffs) {
-            Ok(lock) => Some(lock),
-            Err(crate::state::LockError::Held { pid, .. }) => {
-                eprintln!(
-                    "hostmesh is running (pid {pid}); stop it first (systemctl stop hostmesh), or pass --force \
-                     (it would rebuild its state at its next sync)"
-                );
-                return ExitCode::FAILURE;
-            }
+            Ok(lock) => (Some(lock), status::running_daemon(&paths.state_dir).map(|p| p.to_string())),
+            Err(crate::state::LockError::Held { pid, .. }) => (None, Some(pid)),
             Err(e) => {
                 eprintln!("hostmesh teardown: {e}");
                 return ExitCode::FAILURE;
             }
         }
     } else {
-        None
+        (None, None)
     };
-    if let Some(pid) = status::running_daemon(&paths.state_dir) {
-        if !force {
-            eprintln!(
-                "hostmesh is running (pid {pid}); stop it first (systemctl stop hostmesh), or pass --force \
-                 (it would rebuild its state at its next sync)"
-            );
-            return ExitCode::FAILURE;
-        }
+    if let Some(pid) = running {
+        eprintln!(
+            "hostmesh is running (pid {pid}); stop it first (systemctl stop hostmesh), or pass --force \
+             (it would rebuild its state at its next sync)"
+        );
+        return ExitCode::FAILURE;
     }
     match crate::teardown::teardown(&paths) {
         Ok(done) if done.is_empty() => {

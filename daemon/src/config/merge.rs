@@ -31,10 +31,9 @@ struct Registry {
     meshes: BTreeMap<(IpAddr, u16, Protocol), (String, Origin)>,
     daemon: Option<Origin>,
     gateway: Option<Origin>,
-    /// Capacity: services in force, and each distinct backend address
-    /// with the number of services that use it.
+    /// Capacity: services in force, and the distinct backend addresses.
     service_count: usize,
-    backend_users: std::collections::HashMap<std::net::SocketAddr, usize>,
+    backends: std::collections::HashSet<std::net::SocketAddr>,
 }
 
 /// One claim a file makes on something that must be unique.
@@ -110,9 +109,7 @@ impl Registry {
             }
         } else {
             self.service_count += f.services.len();
-            for b in f.services.iter().flat_map(|s| &s.backends) {
-                *self.backend_users.entry(b.addr).or_default() += 1;
-            }
+            self.backends.extend(f.services.iter().flat_map(|s| &s.backends).map(|b| b.addr));
         }
         errors
     }
@@ -133,13 +130,14 @@ impl Registry {
                 ),
             ));
         }
-        let mut new = std::collections::HashSet::new();
-        for b in f.services.iter().flat_map(|s| &s.backends) {
-            if !self.backend_users.contains_key(&b.addr) {
-                new.insert(b.addr);
-            }
-        }
-        let backends = self.backend_users.len() + new.len();
+        let new: std::collections::HashSet<_> = f
+            .services
+            .iter()
+            .flat_map(|s| &s.backends)
+            .map(|b| b.addr)
+            .filter(|a| !self.backends.contains(a))
+            .collect();
+        let backends = self.backends.len() + new.len();
         if backends > crate::abi::MAX_BACKENDS as usize {
             return Some(conflict(
                 &first.origin,

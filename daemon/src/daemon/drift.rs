@@ -53,7 +53,9 @@ pub fn drift(change: &KernelChange, want: &Desired, hosts: &HostIndexes, now: &d
         {
             Some(format!("route {dst} table {table} was deleted"))
         }
-        KernelChange::NeighbourGone { ip, ifindex } => {
+        // Neighbour churn is constant on a busy host: look the name up only
+        // when hostmesh has neighbours of its own.
+        KernelChange::NeighbourGone { ip, ifindex } if !want.neighbours.is_empty() => {
             let dev = now.name(*ifindex)?;
             want.neighbours
                 .contains_key(&NeighKey { dev: dev.clone(), ip: *ip })

@@ -418,16 +418,7 @@ impl Daemon {
                 at: report::now_unix(),
                 duration_ms: o.duration.as_millis() as u64,
                 steps: o.steps.len(),
-                errors: o
-                    .errors
-                    .iter()
-                    .take(LOGGED_ERRORS)
-                    .map(|e| format!("{}: {}", e.step, e.error))
-                    .chain(
-                        (o.errors.len() > LOGGED_ERRORS)
-                            .then(|| format!("and {} more", o.errors.len() - LOGGED_ERRORS)),
-                    )
-                    .collect(),
+                errors: report::step_errors(o.errors.iter(), LOGGED_ERRORS),
             },
             Err(e) => SyncSummary {
                 ok: false,
@@ -455,7 +446,7 @@ impl Daemon {
         if let Ok(outcome) = result {
             self.host_indexes = drift::host_devices(&outcome.desired)
                 .into_iter()
-                .filter_map(|d| monitor::current_index(&d).map(|i| (d, i)))
+                .filter_map(|d| crate::backends::ifaces::index(&d).map(|i| (d, i)))
                 .collect();
             self.last_outcome = Some(outcome);
         }

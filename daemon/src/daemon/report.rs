@@ -91,16 +91,18 @@ impl<'a> ErrorIndex<'a> {
             owners.iter().filter_map(|o| self.by_owner.get(o.as_str())).flatten().copied().collect();
         idx.sort_unstable();
         idx.dedup();
-        let mut out: Vec<String> = idx
-            .iter()
-            .take(ERRORS_PER_OBJECT)
-            .map(|&i| format!("{}: {}", self.errors[i].step, self.errors[i].error))
-            .collect();
-        if idx.len() > ERRORS_PER_OBJECT {
-            out.push(format!("and {} more errors", idx.len() - ERRORS_PER_OBJECT));
-        }
-        out
+        step_errors(idx.iter().map(|&i| &self.errors[i]), ERRORS_PER_OBJECT)
     }
+}
+
+/// "step: error" for at most `max` step errors, then "and N more".
+pub fn step_errors<'a>(errors: impl ExactSizeIterator<Item = &'a StepError>, max: usize) -> Vec<String> {
+    let total = errors.len();
+    let mut out: Vec<String> = errors.take(max).map(|e| format!("{}: {}", e.step, e.error)).collect();
+    if total > max {
+        out.push(format!("and {} more", total - max));
+    }
+    out
 }
 
 fn object(kind: &str, name: &str, origin: Option<String>, detail: String, errors: Vec<String>) -> ObjectStatus {

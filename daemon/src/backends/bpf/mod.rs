@@ -29,6 +29,7 @@ use aya::{Ebpf, EbpfLoader};
 use self::objects::{def_of, MapDef, BPF_MAP_TYPE_ARRAY, MAPS};
 use self::pins::{unpin, PinDir};
 use self::sys::ProgInfo;
+use super::ifaces;
 use super::netlink::RouteSocket;
 use super::{BackendError, BpfBackend, BpfSettings, MapSizes, Result, Sweep};
 use crate::model::*;
@@ -227,7 +228,7 @@ impl PinnedBpf {
             Hook::TcIngress(dev) | Hook::TcEgress(dev) => {
                 info.link_type == sys::BPF_LINK_TYPE_TCX
                     && info.tcx_ifindex != 0
-                    && ifindex(dev) == Some(info.tcx_ifindex)
+                    && ifaces::index(dev) == Some(info.tcx_ifindex)
             }
             Hook::Cgroup(path) => {
                 info.link_type == sys::BPF_LINK_TYPE_CGROUP
@@ -352,10 +353,6 @@ fn load_program(ebpf: &mut Ebpf, program: Program) -> Result<ProgInfo> {
         None => return Err(bpf_err(format!("load program {name}"), "not in the object")),
     };
     sys::prog_info(fd.as_fd()).map_err(|e| bpf_err(format!("info of {name}"), e))
-}
-
-fn ifindex(dev: &str) -> Option<u32> {
-    nix::net::if_::if_nametoindex(dev).ok()
 }
 
 /// The inode number of the daemon's network namespace.

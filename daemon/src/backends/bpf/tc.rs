@@ -27,7 +27,8 @@ use aya::programs::tc::TcAttachOptions;
 use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
 
 use super::pins::unpin;
-use super::{bpf_err, chain, ifindex, program_fd, PinnedBpf};
+use super::{bpf_err, chain, program_fd, PinnedBpf};
+use crate::backends::ifaces;
 use crate::backends::netlink::tc::{self, Direction, Filter};
 use crate::backends::netlink::RouteSocket;
 use crate::backends::Result;
@@ -58,19 +59,8 @@ fn hook(dev: String, d: Direction) -> Hook {
     }
 }
 
-fn ifname(ifindex: u32) -> Option<String> {
-    let mut buf = [0u8; libc::IF_NAMESIZE];
-    // SAFETY: buf has the IF_NAMESIZE bytes if_indextoname writes at most.
-    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr() as *mut libc::c_char) };
-    if p.is_null() {
-        return None;
-    }
-    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
-    Some(String::from_utf8_lossy(&buf[..end]).into_owned())
-}
-
 fn filter_name(f: &Filter) -> String {
-    let dev = ifname(f.ifindex).unwrap_or_else(|| format!("ifindex {}", f.ifindex));
+    let dev = ifaces::name(f.ifindex).unwrap_or_else(|| format!("ifindex {}", f.ifindex));
     format!("tc filter {} on {} of {dev}", f.name.as_deref().unwrap_or("?"), f.direction.name())
 }
 
@@ -105,7 +95,8 @@ impl PinnedBpf {
     /// went away, taking the filter with it).
     pub(super) fn observe_filters(&mut self, out: &mut BTreeMap<Attachment, AttachStatus>) -> Result<()> {
         for f in self.hostmesh_filters()? {
-            let (Some(program), Some(dev)) = (f.name.as_deref().and_then(Program::from_name), ifname(f.ifindex)) else {
+            let (Some(program), Some(dev)) = (f.name.as_deref().and_then(Program::from_name), ifaces::name(f.ifindex))
+            else {
                 continue;
             };
             let a = Attachment { program, hook: hook(dev, f.direction) };
@@ -135,8 +126,8 @@ impl PinnedBpf {
 
     /// Attaches (or replaces in place) hostmesh's clsact filter for `a`.
     pub(super) fn attach_filter(&mut self, a: &Attachment, dev: &str) -> Result<()> {
-        let ifindex =
-            ifindex(dev).ok_or_else(|| bpf_err(format!("attach {a}"), io::Error::from_raw_os_error(libc::ENODEV)))?;
+        let ifindex = ifaces::index(dev)
+            .ok_or_else(|| bpf_err(format!("attach {a}"), io::Error::from_raw_os_error(libc::ENODEV)))?;
         let d = direction(a);
         let prog = program_fd(self.ensure_loaded()?, a.program)?;
         let marker = self.pins.qdisc(ifindex);
@@ -177,7 +168,7 @@ impl PinnedBpf {
     /// qdisc hostmesh added for it once nothing is left on it.
     pub(super) fn remove_filter(&mut self, a: &Attachment) -> Result<()> {
         // An interface that is gone took its filters and qdisc with it.
-        let Some(ifindex) = a.device().and_then(ifindex) else { return Ok(()) };
+        let Some(ifindex) = a.device().and_then(ifaces::index) else { return Ok(()) };
         let d = direction(a);
         let sock = self.tc_sock()?;
         let filters = tc::filters(sock, ifindex, d).map_err(tc_err(format!("dump {} filters", d.name())))?;
@@ -218,7 +209,7 @@ impl PinnedBpf {
         }
         let marks = self.pins.qdisc_marks().map_err(|e| bpf_err("list qdisc marks", e))?;
         for ifindex in marks {
-            let dev = ifname(ifindex);
+            let dev = ifaces::name(ifindex);
             if dev.is_some() && self.release_qdisc(ifindex)? {
                 done.push(format!("deleted clsact qdisc of {}", dev.unwrap_or_default()));
             }

@@ -12,7 +12,6 @@ use std::thread;
 
 use ipnet::IpNet;
 use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
-use netlink_packet_route::neighbour::{NeighbourAddress, NeighbourAttribute};
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
@@ -105,12 +104,8 @@ fn change_of(m: &RouteNetlinkMessage) -> Option<KernelChange> {
             Some(KernelChange::RouteGone { table: r.table, dst: r.dst, protocol: r.protocol })
         }
         RouteNetlinkMessage::DelNeighbour(n) => {
-            let ip = n.attributes.iter().find_map(|a| match a {
-                NeighbourAttribute::Destination(NeighbourAddress::Inet(v4)) => Some(IpAddr::V4(*v4)),
-                NeighbourAttribute::Destination(NeighbourAddress::Inet6(v6)) => Some(IpAddr::V6(*v6)),
-                _ => None,
-            })?;
-            Some(KernelChange::NeighbourGone { ip, ifindex: n.header.ifindex })
+            let n = super::neigh::parse(n)?;
+            Some(KernelChange::NeighbourGone { ip: n.ip, ifindex: n.ifindex })
         }
         _ => None,
     }
@@ -125,54 +120,19 @@ pub trait LinkLookup {
     fn up(&self, name: &str) -> Option<bool>;
 }
 
-/// The daemon's namespace, asked through if_nametoindex, if_indextoname
-/// and SIOCGIFFLAGS.
+/// The daemon's namespace as it is now (`backends::ifaces`).
 pub struct CurrentLinks;
 
 impl LinkLookup for CurrentLinks {
     fn index(&self, name: &str) -> Option<u32> {
-        current_index(name)
+        crate::backends::ifaces::index(name)
     }
 
     fn name(&self, index: u32) -> Option<String> {
-        let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
-        // SAFETY: buf has IF_NAMESIZE bytes, as if_indextoname requires.
-        let p = unsafe { libc::if_indextoname(index, buf.as_mut_ptr()) };
-        if p.is_null() {
-            return None;
-        }
-        // SAFETY: on success buf holds a NUL-terminated name.
-        Some(unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
+        crate::backends::ifaces::name(index)
     }
 
     fn up(&self, name: &str) -> Option<bool> {
-        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-        if name.len() >= libc::IF_NAMESIZE {
-            return None;
-        }
-        // SAFETY: a plain socket call; the fd is owned right away.
-        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-        if fd < 0 {
-            return None;
-        }
-        // SAFETY: fd was just returned by socket().
-        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: ifreq is plain data; zeroed is a valid value.
-        let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
-        for (d, s) in ifr.ifr_name.iter_mut().zip(name.bytes()) {
-            *d = s as libc::c_char;
-        }
-        // SAFETY: SIOCGIFFLAGS reads the name and writes the flags of ifr.
-        if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr) } < 0 {
-            return None;
-        }
-        // SAFETY: SIOCGIFFLAGS filled the flags member.
-        let flags = unsafe { ifr.ifr_ifru.ifru_flags };
-        Some(flags as i32 & libc::IFF_UP != 0)
+        crate::backends::ifaces::is_up(name)
     }
-}
-
-/// A link's index now; None when there is no such link.
-pub fn current_index(name: &str) -> Option<u32> {
-    nix::net::if_::if_nametoindex(name).ok()
 }

@@ -26,29 +26,32 @@ pub fn dump(sock: &mut NetlinkSocket) -> io::Result<Vec<Neighbour>> {
         req.header.family = family;
         for m in sock.dump(RouteNetlinkMessage::GetNeighbour(req))? {
             let RouteNetlinkMessage::NewNeighbour(n) = m else { continue };
-            let mut ip = None;
-            let mut lladdr = None;
-            for attr in &n.attributes {
-                match attr {
-                    NeighbourAttribute::Destination(NeighbourAddress::Inet(v4)) => ip = Some(IpAddr::V4(*v4)),
-                    NeighbourAttribute::Destination(NeighbourAddress::Inet6(v6)) => ip = Some(IpAddr::V6(*v6)),
-                    NeighbourAttribute::LinkLayerAddress(a) if a.len() == 6 => {
-                        lladdr = Some(a.as_slice().try_into().expect("length checked"))
-                    }
-                    _ => {}
-                }
-            }
-            if let Some(ip) = ip {
-                out.push(Neighbour {
-                    ifindex: n.header.ifindex,
-                    ip,
-                    lladdr,
-                    permanent: n.header.state == NeighbourState::Permanent,
-                });
-            }
+            out.extend(parse(&n));
         }
     }
     Ok(out)
+}
+
+/// A neighbour message as hostmesh sees it; None without a destination.
+pub(super) fn parse(n: &NeighbourMessage) -> Option<Neighbour> {
+    let mut ip = None;
+    let mut lladdr = None;
+    for attr in &n.attributes {
+        match attr {
+            NeighbourAttribute::Destination(NeighbourAddress::Inet(v4)) => ip = Some(IpAddr::V4(*v4)),
+            NeighbourAttribute::Destination(NeighbourAddress::Inet6(v6)) => ip = Some(IpAddr::V6(*v6)),
+            NeighbourAttribute::LinkLayerAddress(a) if a.len() == 6 => {
+                lladdr = Some(a.as_slice().try_into().expect("length checked"))
+            }
+            _ => {}
+        }
+    }
+    Some(Neighbour {
+        ifindex: n.header.ifindex,
+        ip: ip?,
+        lladdr,
+        permanent: n.header.state == NeighbourState::Permanent,
+    })
 }
 
 fn message(ifindex: u32, ip: IpAddr) -> NeighbourMessage {
