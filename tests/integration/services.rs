@@ -110,7 +110,7 @@ fn switching_modes_by_editing_the_config_needs_no_restart() {
 fn check_removal(mode: &str, proto: &str, port: u16) {
     use std::io::BufRead;
     let t = Topology::new(&format!("connect_time_lb = \"{mode}\""));
-    let _d = t.host.start_ready();
+    let d = t.host.start_ready();
     let seconds = hm_testkit::scaled_secs(4.0).to_string();
     let mut watcher = t
         .host
@@ -147,6 +147,12 @@ fn check_removal(mode: &str, proto: &str, port: u16) {
     );
     let after = answers.iter().filter(|(t, _)| *t > written + bound).count();
     assert!(after >= 10, "{what}: {after} requests after the {bound} s, all to b1");
+    // One service changed: the daemon patched the last compile.
+    let log = d.log_text();
+    assert!(
+        log.lines().any(|l| l.contains("msg=\"sync done\"") && l.contains("patched=true")),
+        "{what}: no patched sync in the log:\n{log}"
+    );
 }
 
 /// CLOCK_MONOTONIC in seconds, as Python's time.monotonic().

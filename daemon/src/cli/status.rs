@@ -117,7 +117,13 @@ pub fn render(s: &Status, liveness: &Liveness) -> String {
         "last sync: {} (generation {}, {}, {} step(s), {} ms){}\n",
         ago(l.at),
         s.generation,
-        if l.full { "full" } else { "incremental" },
+        if l.full {
+            "full"
+        } else if l.patched {
+            "incremental, changed services only"
+        } else {
+            "incremental"
+        },
         l.steps,
         l.duration_ms,
         if l.ok { ", ok".to_string() } else { format!(", {} error(s)", l.errors.len()) }

@@ -221,7 +221,7 @@ impl Daemon {
             }
             if now >= next_sysctl_check {
                 next_sysctl_check = Instant::now() + SYSCTL_CHECK;
-                let drifted = self.last_outcome.as_ref().and_then(|o| self.reconciler.sysctl_drift(&o.desired));
+                let drifted = self.reconciler.sysctl_drift();
                 if let Some(why) = drifted {
                     self.note_drift(why, &mut next_full);
                     continue;
@@ -309,8 +309,7 @@ impl Daemon {
     /// Why a kernel change needs a repair, if it does (`drift::drift`
     /// against the last sync's desired state).
     fn drift_of(&self, change: &crate::backends::netlink::monitor::KernelChange) -> Option<String> {
-        let o = self.last_outcome.as_ref()?;
-        drift::drift(change, &o.desired, &self.host_indexes, &monitor::CurrentLinks)
+        drift::drift(change, self.reconciler.desired()?, &self.host_indexes, &monitor::CurrentLinks)
     }
 
     /// Waits until events have been quiet for DEBOUNCE_QUIET (at most
@@ -415,6 +414,7 @@ impl Daemon {
             Ok(o) => SyncSummary {
                 ok: o.errors.is_empty(),
                 full: o.full,
+                patched: o.patched,
                 at: report::now_unix(),
                 duration_ms: o.duration.as_millis() as u64,
                 steps: o.steps.len(),
@@ -444,7 +444,11 @@ impl Daemon {
         }
         self.drift_seen = 0;
         if let Ok(outcome) = result {
-            self.host_indexes = drift::host_devices(&outcome.desired)
+            self.host_indexes = self
+                .reconciler
+                .desired()
+                .map(drift::host_devices)
+                .unwrap_or_default()
                 .into_iter()
                 .filter_map(|d| crate::backends::ifaces::index(&d).map(|i| (d, i)))
                 .collect();
@@ -507,7 +511,7 @@ impl Daemon {
     /// Returns true when a registration changed (and logs it).
     fn tick_sidecars(&mut self) -> bool {
         let wanted = sidecars::wanted(&self.loaded.config);
-        let path = self.last_outcome.as_ref().and_then(|o| o.desired.mesh_path.clone());
+        let path = self.reconciler.desired().and_then(|d| d.mesh_path.clone());
         let before = self.registrar.report().clone();
         if !self.registrar.tick(&wanted, path.as_ref()) {
             return false;
@@ -551,16 +555,18 @@ impl Daemon {
         for n in &o.notes {
             warn!(self.log, "repaired"; "what" => n.clone());
         }
-        for w in &o.desired.warnings {
+        for w in self.reconciler.desired().map_or(&[][..], |d| &d.warnings) {
             warn!(self.log, "config not applied"; "reason" => w.clone());
         }
-        info!(self.log, "sync done"; "generation" => self.generation, "full" => o.full, "steps" => o.steps.len(),
+        info!(self.log, "sync done"; "generation" => self.generation, "full" => o.full, "patched" => o.patched, "steps" => o.steps.len(),
             "errors" => o.errors.len(), "duration_ms" => o.duration.as_millis() as u64,
             "services" => self.loaded.config.services.len(), "rejected_files" => self.loaded.rejected().count(),
             "parsed_files" => self.loaded.parsed_files);
     }
 
     fn status(&self, outcome: Option<&SyncOutcome>, stopped: bool) -> Status {
+        // The desired state of that sync (the reconciler keeps it).
+        let desired = outcome.and(self.reconciler.desired());
         Status {
             version: STATUS_VERSION,
             pid: std::process::id(),
@@ -573,7 +579,7 @@ impl Daemon {
             ready: self.ready,
             stopped,
             last_sync: self.last_summary.clone(),
-            counts: report::counts(&self.loaded, outcome, self.health.as_ref(), &self.sweep),
+            counts: report::counts(&self.loaded, desired, self.health.as_ref(), &self.sweep),
             files: report::files(&self.loaded),
             skipped: self
                 .loaded
@@ -582,9 +588,10 @@ impl Daemon {
                 .map(|s| crate::state::SkippedEntry { path: s.path.clone(), reason: s.reason.clone() })
                 .collect(),
             objects: outcome
-                .map(|o| report::objects(&self.loaded, o, self.registrar.report(), self.health.as_ref()))
+                .zip(desired)
+                .map(|(o, d)| report::objects(&self.loaded, o, d, self.registrar.report(), self.health.as_ref()))
                 .unwrap_or_default(),
-            warnings: outcome.map(|o| o.desired.warnings.clone()).unwrap_or_default(),
+            warnings: desired.map(|d| d.warnings.clone()).unwrap_or_default(),
             kernel: Some(report::kernel(&self.features, self.loaded.config.daemon.tc_attach)),
         }
     }

@@ -5,7 +5,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::config::{ConfigError, CtlbMode, FileState, GatewayRole, Loaded, TcAttachPref};
 use crate::model::{
-    gateway, Hook, KernelFeatures, MeshPath, Program, RouteKey, RouteSpec, TcAttach, NATIN, RT_TABLE_MAIN,
+    gateway, Desired, Hook, KernelFeatures, MeshPath, Program, RouteKey, RouteSpec, TcAttach, NATIN, RT_TABLE_MAIN,
 };
 use crate::peer_health::PeerHealth;
 use crate::reconcile::{StepError, SyncOutcome};
@@ -122,10 +122,10 @@ fn object(kind: &str, name: &str, origin: Option<String>, detail: String, errors
 pub fn objects(
     loaded: &Loaded,
     outcome: &SyncOutcome,
+    d: &Desired,
     registrations: &std::collections::BTreeMap<crate::abi::SockKey, Registration>,
     health: Option<&PeerHealth>,
 ) -> Vec<ObjectStatus> {
-    let d = &outcome.desired;
     let index = ErrorIndex::new(&outcome.errors);
     let veth = d.links.contains_key(NATIN);
     let mode = d.connect_time;
@@ -215,13 +215,19 @@ pub fn objects(
         }
         out.push(o);
     }
-    gateway_objects(loaded, outcome, health, &mut out);
+    gateway_objects(loaded, outcome, d, health, &mut out);
     out
 }
 
 /// The tunnel, each peer (up or down, since when, on a gateway) and each
 /// member.
-fn gateway_objects(loaded: &Loaded, outcome: &SyncOutcome, health: Option<&PeerHealth>, out: &mut Vec<ObjectStatus>) {
+fn gateway_objects(
+    loaded: &Loaded,
+    outcome: &SyncOutcome,
+    d: &Desired,
+    health: Option<&PeerHealth>,
+    out: &mut Vec<ObjectStatus>,
+) {
     let Some(g) = &loaded.config.gateway else { return };
     let index = ErrorIndex::new(&outcome.errors);
     let role = if g.role == GatewayRole::Gateway { "gateway" } else { "member" };
@@ -241,7 +247,7 @@ fn gateway_objects(loaded: &Loaded, outcome: &SyncOutcome, health: Option<&PeerH
     let mtu = |cidrs: &[ipnet::IpNet]| {
         let mtus: std::collections::BTreeSet<u32> = cidrs
             .iter()
-            .filter_map(|c| match outcome.desired.routes.get(&RouteKey { table: RT_TABLE_MAIN, dst: *c }) {
+            .filter_map(|c| match d.routes.get(&RouteKey { table: RT_TABLE_MAIN, dst: *c }) {
                 Some(w) => match &w.spec {
                     RouteSpec::Via { mtu: Some(m), .. } => Some(*m),
                     _ => None,
@@ -303,12 +309,11 @@ fn gateway_objects(loaded: &Loaded, outcome: &SyncOutcome, health: Option<&PeerH
 
 pub fn counts(
     loaded: &Loaded,
-    outcome: Option<&SyncOutcome>,
+    d: Option<&Desired>,
     health: Option<&PeerHealth>,
     sweep: &crate::backends::Sweep,
 ) -> Counts {
     let c = &loaded.config;
-    let d = outcome.map(|o| &o.desired);
     Counts {
         services: c.services.len(),
         meshes: c.meshes.len(),

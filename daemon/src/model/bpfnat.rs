@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 
-use crate::config::{Config, CtlbMode};
+use crate::config::{Config, CtlbMode, Mesh, Service};
 
 use super::mesh;
 use super::state::*;
@@ -28,7 +28,7 @@ const OWNER: &str = "bpfnat";
 
 pub fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
     // With connect-time LB for every protocol, nothing needs the veth.
-    if config.services.is_empty() || out.connect_time == CtlbMode::All {
+    if !carries_services(config, out.connect_time) {
         return;
     }
 
@@ -71,27 +71,12 @@ pub fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
     }
 
     for svc in &config.services {
-        // A mesh VIP has a local route: the whole VIP is delivered to this
-        // host, where the sidecar takes its mesh ports.
-        if mesh::is_mesh_vip(&config.meshes, svc.vip) {
-            if !out.connect_time.handles(svc.protocol) && !mesh::covers(&config.meshes, svc.vip, svc.port, svc.protocol)
-            {
-                out.warnings.push(format!(
-                    "service \"{}\" ({} port {}/{}) shares its VIP with a mesh entry that does not cover it: its \
-                     traffic reaches this host, not a backend, unless connect-time load balancing handles it \
-                     (connect_time_lb = \"all\") or it moves to another VIP",
-                    svc.name, svc.vip, svc.port, svc.protocol
-                ));
-            }
-            continue;
+        if let Some(w) = mesh_vip_warning(&config.meshes, out.connect_time, svc) {
+            out.warnings.push(w);
         }
-        let gateway = if svc.vip.is_ipv4() { IpAddr::V4(GATEWAY_V4) } else { IpAddr::V6(GATEWAY_V6) };
-        want(
-            &mut out.routes,
-            RouteKey { table: RT_TABLE_MAIN, dst: IpNet::from(svc.vip) },
-            RouteSpec::Via { gateway, dev: NATIN.to_string(), mtu: None },
-            &format!("service/{}", svc.name),
-        );
+        if let Some((key, spec)) = service_route(&config.meshes, svc) {
+            want(&mut out.routes, key, spec, &super::services::owner_of(svc));
+        }
     }
 
     want(
@@ -124,6 +109,42 @@ pub fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
             OWNER,
         );
     }
+}
+
+/// Whether the veth path carries a service: everything but connect-time
+/// LB for every protocol, when there are services at all.
+pub(super) fn carries_services(config: &Config, connect_time: CtlbMode) -> bool {
+    !config.services.is_empty() && connect_time != CtlbMode::All
+}
+
+/// A service's host route into hm-natin (when the veth path carries
+/// services). A mesh VIP has a local route instead: the whole VIP is
+/// delivered to this host, where the sidecar takes its mesh ports.
+pub(super) fn service_route(meshes: &[Mesh], svc: &Service) -> Option<(RouteKey, RouteSpec)> {
+    if mesh::is_mesh_vip(meshes, svc.vip) {
+        return None;
+    }
+    let gateway = if svc.vip.is_ipv4() { IpAddr::V4(GATEWAY_V4) } else { IpAddr::V6(GATEWAY_V6) };
+    Some((
+        RouteKey { table: RT_TABLE_MAIN, dst: IpNet::from(svc.vip) },
+        RouteSpec::Via { gateway, dev: NATIN.to_string(), mtu: None },
+    ))
+}
+
+/// A service on a mesh VIP that the mesh entry does not cover, and that
+/// connect-time LB does not take, reaches this host instead of a backend.
+pub(super) fn mesh_vip_warning(meshes: &[Mesh], connect_time: CtlbMode, svc: &Service) -> Option<String> {
+    (mesh::is_mesh_vip(meshes, svc.vip)
+        && !connect_time.handles(svc.protocol)
+        && !mesh::covers(meshes, svc.vip, svc.port, svc.protocol))
+    .then(|| {
+        format!(
+            "service \"{}\" ({} port {}/{}) shares its VIP with a mesh entry that does not cover it: its traffic \
+             reaches this host, not a backend, unless connect-time load balancing handles it (connect_time_lb = \
+             \"all\") or it moves to another VIP",
+            svc.name, svc.vip, svc.port, svc.protocol
+        )
+    })
 }
 
 /// `[daemon] host_interfaces`, or the interfaces holding a default route;

@@ -5,6 +5,7 @@
 mod bpfnat;
 pub mod gateway;
 pub mod ids;
+pub mod incremental;
 mod kernel;
 pub mod maglev;
 mod mesh;

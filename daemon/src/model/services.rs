@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 
 use crate::abi::{self, BackendValue, HmConfig, MaglevChunk, MaglevKey, Pod, SvcKey, SvcValue, MAGLEV_CHUNK};
-use crate::config::{Config, CtlbMode, Service};
+use crate::config::{Config, CtlbMode, DaemonSettings, Mesh, Service};
 
 use super::ids::{self, Prior};
 use super::maglev::{self, Entry};
@@ -71,12 +71,11 @@ pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &mut Desi
         if n % STOP_CHECK_EVERY == 0 && stopping.load(Ordering::Relaxed) {
             return;
         }
-        let owner = format!("service/{}", svc.name);
+        let owner = owner_of(svc);
         let key = key_of(svc);
-        let table_size =
-            svc.maglev_table_size.or(d.maglev_table_size).unwrap_or_else(|| maglev::table_size_for(svc.backends.len()));
-        let chunks = (table_size as usize).div_ceil(MAGLEV_CHUNK);
-        if !svc.backends.is_empty() {
+        let table_size = table_size_of(svc, d);
+        let chunks = chunks_of(svc, table_size);
+        if chunks > 0 {
             if chunks > chunks_left {
                 out.warnings.push(format!(
                     "service \"{}\" not applied: Maglev tables are full ({} chunks of {MAGLEV_CHUNK}); use a smaller maglev_table_size",
@@ -88,42 +87,9 @@ pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &mut Desi
             chunks_left -= chunks;
         }
         let id = svc_ids[&key];
-        for b in &svc.backends {
-            let value = BackendValue { addr: abi::addr16(b.addr.ip()), port_be: b.addr.port().to_be(), pad: 0 };
-            want(
-                &mut out.map_entries,
-                MapEntryKey { map: BpfMap::Backends, key: backend_ids[&b.addr].to_bytes() },
-                value.to_bytes(),
-                &owner,
-            );
+        for (k, v) in service_entries(svc, id, |a| backend_ids[a], table_size, &config.meshes) {
+            want(&mut out.map_entries, k, v, &owner);
         }
-        let entries: Vec<Entry> = svc.backends.iter().map(|b| Entry { addr: b.addr, weight: b.weight }).collect();
-        let table = maglev::build(&entries, table_size);
-        // Each backend's id looked up once, not once per slot (a quarter of
-        // a 60,000-service compile went to those lookups).
-        let ids: Vec<u32> = svc.backends.iter().map(|b| backend_ids[&b.addr]).collect();
-        for (c, slots) in table.chunks(MAGLEV_CHUNK).enumerate() {
-            let mut chunk = MaglevChunk { backend: [0; MAGLEV_CHUNK] };
-            for (i, &b) in slots.iter().enumerate() {
-                chunk.backend[i] = ids[b as usize];
-            }
-            let k = MaglevKey { svc_id: id, chunk: c as u32 };
-            want(
-                &mut out.map_entries,
-                MapEntryKey { map: BpfMap::Maglev, key: k.to_bytes() },
-                chunk.to_bytes(),
-                &owner,
-            );
-        }
-        // The sidecar owns a VIP:port that is also a mesh entry.
-        let flags = if mesh::covers(&config.meshes, svc.vip, svc.port, svc.protocol) { abi::SVC_F_MESH } else { 0 };
-        let value = SvcValue { id, backend_count: svc.backends.len() as u32, flags, table_size };
-        want(
-            &mut out.map_entries,
-            MapEntryKey { map: BpfMap::Services, key: key.to_bytes() },
-            value.to_bytes(),
-            &owner,
-        );
     }
 
     if out.connect_time != CtlbMode::Off {
@@ -140,6 +106,62 @@ pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &mut Desi
     }
 }
 
-fn key_of(s: &Service) -> SvcKey {
+pub(super) fn key_of(s: &Service) -> SvcKey {
     SvcKey::new(s.vip, s.port, s.protocol.number())
+}
+
+/// The owner tag of everything a service needs.
+pub(super) fn owner_of(s: &Service) -> String {
+    format!("service/{}", s.name)
+}
+
+/// The service's Maglev table size: its own, `[daemon]`'s, or sized from
+/// its backend count.
+pub(super) fn table_size_of(s: &Service, d: &DaemonSettings) -> u32 {
+    s.maglev_table_size.or(d.maglev_table_size).unwrap_or_else(|| maglev::table_size_for(s.backends.len()))
+}
+
+/// The HM_MAGLEV chunks the service takes from the shared capacity (none
+/// without backends).
+pub(super) fn chunks_of(s: &Service, table_size: u32) -> usize {
+    if s.backends.is_empty() {
+        0
+    } else {
+        (table_size as usize).div_ceil(MAGLEV_CHUNK)
+    }
+}
+
+/// One service's entries in HM_BACKENDS, HM_MAGLEV and HM_SERVICES, in
+/// that order, given its id and its backends' ids. The full compile and the
+/// incremental one (`incremental.rs`) both build services with this.
+pub(super) fn service_entries(
+    svc: &Service,
+    id: u32,
+    backend_id: impl Fn(&SocketAddr) -> u32,
+    table_size: u32,
+    meshes: &[Mesh],
+) -> Vec<(MapEntryKey, Vec<u8>)> {
+    let mut out = Vec::with_capacity(svc.backends.len() + (table_size as usize).div_ceil(MAGLEV_CHUNK) + 1);
+    // Each backend's id looked up once, not once per slot (a quarter of a
+    // 60,000-service compile went to those lookups).
+    let ids: Vec<u32> = svc.backends.iter().map(|b| backend_id(&b.addr)).collect();
+    for (b, &bid) in svc.backends.iter().zip(&ids) {
+        let value = BackendValue { addr: abi::addr16(b.addr.ip()), port_be: b.addr.port().to_be(), pad: 0 };
+        out.push((MapEntryKey { map: BpfMap::Backends, key: bid.to_bytes() }, value.to_bytes()));
+    }
+    let entries: Vec<Entry> = svc.backends.iter().map(|b| Entry { addr: b.addr, weight: b.weight }).collect();
+    let table = maglev::build(&entries, table_size);
+    for (c, slots) in table.chunks(MAGLEV_CHUNK).enumerate() {
+        let mut chunk = MaglevChunk { backend: [0; MAGLEV_CHUNK] };
+        for (i, &b) in slots.iter().enumerate() {
+            chunk.backend[i] = ids[b as usize];
+        }
+        let k = MaglevKey { svc_id: id, chunk: c as u32 };
+        out.push((MapEntryKey { map: BpfMap::Maglev, key: k.to_bytes() }, chunk.to_bytes()));
+    }
+    // The sidecar owns a VIP:port that is also a mesh entry.
+    let flags = if mesh::covers(meshes, svc.vip, svc.port, svc.protocol) { abi::SVC_F_MESH } else { 0 };
+    let value = SvcValue { id, backend_count: svc.backends.len() as u32, flags, table_size };
+    out.push((MapEntryKey { map: BpfMap::Services, key: key_of(svc).to_bytes() }, value.to_bytes()));
+    out
 }

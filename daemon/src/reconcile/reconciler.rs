@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::backends::{BackendError, Backends, BpfSettings, MapSizes};
 use crate::config::{Config, MeshBackend};
+use crate::model::incremental::{recompile, Compiled, Touched};
 use crate::model::{compile_unless_stopped, gateway, Desired, Observed, Prior};
 
 use super::apply::{apply, Applied, StepError};
@@ -18,12 +19,22 @@ use super::observe::{observe, observe_sysctls};
 use super::originals::SysctlOriginals;
 use super::plan::plan;
 
+/// What a sync will apply: the last compile patched, with what the patch
+/// touched, or a compile of everything.
+enum Want {
+    Patched(Box<Compiled>, Touched),
+    Compiled(Desired),
+}
+
 pub struct Reconciler {
     backends: Backends,
     originals: SysctlOriginals,
     /// What the kernel holds after the last successful sync; `None` forces
     /// the next sync to observe.
     last_applied: Option<Observed>,
+    /// The last compile: what `desired()` reports, and what an edit of a
+    /// few services patches (`model::incremental`).
+    compiled: Option<Compiled>,
     /// Peers the health probes found down (runtime state, not config).
     peers_down: BTreeSet<String>,
     /// Raised when the daemon is told to stop: a sync stops between steps.
@@ -33,7 +44,8 @@ pub struct Reconciler {
 #[derive(Debug)]
 pub struct SyncOutcome {
     pub full: bool,
-    pub desired: Desired,
+    /// Only the changed services were compiled and planned.
+    pub patched: bool,
     /// Steps carried out (including failed ones).
     pub steps: Vec<String>,
     pub errors: Vec<StepError>,
@@ -53,6 +65,7 @@ impl Reconciler {
             backends,
             originals,
             last_applied: None,
+            compiled: None,
             peers_down: BTreeSet::new(),
             stopping: Default::default(),
         }
@@ -71,6 +84,11 @@ impl Reconciler {
 
     pub fn set_peers_down(&mut self, down: BTreeSet<String>) {
         self.peers_down = down;
+    }
+
+    /// The desired state of the last sync (`None` before the first).
+    pub fn desired(&self) -> Option<&Desired> {
+        self.compiled.as_ref().map(|c| &c.desired)
     }
 
     /// Makes the next sync a full resync.
@@ -107,16 +125,19 @@ impl Reconciler {
         }
         facts.underlay_mtu = self.backends.host.path_mtus(&gateway::underlay_addresses(config))?;
         facts.peers_down = self.peers_down.clone();
-        let (have, want) = match (&self.last_applied, full) {
-            (Some(last), false) => {
-                let want = compile_unless_stopped(
+        // Incremental: patch the last compile when only services changed,
+        // else compile against what the last sync applied. Full: observe.
+        let mut observed = None;
+        let want = match (&self.last_applied, full) {
+            (Some(last), false) => match self.compiled.take().and_then(|c| recompile(c, config, &facts)) {
+                Some((c, touched)) => Want::Patched(Box::new(c), touched),
+                None => Want::Compiled(compile_unless_stopped(
                     config,
                     &facts,
                     &Prior::from_entries(last.map_entries.iter()),
                     &self.stopping,
-                );
-                (last.clone(), want)
-            }
+                )),
+            },
             _ => {
                 let mut have = observe(&mut self.backends)?;
                 let want = compile_unless_stopped(
@@ -128,35 +149,50 @@ impl Reconciler {
                 let paths: BTreeSet<String> =
                     want.sysctls.keys().chain(self.originals.values().keys()).cloned().collect();
                 observe_sysctls(&mut self.backends, &paths, &mut have)?;
-                (have, want)
+                observed = Some(have);
+                Want::Compiled(want)
             }
         };
-        if self.stopping.load(Ordering::Relaxed) {
-            // A partial compile is never planned, let alone applied.
-            return Ok(SyncOutcome {
-                full,
-                steps: Vec::new(),
-                desired: want,
-                errors: Vec::new(),
-                bpf_unavailable: None,
-                stopped: true,
-                notes: self.backends.bpf.take_notes(),
-                duration: started.elapsed(),
-            });
-        }
-        let steps = plan(&have, &want, self.originals.values());
+        let (compiled, touched) = match want {
+            Want::Patched(c, touched) => (*c, Some(touched)),
+            Want::Compiled(_) if self.stopping.load(Ordering::Relaxed) => {
+                // A partial compile is never planned, let alone applied.
+                return Ok(SyncOutcome {
+                    full,
+                    patched: false,
+                    steps: Vec::new(),
+                    errors: Vec::new(),
+                    bpf_unavailable: None,
+                    stopped: true,
+                    notes: self.backends.bpf.take_notes(),
+                    duration: started.elapsed(),
+                });
+            }
+            Want::Compiled(desired) => (Compiled::new(desired, config, &facts), None),
+        };
+        let Some(have) = observed.as_ref().or(self.last_applied.as_ref()) else {
+            unreachable!("an incremental sync has a last applied state, a full one observed");
+        };
+        let steps = match &touched {
+            Some(t) => plan(&t.observed(have), &t.desired(&compiled.desired), self.originals.values()),
+            None => plan(have, &compiled.desired, self.originals.values()),
+        };
         let Applied { errors, bpf_unavailable, stopped } =
             apply(&mut self.backends, &steps, &mut self.originals, &self.stopping);
         if stopped {
             // Part of the plan ran: the next start observes the kernel.
             self.last_applied = None;
         } else if errors.is_empty() {
-            self.last_applied = Some(want.as_observed());
+            match (&touched, self.last_applied.as_mut()) {
+                (Some(t), Some(last)) => t.apply_to(last, &compiled.desired),
+                _ => self.last_applied = Some(compiled.desired.as_observed()),
+            }
         }
+        self.compiled = Some(compiled);
         Ok(SyncOutcome {
             full,
+            patched: touched.is_some(),
             steps: steps.iter().map(|s| s.step.to_string()).collect(),
-            desired: want,
             errors,
             bpf_unavailable,
             stopped,
@@ -167,7 +203,8 @@ impl Reconciler {
 
     /// The first sysctl hostmesh set that no longer has its value, as a
     /// sentence (sysctls send no events: the daemon asks every second).
-    pub fn sysctl_drift(&mut self, want: &Desired) -> Option<String> {
+    pub fn sysctl_drift(&mut self) -> Option<String> {
+        let want = &self.compiled.as_ref()?.desired;
         for (path, w) in &want.sysctls {
             match self.backends.sysctl.get(path) {
                 Ok(Some(v)) if v != w.spec => {

@@ -317,4 +317,37 @@ fn one_changed_service_among_tens_of_thousands_plans_only_its_own_entries() {
     // old backend's entry when no other service uses it: nothing else.
     assert!(!out.steps.is_empty() && out.steps.len() <= 8, "{} steps: {:?}", out.steps.len(), out.steps);
     assert!(out.steps.iter().all(|s| s.contains("HM_BACKENDS") || s.contains("HM_MAGLEV")), "{:?}", out.steps);
+    assert!(out.patched, "only that service was compiled");
+}
+
+#[test]
+fn services_added_and_removed_by_a_patch_leave_the_kernel_as_a_full_sync_would() {
+    const N: u32 = 2_000;
+    const NEW: &str = "[[service]]\nname = \"new\"\nvip = \"10.99.0.1\"\nport = 80\nbackends = [\"192.168.7.1:80\"]\n";
+    let k = kernel();
+    let mut r = reconciler(&k);
+    r.sync(&config(&many_services(N, None)), false).unwrap();
+    let added = r.sync(&config(&format!("{}{NEW}", many_services(N, None))), false).unwrap();
+    assert!(added.patched && added.errors.is_empty(), "{added:?}");
+    // A backend, four chunks, the service, its route.
+    assert_eq!(added.steps.len(), 7, "{:?}", added.steps);
+    assert!(added.steps.last().unwrap().starts_with("set route 10.99.0.1/32"), "{:?}", added.steps);
+    let check = r.sync(&config(&format!("{}{NEW}", many_services(N, None))), true).unwrap();
+    assert!(check.steps.is_empty(), "a full resync after the patch finds nothing to do: {:?}", check.steps);
+
+    let removed = r.sync(&config(&many_services(N, Some(5))), false).unwrap();
+    assert!(removed.patched && removed.errors.is_empty(), "{removed:?}");
+    // Service 5's new backend and table first, then the removed service,
+    // its route before its entries.
+    let deletes: Vec<&String> = removed.steps.iter().filter(|s| s.starts_with("delete")).collect();
+    assert!(
+        deletes[0].starts_with("delete route 10.99.0.1/32") && deletes[1] == "delete HM_SERVICES entry",
+        "{deletes:?}"
+    );
+    assert_eq!(removed.steps.len(), 11, "{:?}", removed.steps);
+    let check = r.sync(&config(&many_services(N, Some(5))), true).unwrap();
+    assert!(check.steps.is_empty(), "{:?}", check.steps);
+    let want: BTreeMap<_, _> =
+        r.desired().unwrap().map_entries.iter().map(|(k, v)| (k.clone(), v.spec.clone())).collect();
+    assert!(want == k.state().maps, "the kernel's map entries are the desired ones");
 }

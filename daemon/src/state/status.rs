@@ -63,6 +63,10 @@ pub struct MissingFeature {
 pub struct SyncSummary {
     pub ok: bool,
     pub full: bool,
+    /// Only the changed services were compiled and planned
+    /// (`model::incremental`).
+    #[serde(default)]
+    pub patched: bool,
     pub at: u64,
     pub duration_ms: u64,
     pub steps: usize,

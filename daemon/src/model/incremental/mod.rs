@@ -1,0 +1,344 @@
+//! Incremental compile: when only `[[service]]` entries changed since the
+//! last compile, that compile's `Desired` is patched — the changed
+//! services' items taken out, their new ones put in — instead of compiling
+//! every service again, and `Touched` says which items may differ, so the
+//! planner diffs only those. An edit then costs what it changes (plus a
+//! pass over the service list to find the changes), not what is configured.
+//!
+//! Anything else that changed (`[daemon]`, meshes, the gateway, the host's
+//! facts), a change of most services, or anything that makes compile warn
+//! falls back to the full compile (`recompile` returns `None`). A patched
+//! `Desired` is the one the full compile gives with the same prior ids:
+//! `tests.rs` compares them over random edits.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::Hash;
+use std::net::SocketAddr;
+
+use crate::abi::{self, SvcKey};
+use crate::config::{Config, Service};
+
+use super::bpfnat;
+use super::services::{chunks_of, key_of, owner_of, service_entries, table_size_of};
+use super::state::*;
+use super::{HostFacts, Prior};
+
+/// The last compile, with what it was compiled from and the indexes an
+/// edit needs: ids in use and free, the services using each backend, the
+/// Maglev chunks in use.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    pub desired: Desired,
+    config: Config,
+    facts: HostFacts,
+    service_ids: IdPool<SvcKey>,
+    backend_ids: IdPool<SocketAddr>,
+    /// How many services list each backend address.
+    backend_users: HashMap<SocketAddr, u32>,
+    chunks_used: usize,
+    v6_services: usize,
+}
+
+/// The map entries and routes a patch may have changed; nothing else did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Touched {
+    pub map_entries: BTreeSet<MapEntryKey>,
+    pub routes: BTreeSet<RouteKey>,
+}
+
+impl Touched {
+    /// The part of `have` a patch can have changed, with everything that is
+    /// not per service (links, sysctls, programs...) whole, since the plan
+    /// restores what is missing from it.
+    pub fn observed(&self, have: &Observed) -> Observed {
+        Observed {
+            links: have.links.clone(),
+            sysctls: have.sysctls.clone(),
+            neighbours: have.neighbours.clone(),
+            map_entries: pick(&have.map_entries, &self.map_entries),
+            attachments: have.attachments.clone(),
+            routes: pick(&have.routes, &self.routes),
+            nft_table: have.nft_table.clone(),
+        }
+    }
+
+    /// The same part of `want`.
+    pub fn desired(&self, want: &Desired) -> Desired {
+        Desired {
+            links: want.links.clone(),
+            sysctls: want.sysctls.clone(),
+            neighbours: want.neighbours.clone(),
+            map_entries: pick(&want.map_entries, &self.map_entries),
+            attachments: want.attachments.clone(),
+            routes: pick(&want.routes, &self.routes),
+            nft_rules: want.nft_rules.clone(),
+            mesh_path: want.mesh_path.clone(),
+            connect_time: want.connect_time,
+            warnings: want.warnings.clone(),
+        }
+    }
+
+    /// Brings `have` (what the kernel held before) to what it holds once
+    /// the touched items of `want` are applied.
+    pub fn apply_to(&self, have: &mut Observed, want: &Desired) {
+        for k in &self.map_entries {
+            match want.map_entries.get(k) {
+                Some(w) => have.map_entries.insert(k.clone(), w.spec.clone()),
+                None => have.map_entries.remove(k),
+            };
+        }
+        for k in &self.routes {
+            match want.routes.get(k) {
+                Some(w) => have.routes.insert(k.clone(), w.spec.clone()),
+                None => have.routes.remove(k),
+            };
+        }
+    }
+}
+
+fn pick<K: Ord + Clone, V: Clone>(m: &BTreeMap<K, V>, keys: &BTreeSet<K>) -> BTreeMap<K, V> {
+    keys.iter().filter_map(|k| m.get(k).map(|v| (k.clone(), v.clone()))).collect()
+}
+
+/// Ids in use, and the free ones below the highest: the lowest free id is
+/// found without a scan, and it is the one `ids::assign` would pick.
+#[derive(Debug, Clone)]
+struct IdPool<K> {
+    ids: HashMap<K, u32>,
+    free: BTreeSet<u32>,
+    next: u32,
+}
+
+impl<K: Eq + Hash + Clone> IdPool<K> {
+    fn new(ids: impl IntoIterator<Item = (K, u32)>) -> Self {
+        let ids: HashMap<K, u32> = ids.into_iter().collect();
+        let used: BTreeSet<u32> = ids.values().copied().collect();
+        let next = used.last().map_or(0, |&m| m + 1);
+        let free = (0..next).filter(|i| !used.contains(i)).collect();
+        IdPool { ids, free, next }
+    }
+
+    fn get(&self, k: &K) -> Option<u32> {
+        self.ids.get(k).copied()
+    }
+
+    fn release(&mut self, k: &K) {
+        if let Some(id) = self.ids.remove(k) {
+            self.free.insert(id);
+        }
+    }
+
+    /// The lowest free id for `k`, or `None` when all `capacity` are taken.
+    fn assign(&mut self, k: K, capacity: u32) -> Option<u32> {
+        let id = match self.free.pop_first() {
+            Some(id) => id,
+            None if self.next < capacity => {
+                self.next += 1;
+                self.next - 1
+            }
+            None => return None,
+        };
+        self.ids.insert(k, id);
+        Some(id)
+    }
+}
+
+/// Whether compile sees the same host in both: every fact, except that of
+/// the interfaces only the configured host interfaces matter (hostmesh's
+/// own hm-* links appear after the first sync).
+fn same_facts(a: &HostFacts, b: &HostFacts, config: &Config) -> bool {
+    let configured_exist = |f: &HostFacts| -> Vec<bool> {
+        let names = config.daemon.host_interfaces.iter().flatten();
+        names.map(|n| f.interfaces.contains(n)).collect()
+    };
+    a.default_route_interfaces == b.default_route_interfaces
+        && a.netns_cookie == b.netns_cookie
+        && a.cgroup2_root == b.cgroup2_root
+        && a.sk_lookup_unavailable == b.sk_lookup_unavailable
+        && a.underlay_mtu == b.underlay_mtu
+        && a.peers_down == b.peers_down
+        && a.features == b.features
+        && configured_exist(a) == configured_exist(b)
+}
+
+/// The compile-relevant content of a service: everything but where it was
+/// written (a line moved by an edit above it changes nothing).
+fn same_service(a: &Service, b: &Service) -> bool {
+    a.vip == b.vip
+        && a.port == b.port
+        && a.protocol == b.protocol
+        && a.backends == b.backends
+        && a.maglev_table_size == b.maglev_table_size
+}
+
+impl Compiled {
+    /// Indexes a full compile of `config` on `facts`.
+    pub fn new(desired: Desired, config: &Config, facts: &HostFacts) -> Compiled {
+        let prior = Prior::from_entries(desired.map_entries.iter().map(|(k, v)| (k, &v.spec)));
+        let mut backend_users: HashMap<SocketAddr, u32> = HashMap::new();
+        for b in config.services.iter().flat_map(|s| &s.backends) {
+            *backend_users.entry(b.addr).or_default() += 1;
+        }
+        let d = &config.daemon;
+        Compiled {
+            chunks_used: config.services.iter().map(|s| chunks_of(s, table_size_of(s, d))).sum(),
+            v6_services: config.services.iter().filter(|s| s.vip.is_ipv6()).count(),
+            service_ids: IdPool::new(prior.services),
+            backend_ids: IdPool::new(prior.backends),
+            backend_users,
+            config: config.clone(),
+            facts: facts.clone(),
+            desired,
+        }
+    }
+}
+
+/// Patches `prev` to `config`, if only services changed; `None` means
+/// compile in full (`prev` is then spent).
+pub fn recompile(mut prev: Compiled, config: &Config, facts: &HostFacts) -> Option<(Compiled, Touched)> {
+    let old = &prev.config;
+    if !prev.desired.warnings.is_empty()
+        || !same_facts(&prev.facts, facts, config)
+        || old.daemon != config.daemon
+        || old.meshes != config.meshes
+        || old.gateway != config.gateway
+        || old.peers != config.peers
+        || old.members != config.members
+        || old.services.is_empty()
+        || config.services.is_empty()
+    {
+        return None;
+    }
+    fn by_name(c: &Config) -> HashMap<&str, usize> {
+        c.services.iter().enumerate().map(|(i, s)| (s.name.as_str(), i)).collect()
+    }
+    let (old_names, new_names) = (by_name(old), by_name(config));
+    let gone: Vec<Service> = old
+        .services
+        .iter()
+        .filter(|s| new_names.get(s.name.as_str()).is_none_or(|&i| !same_service(s, &config.services[i])))
+        .cloned()
+        .collect();
+    let came: Vec<&Service> = config
+        .services
+        .iter()
+        .filter(|s| old_names.get(s.name.as_str()).is_none_or(|&i| !same_service(&old.services[i], s)))
+        .collect();
+    // A change of most services is a new configuration: compile it whole.
+    if gone.len() + came.len() > config.services.len() / 2 + 8 {
+        return None;
+    }
+    let connect_time = prev.desired.connect_time;
+    if came.iter().any(|s| bpfnat::mesh_vip_warning(&config.meshes, connect_time, s).is_some()) {
+        return None;
+    }
+    let v6 = prev.v6_services + came.iter().filter(|s| s.vip.is_ipv6()).count()
+        - gone.iter().filter(|s| s.vip.is_ipv6()).count();
+    if (v6 > 0) != (prev.v6_services > 0) {
+        // The veth path's IPv6 sysctls and neighbour come or go.
+        return None;
+    }
+    prev.v6_services = v6;
+    let d = &config.daemon;
+    let chunks = prev.chunks_used + came.iter().map(|s| chunks_of(s, table_size_of(s, d))).sum::<usize>()
+        - gone.iter().map(|s| chunks_of(s, table_size_of(s, d))).sum::<usize>();
+    if chunks > abi::MAX_MAGLEV_CHUNKS as usize || config.services.len() > abi::MAX_SERVICES as usize {
+        return None;
+    }
+    prev.chunks_used = chunks;
+    let routes = bpfnat::carries_services(config, connect_time);
+
+    // What the changed services had, under their old ids.
+    let mut touched = Touched::default();
+    let mut take_out = Vec::new();
+    for s in &gone {
+        let id = prev.service_ids.get(&key_of(s))?;
+        let entries = service_entries(s, id, |a| prev.backend_ids.get(a).unwrap_or(0), table_size_of(s, d), &[]);
+        let route = if routes { bpfnat::service_route(&config.meshes, s).map(|(k, _)| k) } else { None };
+        take_out.push((owner_of(s), entries.into_iter().map(|(k, _)| k).collect::<Vec<_>>(), route));
+    }
+
+    // Ids: a key or backend no longer used frees its id first; new ones
+    // then take the lowest free ids in order, as `ids::assign` does.
+    let came_keys: BTreeSet<SvcKey> = came.iter().map(|s| key_of(s)).collect();
+    for s in &gone {
+        let k = key_of(s);
+        if !came_keys.contains(&k) {
+            prev.service_ids.release(&k);
+        }
+        for b in &s.backends {
+            *prev.backend_users.get_mut(&b.addr)? -= 1;
+        }
+    }
+    let mut new_backends = BTreeSet::new();
+    for s in &came {
+        for b in &s.backends {
+            let users = prev.backend_users.entry(b.addr).or_default();
+            *users += 1;
+            if *users == 1 && prev.backend_ids.get(&b.addr).is_none() {
+                new_backends.insert(b.addr);
+            }
+        }
+    }
+    let unused: Vec<SocketAddr> =
+        gone.iter().flat_map(|s| s.backends.iter().map(|b| b.addr)).filter(|a| prev.backend_users[a] == 0).collect();
+    for a in unused {
+        if prev.backend_users.remove(&a).is_some() {
+            prev.backend_ids.release(&a);
+        }
+    }
+    if prev.backend_users.len() > abi::MAX_BACKENDS as usize {
+        return None;
+    }
+    for k in came_keys {
+        if prev.service_ids.get(&k).is_none() {
+            prev.service_ids.assign(k, abi::MAX_SERVICES)?;
+        }
+    }
+    for a in new_backends {
+        prev.backend_ids.assign(a, abi::MAX_BACKENDS)?;
+    }
+
+    let out = &mut prev.desired;
+    for (owner, keys, route) in take_out {
+        for k in keys {
+            disown(&mut out.map_entries, &k, &owner);
+            touched.map_entries.insert(k);
+        }
+        if let Some(k) = route {
+            disown(&mut out.routes, &k, &owner);
+            touched.routes.insert(k);
+        }
+    }
+    for s in &came {
+        let owner = owner_of(s);
+        let id = prev.service_ids.get(&key_of(s))?;
+        let ids = &prev.backend_ids;
+        for (k, v) in service_entries(s, id, |a| ids.get(a).unwrap_or(0), table_size_of(s, d), &config.meshes) {
+            touched.map_entries.insert(k.clone());
+            want(&mut out.map_entries, k, v, &owner);
+        }
+        if routes {
+            if let Some((k, spec)) = bpfnat::service_route(&config.meshes, s) {
+                touched.routes.insert(k.clone());
+                want(&mut out.routes, k, spec, &owner);
+            }
+        }
+    }
+    prev.config.services = config.services.clone();
+    Some((prev, touched))
+}
+
+/// Takes `owner` off the item at `key`, removing the item when nobody
+/// else needs it.
+fn disown<K: Ord, T>(map: &mut BTreeMap<K, Owned<T>>, key: &K, owner: &str) {
+    if let Some(item) = map.get_mut(key) {
+        item.owners.remove(owner);
+        if item.owners.is_empty() {
+            map.remove(key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
