@@ -87,7 +87,10 @@ pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &mut Desi
             chunks_left -= chunks;
         }
         let id = svc_ids[&key];
-        for (k, v) in service_entries(svc, id, |a| backend_ids[a], table_size, &config.meshes) {
+        // Each backend's id looked up once, not once per slot (a quarter of
+        // a 60,000-service compile went to those lookups).
+        let ids: Vec<u32> = svc.backends.iter().map(|b| backend_ids[&b.addr]).collect();
+        for (k, v) in service_entries(svc, id, &ids, table_size, &config.meshes) {
             want(&mut out.map_entries, k, v, &owner);
         }
     }
@@ -131,37 +134,43 @@ pub(super) fn chunks_of(s: &Service, table_size: u32) -> usize {
     }
 }
 
-/// One service's entries in HM_BACKENDS, HM_MAGLEV and HM_SERVICES, in
-/// that order, given its id and its backends' ids. The full compile and the
-/// incremental one (`incremental.rs`) both build services with this.
+/// The keys of one service's entries in HM_BACKENDS, HM_MAGLEV and
+/// HM_SERVICES, in that order, given its id and its backends' ids (in the
+/// order of `svc.backends`). Removing a service needs only these.
+pub(super) fn service_keys(svc: &Service, id: u32, backend_ids: &[u32], table_size: u32) -> Vec<MapEntryKey> {
+    let backends = backend_ids.iter().map(|b| MapEntryKey { map: BpfMap::Backends, key: b.to_bytes() });
+    let chunks = (0..chunks_of(svc, table_size) as u32)
+        .map(|chunk| MapEntryKey { map: BpfMap::Maglev, key: MaglevKey { svc_id: id, chunk }.to_bytes() });
+    let service = MapEntryKey { map: BpfMap::Services, key: key_of(svc).to_bytes() };
+    backends.chain(chunks).chain(std::iter::once(service)).collect()
+}
+
+/// One service's entries: `service_keys` with their values. The full
+/// compile and the incremental one (`incremental/`) both build services
+/// with this.
 pub(super) fn service_entries(
     svc: &Service,
     id: u32,
-    backend_id: impl Fn(&SocketAddr) -> u32,
+    backend_ids: &[u32],
     table_size: u32,
     meshes: &[Mesh],
 ) -> Vec<(MapEntryKey, Vec<u8>)> {
-    let mut out = Vec::with_capacity(svc.backends.len() + (table_size as usize).div_ceil(MAGLEV_CHUNK) + 1);
-    // Each backend's id looked up once, not once per slot (a quarter of a
-    // 60,000-service compile went to those lookups).
-    let ids: Vec<u32> = svc.backends.iter().map(|b| backend_id(&b.addr)).collect();
-    for (b, &bid) in svc.backends.iter().zip(&ids) {
-        let value = BackendValue { addr: abi::addr16(b.addr.ip()), port_be: b.addr.port().to_be(), pad: 0 };
-        out.push((MapEntryKey { map: BpfMap::Backends, key: bid.to_bytes() }, value.to_bytes()));
+    let mut values = Vec::with_capacity(backend_ids.len() + chunks_of(svc, table_size) + 1);
+    for b in &svc.backends {
+        values.push(BackendValue { addr: abi::addr16(b.addr.ip()), port_be: b.addr.port().to_be(), pad: 0 }.to_bytes());
     }
     let entries: Vec<Entry> = svc.backends.iter().map(|b| Entry { addr: b.addr, weight: b.weight }).collect();
-    let table = maglev::build(&entries, table_size);
-    for (c, slots) in table.chunks(MAGLEV_CHUNK).enumerate() {
+    for slots in maglev::build(&entries, table_size).chunks(MAGLEV_CHUNK) {
         let mut chunk = MaglevChunk { backend: [0; MAGLEV_CHUNK] };
         for (i, &b) in slots.iter().enumerate() {
-            chunk.backend[i] = ids[b as usize];
+            chunk.backend[i] = backend_ids[b as usize];
         }
-        let k = MaglevKey { svc_id: id, chunk: c as u32 };
-        out.push((MapEntryKey { map: BpfMap::Maglev, key: k.to_bytes() }, chunk.to_bytes()));
+        values.push(chunk.to_bytes());
     }
     // The sidecar owns a VIP:port that is also a mesh entry.
     let flags = if mesh::covers(meshes, svc.vip, svc.port, svc.protocol) { abi::SVC_F_MESH } else { 0 };
-    let value = SvcValue { id, backend_count: svc.backends.len() as u32, flags, table_size };
-    out.push((MapEntryKey { map: BpfMap::Services, key: key_of(svc).to_bytes() }, value.to_bytes()));
-    out
+    values.push(SvcValue { id, backend_count: svc.backends.len() as u32, flags, table_size }.to_bytes());
+    let keys = service_keys(svc, id, backend_ids, table_size);
+    debug_assert_eq!(keys.len(), values.len());
+    keys.into_iter().zip(values).collect()
 }

@@ -16,10 +16,10 @@ use std::hash::Hash;
 use std::net::SocketAddr;
 
 use crate::abi::{self, SvcKey};
-use crate::config::{Config, Service};
+use crate::config::{Backend, Config, Service};
 
 use super::bpfnat;
-use super::services::{chunks_of, key_of, owner_of, service_entries, table_size_of};
+use super::services::{chunks_of, key_of, owner_of, service_entries, service_keys, table_size_of};
 use super::state::*;
 use super::{HostFacts, Prior};
 
@@ -107,6 +107,13 @@ struct IdPool<K> {
     ids: HashMap<K, u32>,
     free: BTreeSet<u32>,
     next: u32,
+}
+
+impl IdPool<SocketAddr> {
+    /// The ids of a service's backends, in its order; `None` if one has none.
+    fn of(&self, backends: &[Backend]) -> Option<Vec<u32>> {
+        backends.iter().map(|b| self.get(&b.addr)).collect()
+    }
 }
 
 impl<K: Eq + Hash + Clone> IdPool<K> {
@@ -253,9 +260,9 @@ pub fn recompile(mut prev: Compiled, config: &Config, facts: &HostFacts) -> Opti
     let mut take_out = Vec::new();
     for s in &gone {
         let id = prev.service_ids.get(&key_of(s))?;
-        let entries = service_entries(s, id, |a| prev.backend_ids.get(a).unwrap_or(0), table_size_of(s, d), &[]);
+        let keys = service_keys(s, id, &prev.backend_ids.of(&s.backends)?, table_size_of(s, d));
         let route = if routes { bpfnat::service_route(&config.meshes, s).map(|(k, _)| k) } else { None };
-        take_out.push((owner_of(s), entries.into_iter().map(|(k, _)| k).collect::<Vec<_>>(), route));
+        take_out.push((owner_of(s), keys, route));
     }
 
     // Ids: a key or backend no longer used frees its id first; new ones
@@ -313,8 +320,8 @@ pub fn recompile(mut prev: Compiled, config: &Config, facts: &HostFacts) -> Opti
     for s in &came {
         let owner = owner_of(s);
         let id = prev.service_ids.get(&key_of(s))?;
-        let ids = &prev.backend_ids;
-        for (k, v) in service_entries(s, id, |a| ids.get(a).unwrap_or(0), table_size_of(s, d), &config.meshes) {
+        let ids = prev.backend_ids.of(&s.backends)?;
+        for (k, v) in service_entries(s, id, &ids, table_size_of(s, d), &config.meshes) {
             touched.map_entries.insert(k.clone());
             want(&mut out.map_entries, k, v, &owner);
         }
