@@ -13,7 +13,8 @@
 
 #include <linux/types.h>
 
-/* Map capacities (daemon/src/backends/bpf/objects.rs repeats them). */
+/* Map capacities as compiled: the defaults. The daemon creates each map at
+ * the size its [daemon] key sets (daemon/src/config/capacity.rs). */
 #define HM_MAX_SERVICES 65536
 #define HM_MAX_BACKENDS 65536
 #define HM_MAX_MAGLEV_CHUNKS 1048576
@@ -165,8 +166,7 @@ struct hm_sock_key {
 };
 _Static_assert(sizeof(struct hm_sock_key) == 4, "hm_sock_key layout");
 
-/* Default capacity of the mesh maps; [daemon] mesh_map_size overrides it
- * (4,096 at least). */
+/* Default capacity of the mesh maps; [daemon] mesh_map_size overrides it. */
 #define HM_MESH_MAP_SIZE 16384
 
 /* Gateway peers (probes/gateway.c). */

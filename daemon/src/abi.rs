@@ -203,21 +203,15 @@ const _: () = assert!(std::mem::size_of::<MaglevChunk>() == 256);
 const _: () = assert!(std::mem::size_of::<CtKey>() == 40);
 const _: () = assert!(std::mem::size_of::<CtValue>() == 32);
 
-/// Map capacities (`HM_MAX_*` in the header).
+/// Map capacities the probes declare (`HM_MAX_*` in the header); the
+/// defaults of the `[daemon]` size keys (config/capacity.rs), which the
+/// daemon applies when it creates the maps.
 pub const MAX_SERVICES: u32 = 65536;
 pub const MAX_BACKENDS: u32 = 65536;
 pub const MAX_MAGLEV_CHUNKS: u32 = 1_048_576;
-/// Default capacity of HM_CT (`HM_MAX_CONNTRACK`): `[daemon]
-/// conntrack_size` sets it, from MIN_CONNTRACK to MAX_CONNTRACK entries.
 pub const CONNTRACK_SIZE: u32 = 131072;
-pub const MIN_CONNTRACK: u32 = 4096;
-pub const MAX_CONNTRACK: u32 = 1 << 24;
 pub const MAX_REVERSE_SOCK: u32 = 131072;
-/// Default size of the mesh maps (`HM_MESH_MAP_SIZE`); configurable, 4,096
-/// at least.
 pub const MESH_MAP_SIZE: u32 = 16384;
-pub const MIN_MESH_MAP_SIZE: u32 = 4096;
-pub const MAX_MESH_MAP_SIZE: u32 = 1 << 20;
 
 /// probes/netns_cookie.c answers sockets that connect here over UDP
 /// (`HM_NETNS_COOKIE_ADDR`, `HM_NETNS_COOKIE_PORT`).

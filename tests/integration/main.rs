@@ -1,6 +1,7 @@
 //! Integration tests: the real hostmesh binary, run as root, in network
 //! namespaces each test creates (hm-testkit guards remove them).
 
+mod capacity;
 mod conntrack;
 mod fixtures;
 mod gateway;

@@ -103,20 +103,15 @@ pub trait BpfBackend {
     fn configure(&mut self, settings: &BpfSettings) -> Result<bool>;
     /// Why the sk_lookup program cannot be used here, if it cannot.
     fn sk_lookup_unavailable(&mut self) -> Option<String>;
-}
-
-/// Capacities the configuration decides.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MapSizes {
-    pub mesh: u32,
-    pub conntrack: u32,
-}
-
-impl Default for MapSizes {
-    fn default() -> Self {
-        MapSizes { mesh: crate::abi::MESH_MAP_SIZE, conntrack: crate::abi::CONNTRACK_SIZE }
+    /// After a sync that attached this build's programs: copies the flows
+    /// that the programs they replaced kept writing into maps retired by a
+    /// resize, then lets those maps go. Returns what it did, as sentences.
+    fn finish_migration(&mut self) -> Result<Vec<String>> {
+        Ok(Vec::new())
     }
 }
+
+pub use crate::config::MapSizes;
 
 /// What a conntrack sweep did and found.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

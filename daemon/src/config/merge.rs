@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
+use super::capacity::{Capacity, MapSizes};
 use super::error::{ConfigError, Origin};
 use super::types::*;
 
@@ -31,6 +32,8 @@ struct Registry {
     meshes: BTreeMap<(IpAddr, u16, Protocol), (String, Origin)>,
     daemon: Option<Origin>,
     gateway: Option<Origin>,
+    /// The capacities of the [daemon] section in force.
+    sizes: MapSizes,
     /// Capacity: services in force, and the distinct backend addresses.
     service_count: usize,
     backends: std::collections::HashSet<std::net::SocketAddr>,
@@ -114,19 +117,21 @@ impl Registry {
         errors
     }
 
-    /// The maps hold MAX_SERVICES services and MAX_BACKENDS distinct
-    /// backends in all: the file that would overflow them is rejected.
+    /// The maps hold `service_map_size` services and `backend_map_size`
+    /// distinct backends in all: the file that would overflow them is
+    /// rejected, and the files before it stay in force.
     fn over_capacity(&self, f: &FileConfig) -> Option<ConfigError> {
         let first = f.services.first()?;
         let services = self.service_count + f.services.len();
-        if services > crate::abi::MAX_SERVICES as usize {
+        if services > self.sizes.services as usize {
             return Some(conflict(
                 &first.origin,
                 "service",
                 format!(
-                    "this file's {} services would make {services} in all; hostmesh holds at most {}",
+                    "this file's {} services would make {services} in all; the service map holds {} (raise [daemon] {})",
                     f.services.len(),
-                    crate::abi::MAX_SERVICES
+                    self.sizes.services,
+                    Capacity::Services.key().key
                 ),
             ));
         }
@@ -138,13 +143,14 @@ impl Registry {
             .filter(|a| !self.backends.contains(a))
             .collect();
         let backends = self.backends.len() + new.len();
-        if backends > crate::abi::MAX_BACKENDS as usize {
+        if backends > self.sizes.backends as usize {
             return Some(conflict(
                 &first.origin,
                 "backends",
                 format!(
-                    "this file's backends would make {backends} distinct backend addresses in all; hostmesh holds at most {}",
-                    crate::abi::MAX_BACKENDS
+                    "this file's backends would make {backends} distinct backend addresses in all; the backend map holds {} (raise [daemon] {})",
+                    self.sizes.backends,
+                    Capacity::Backends.key().key
                 ),
             ));
         }
@@ -234,7 +240,31 @@ impl Registry {
 /// preference. Returns the configuration in force and, per file, which
 /// version was used.
 pub fn merge(files: &[(PathBuf, Vec<&FileConfig>)]) -> (Config, Vec<MergedFile>) {
-    let mut registry = Registry::default();
+    // The capacity checks need the [daemon] section in force, which only
+    // the merge decides: start from the first one offered, and merge again
+    // in the rare case that the section in force turned out to be another
+    // (its file rejected). Each pass changes which section is in force only
+    // by rejecting files, so a few passes settle it.
+    let mut sizes = first_daemon(files).map_or_else(MapSizes::default, |d| d.sizes);
+    let mut tried = Vec::new();
+    loop {
+        let (config, report) = merge_with(files, sizes);
+        if config.daemon.sizes == sizes || tried.contains(&config.daemon.sizes) || tried.len() >= 3 {
+            return (config, report);
+        }
+        tried.push(sizes);
+        sizes = config.daemon.sizes;
+    }
+}
+
+/// The [daemon] section the merge would most likely keep: the preferred
+/// version of the first file offering one.
+fn first_daemon<'a>(files: &'a [(PathBuf, Vec<&FileConfig>)]) -> Option<&'a DaemonSettings> {
+    files.iter().find_map(|(_, versions)| versions.iter().find_map(|v| v.daemon.as_ref()))
+}
+
+fn merge_with(files: &[(PathBuf, Vec<&FileConfig>)], sizes: MapSizes) -> (Config, Vec<MergedFile>) {
+    let mut registry = Registry { sizes, ..Registry::default() };
     let mut config = Config::default();
     let mut report = Vec::new();
     for (_path, versions) in files {

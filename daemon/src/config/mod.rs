@@ -4,6 +4,7 @@
 //! its own, `merge` enforces what must be unique across files, and `store`
 //! reads the dir and keeps each file's last good version.
 
+mod capacity;
 mod duration;
 mod error;
 mod merge;
@@ -13,6 +14,7 @@ mod store;
 mod types;
 mod validate;
 
+pub use capacity::{Capacity, MapSizes, SizeKey, SIZE_KEYS};
 pub use duration::{format_duration, parse_duration};
 pub use error::{clip, ConfigError, Origin, Source, QUOTE_MAX};
 pub use store::{

@@ -38,11 +38,13 @@ pub struct RawDaemon {
     /// hostmesh extension: idle timeouts of flows on the bpfnat veth path.
     pub conntrack_tcp_timeout: Option<S<String>>,
     pub conntrack_udp_timeout: Option<S<String>>,
-    /// hostmesh extension: capacity of the mesh maps.
-    pub mesh_map_size: Option<S<i64>>,
-    /// hostmesh extension: capacity of the veth path's conntrack (entries;
-    /// two per flow).
+    /// hostmesh extension: map capacities (config/capacity.rs).
+    pub service_map_size: Option<S<i64>>,
+    pub backend_map_size: Option<S<i64>>,
+    pub maglev_map_size: Option<S<i64>>,
     pub conntrack_size: Option<S<i64>>,
+    pub reverse_sock_map_size: Option<S<i64>>,
+    pub mesh_map_size: Option<S<i64>>,
     /// hostmesh extension: "auto" (TCX where the kernel has it) or
     /// "netlink" (clsact filters).
     pub tc_attach: Option<S<String>>,

@@ -499,7 +499,7 @@ fn hostmesh_keys_are_validated_too() {
     .unwrap()
     .daemon
     .unwrap();
-    assert_eq!((d.maglev_table_size, d.mesh_map_size, d.conntrack_tcp_timeout.as_secs()), (Some(251), 4096, 7200));
+    assert_eq!((d.maglev_table_size, d.sizes.mesh, d.conntrack_tcp_timeout.as_secs()), (Some(251), 4096, 7200));
 }
 
 #[test]
@@ -546,4 +546,83 @@ fn only_files_whose_text_changed_are_parsed_again() {
     let l = load(&dir, &mut store);
     assert_eq!(l.parsed_files, 1);
     assert_eq!(service_names(&l), ["aaa", "ccc"]);
+}
+
+/// `n` services of one backend each, named `{prefix}-{i}`, VIPs from
+/// 10.{base}.x.y.
+fn services_text(prefix: &str, base: u8, n: usize) -> String {
+    (0..n)
+        .map(|i| {
+            format!(
+                "[[service]]\nname = \"{prefix}-{i}\"\nvip = \"10.{base}.{}.{}\"\nport = 80\nbackends = [\"192.168.{base}.{}:80\"]\n",
+                i / 250,
+                i % 250 + 1,
+                i % 250 + 1
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn every_size_key_sets_its_capacity_within_its_range() {
+    for k in &SIZE_KEYS {
+        let text = format!("[daemon]\n{} = {}\n", k.key, k.max);
+        let d = parse_file(&Source::new(Path::new("t.toml"), &text)).unwrap().daemon.unwrap();
+        assert_eq!(d.sizes.get(k.capacity), k.max, "{}", k.key);
+        let mut want = MapSizes::default();
+        want.set(k.capacity, k.max);
+        assert_eq!(d.sizes, want, "{} sets only its own capacity", k.key);
+        assert_eq!(
+            one_error(&format!("[daemon]\n{} = {}\n", k.key, k.min - 1)),
+            format!(
+                "t.toml:2:{}: [daemon]: {} {} is out of range; use {} to {}",
+                k.key.len() + 4,
+                k.key,
+                k.min - 1,
+                k.min,
+                k.max
+            )
+        );
+    }
+}
+
+#[test]
+fn a_file_past_the_configured_service_capacity_is_rejected_alone() {
+    let d = Dir::new();
+    d.write("00-daemon.toml", "[daemon]\nservice_map_size = 1024\n");
+    d.write("a.toml", &services_text("a", 1, 1000));
+    d.write("b.toml", &services_text("b", 2, 30));
+    d.write("c.toml", &services_text("c", 3, 20));
+    let l = load(&d, &mut ConfigStore::new());
+    assert_eq!(l.config.services.len(), 1020, "a.toml and c.toml apply");
+    assert_eq!(l.files[2].state, FileState::Rejected);
+    assert_eq!(
+        l.files[2].errors[0].to_string(),
+        format!(
+            "{}:2:8: this file's 30 services would make 1030 in all; the service map holds 1024 (raise [daemon] service_map_size)",
+            d.0.join("b.toml").display()
+        )
+    );
+    assert_eq!(l.files[3].state, FileState::Applied);
+    // Raising the capacity takes the file in.
+    d.write("00-daemon.toml", "[daemon]\nservice_map_size = 2048\n");
+    let l = load(&d, &mut ConfigStore::new());
+    assert_eq!(l.config.services.len(), 1050);
+}
+
+#[test]
+fn the_capacity_of_a_daemon_section_in_a_later_file_applies_to_earlier_files() {
+    let d = Dir::new();
+    d.write("a.toml", &services_text("a", 1, 1000));
+    d.write("b.toml", &services_text("b", 2, 100));
+    d.write("z-daemon.toml", "[daemon]\nbackend_map_size = 1024\n");
+    let l = load(&d, &mut ConfigStore::new());
+    // a.toml's 250 backends and b.toml's 250 fit; the service map's
+    // default holds both files.
+    assert_eq!(l.config.services.len(), 1100);
+    d.write("z-daemon.toml", "[daemon]\nservice_map_size = 1024\n");
+    let l = load(&d, &mut ConfigStore::new());
+    assert_eq!(l.config.services.len(), 1000);
+    assert_eq!(l.files[1].state, FileState::Rejected);
+    assert!(l.files[1].errors[0].to_string().contains("the service map holds 1024"), "{:?}", l.files[1].errors);
 }

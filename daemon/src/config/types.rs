@@ -9,6 +9,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 use serde::Serialize;
 
+use super::capacity::MapSizes;
 use super::error::Origin;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -98,10 +99,8 @@ pub struct DaemonSettings {
     pub maglev_table_size: Option<u32>,
     pub conntrack_tcp_timeout: Duration,
     pub conntrack_udp_timeout: Duration,
-    /// Capacity of the mesh maps (entries, sidecar listeners).
-    pub mesh_map_size: u32,
-    /// Capacity of the veth path's conntrack map (entries; two per flow).
-    pub conntrack_size: u32,
+    /// Capacities of the maps (config/capacity.rs).
+    pub sizes: MapSizes,
     /// How TC programs are attached.
     pub tc_attach: TcAttachPref,
     pub origin: Option<Origin>,
@@ -118,8 +117,7 @@ impl Default for DaemonSettings {
             maglev_table_size: None,
             conntrack_tcp_timeout: DEFAULT_CONNTRACK_TCP_TIMEOUT,
             conntrack_udp_timeout: DEFAULT_CONNTRACK_UDP_TIMEOUT,
-            mesh_map_size: crate::abi::MESH_MAP_SIZE,
-            conntrack_size: crate::abi::CONNTRACK_SIZE,
+            sizes: MapSizes::default(),
             tc_attach: TcAttachPref::default(),
             origin: None,
         }

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use ipnet::IpNet;
 
+use super::capacity::{Capacity, SIZE_KEYS};
 use super::duration::parse_duration;
 use super::error::{ConfigError, Origin, Source};
 use super::schema::*;
@@ -113,6 +114,7 @@ impl Check<'_, '_> {
     fn daemon(&mut self, d: RawDaemon, origin: Origin) -> DaemonSettings {
         let ctx = "[daemon]";
         let mut out = DaemonSettings { origin: Some(origin), ..DaemonSettings::default() };
+        let raw_sizes: Vec<_> = SIZE_KEYS.iter().map(|k| (k, raw_size(&d, k.capacity).cloned())).collect();
         if let Some(v) = d.connect_time_lb {
             match v.get_ref().as_str() {
                 "all" => out.connect_time_lb = CtlbMode::All,
@@ -188,6 +190,17 @@ impl Check<'_, '_> {
                 out.maglev_table_size = Some(n);
             }
         }
+        for (k, v) in raw_sizes {
+            let Some(v) = v else { continue };
+            match u32::try_from(*v.get_ref()) {
+                Ok(n) if (k.min..=k.max).contains(&n) => out.sizes.set(k.capacity, n),
+                _ => self.fail(
+                    &v.span(),
+                    k.key,
+                    format!("{ctx}: {} {} is out of range; use {} to {}", k.key, v.get_ref(), k.min, k.max),
+                ),
+            }
+        }
         for (key, value, slot) in [
             ("conntrack_tcp_timeout", d.conntrack_tcp_timeout, &mut out.conntrack_tcp_timeout),
             ("conntrack_udp_timeout", d.conntrack_udp_timeout, &mut out.conntrack_udp_timeout),
@@ -201,31 +214,6 @@ impl Check<'_, '_> {
                     format!("{ctx}: {key} \"{}\" is out of range; use 1s to 49710d", v.get_ref()),
                 ),
                 Err(e) => self.fail(&v.span(), key, format!("{ctx}: {key} {e}")),
-            }
-        }
-        let sizes = [
-            (
-                "mesh_map_size",
-                d.mesh_map_size,
-                crate::abi::MIN_MESH_MAP_SIZE..=crate::abi::MAX_MESH_MAP_SIZE,
-                &mut out.mesh_map_size,
-            ),
-            (
-                "conntrack_size",
-                d.conntrack_size,
-                crate::abi::MIN_CONNTRACK..=crate::abi::MAX_CONNTRACK,
-                &mut out.conntrack_size,
-            ),
-        ];
-        for (key, value, range, slot) in sizes {
-            let Some(v) = value else { continue };
-            match u32::try_from(*v.get_ref()) {
-                Ok(n) if range.contains(&n) => *slot = n,
-                _ => self.fail(
-                    &v.span(),
-                    key,
-                    format!("{ctx}: {key} {} is out of range; use {} to {}", v.get_ref(), range.start(), range.end()),
-                ),
             }
         }
         out
@@ -617,6 +605,18 @@ pub fn is_object_name(name: &str) -> bool {
     matches!(chars.next(), Some(c) if c.is_ascii_lowercase() || c.is_ascii_digit())
         && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
         && name.len() <= MAX_NAME_LEN
+}
+
+/// The raw value of a capacity key.
+fn raw_size(d: &RawDaemon, c: Capacity) -> Option<&toml::Spanned<i64>> {
+    match c {
+        Capacity::Services => d.service_map_size.as_ref(),
+        Capacity::Backends => d.backend_map_size.as_ref(),
+        Capacity::MaglevChunks => d.maglev_map_size.as_ref(),
+        Capacity::Conntrack => d.conntrack_size.as_ref(),
+        Capacity::ReverseSock => d.reverse_sock_map_size.as_ref(),
+        Capacity::Mesh => d.mesh_map_size.as_ref(),
+    }
 }
 
 fn is_interface_name(name: &str) -> bool {

@@ -32,20 +32,20 @@ pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &mut Desi
     let backends: BTreeSet<SocketAddr> =
         config.services.iter().flat_map(|s| s.backends.iter().map(|b| b.addr)).collect();
     let (svc_ids, backend_ids) = match (
-        ids::assign(&keys, &prior.services, abi::MAX_SERVICES),
-        ids::assign(&backends, &prior.backends, abi::MAX_BACKENDS),
+        ids::assign(&keys, &prior.services, d.sizes.services),
+        ids::assign(&backends, &prior.backends, d.sizes.backends),
     ) {
         (Ok(s), Ok(b)) => (s, b),
         (Err(cap), _) => {
             out.warnings.push(format!(
-                "{} services are configured but hostmesh holds at most {cap}; no service is applied",
+                "{} services are configured but the service map holds {cap} (raise [daemon] service_map_size); no service is applied",
                 keys.len()
             ));
             return;
         }
         (_, Err(cap)) => {
             out.warnings.push(format!(
-                "{} distinct backends are configured but hostmesh holds at most {cap}; no service is applied",
+                "{} distinct backends are configured but the backend map holds {cap} (raise [daemon] backend_map_size); no service is applied",
                 backends.len()
             ));
             return;
@@ -66,7 +66,7 @@ pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &mut Desi
     };
     want(&mut out.map_entries, MapEntryKey { map: BpfMap::Config, key: 0u32.to_bytes() }, cfg.to_bytes(), OWNER);
 
-    let mut chunks_left = abi::MAX_MAGLEV_CHUNKS as usize;
+    let mut chunks_left = d.sizes.maglev_chunks as usize;
     for (n, svc) in config.services.iter().enumerate() {
         if n % STOP_CHECK_EVERY == 0 && stopping.load(Ordering::Relaxed) {
             return;
@@ -78,9 +78,10 @@ pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &mut Desi
         if chunks > 0 {
             if chunks > chunks_left {
                 out.warnings.push(format!(
-                    "service \"{}\" not applied: Maglev tables are full ({} chunks of {MAGLEV_CHUNK}); use a smaller maglev_table_size",
+                    "service \"{}\" not applied: Maglev tables are full ({} chunks of {MAGLEV_CHUNK} slots); raise [daemon] {} or use a smaller maglev_table_size",
                     svc.name,
-                    abi::MAX_MAGLEV_CHUNKS
+                    d.sizes.maglev_chunks,
+                    crate::config::Capacity::MaglevChunks.key().key
                 ));
                 continue;
             }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backends::{BackendError, Backends, BpfSettings, MapSizes};
+use crate::backends::{BackendError, Backends, BpfSettings};
 use crate::config::{Config, MeshBackend};
 use crate::model::incremental::{recompile, Compiled, Touched};
 use crate::model::{compile_unless_stopped, gateway, Desired, Observed, Prior};
@@ -101,8 +101,7 @@ impl Reconciler {
         // New map capacities replace maps, and another TC mode moves every
         // TC hook: the kernel must be re-read.
         let d = &config.daemon;
-        let sizes = MapSizes { mesh: d.mesh_map_size, conntrack: d.conntrack_size };
-        let settings = BpfSettings { sizes, tc_attach: d.tc_attach };
+        let settings = BpfSettings { sizes: d.sizes, tc_attach: d.tc_attach };
         let resized = match self.backends.bpf.configure(&settings) {
             Ok(r) => r,
             Err(e) => {
@@ -189,6 +188,15 @@ impl Reconciler {
             }
         }
         self.compiled = Some(compiled);
+        let mut notes = self.backends.bpf.take_notes();
+        if !stopped && errors.is_empty() {
+            // This build's programs now run on the resized maps: what the
+            // old ones wrote meanwhile is copied over.
+            match self.backends.bpf.finish_migration() {
+                Ok(more) => notes.extend(more),
+                Err(e) => notes.push(format!("finishing a map resize: {e}")),
+            }
+        }
         Ok(SyncOutcome {
             full,
             patched: touched.is_some(),
@@ -196,7 +204,7 @@ impl Reconciler {
             errors,
             bpf_unavailable,
             stopped,
-            notes: self.backends.bpf.take_notes(),
+            notes,
             duration: started.elapsed(),
         })
     }

@@ -12,6 +12,7 @@ pub mod features;
 pub mod netns_cookie;
 pub mod objects;
 pub mod pins;
+mod resize;
 pub mod sys;
 mod tc;
 
@@ -56,6 +57,8 @@ struct Loaded {
     /// is attached is this build's program.
     programs: BTreeMap<Program, ProgInfo>,
     maps: BTreeMap<&'static str, OwnedFd>,
+    /// Maps a resize replaced, until `finish_migration`.
+    retired: Vec<resize::Retired>,
 }
 
 fn bpf_err(op: impl Into<String>, detail: impl ToString) -> BackendError {
@@ -124,8 +127,9 @@ impl PinnedBpf {
         // Every map as the configuration sizes it: a pin of another size
         // is retired, and new maps are created at this size.
         let defs: Vec<MapDef> = MAPS.iter().map(|m| objects::map_def(m.name, &self.sizes)).collect();
+        let mut retired = Vec::new();
         for def in &defs {
-            self.retire_incompatible(def)?;
+            retired.extend(self.retire_incompatible(def)?);
         }
         let mut objects = Vec::new();
         let mut programs = BTreeMap::new();
@@ -148,7 +152,21 @@ impl PinnedBpf {
                 .map_err(|e| bpf_err(format!("open pinned map {}", def.name), e))?;
             maps.insert(def.name, fd);
         }
-        Ok(Loaded { objects, programs, maps })
+        // Resized maps are filled before any program of this build uses
+        // them (the sync attaches those later).
+        for r in &retired {
+            let copied = resize::copy_entries(r.old.as_fd(), maps[r.def.name].as_fd(), &r.def, false)
+                .map_err(|e| bpf_err(format!("copy {} into its resized map", r.def.name), e))?;
+            self.notes.push(format!(
+                "map {} resized from {} to {} entries: {} entries copied{}",
+                r.def.name,
+                r.old_entries,
+                r.def.max_entries,
+                copied.copied,
+                if copied.skipped > 0 { format!(", {} did not fit", copied.skipped) } else { String::new() }
+            ));
+        }
+        Ok(Loaded { objects, programs, maps, retired })
     }
 
     /// A map whose pin someone removed lives on while the daemon holds it:
@@ -168,22 +186,35 @@ impl PinnedBpf {
     /// A pinned map with another layout (an upgrade changed it) is unpinned
     /// so a new one is created. Programs still attached keep using the old
     /// map until this build's programs replace them (they show as
-    /// outdated: their maps differ), so traffic keeps flowing.
-    fn retire_incompatible(&mut self, def: &MapDef) -> Result<()> {
+    /// outdated: their maps differ), so traffic keeps flowing. A map that
+    /// differs only in capacity is resized instead: returned, still open,
+    /// for its entries to be copied into the new one.
+    fn retire_incompatible(&mut self, def: &MapDef) -> Result<Option<resize::Retired>> {
         let path = self.pins.map(def.name);
         let fd = match sys::obj_get(&path) {
             Ok(fd) => fd,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(bpf_err(format!("open pinned map {}", path.display()), e)),
         };
         let info = sys::map_info(fd.as_fd()).map_err(|e| bpf_err(format!("info of {}", path.display()), e))?;
-        let same = info.map_type == def.map_type
+        let same_layout = info.map_type == def.map_type
             && info.key_size == def.key_size
             && info.value_size == def.value_size
-            && info.max_entries == def.max_entries
             && info.flags == def.flags;
-        if !same {
-            self.notes.push(format!(
+        if same_layout && info.max_entries == def.max_entries {
+            return Ok(None);
+        }
+        unpin(&path).map_err(|e| bpf_err(format!("unpin {}", path.display()), e))?;
+        if same_layout && resize::copyable(def) {
+            return Ok(Some(resize::Retired { def: *def, old: fd, old_entries: info.max_entries }));
+        }
+        self.notes.push(if same_layout {
+            format!(
+                "map {} resized from {} to {} entries; sidecar listeners are registered again",
+                def.name, info.max_entries, def.max_entries
+            )
+        } else {
+            format!(
                 "pinned map {} has another layout (type {} key {} value {} entries {}); replacing it with this build's \
                  (type {} key {} value {} entries {})",
                 def.name,
@@ -195,18 +226,18 @@ impl PinnedBpf {
                 def.key_size,
                 def.value_size,
                 def.max_entries
-            ));
-            unpin(&path).map_err(|e| bpf_err(format!("unpin {}", path.display()), e))?;
-        }
-        Ok(())
+            )
+        });
+        Ok(None)
     }
 
     /// Loads the mesh object alone, with throwaway maps, to learn whether
     /// this kernel runs sk_lookup programs.
     fn probe_sk_lookup() -> Option<String> {
         let mut loader = EbpfLoader::new();
-        for name in objects::SIZED_BY_MESH {
-            loader.map_max_entries(name, crate::abi::MIN_MESH_MAP_SIZE);
+        let small = crate::config::Capacity::Mesh.key().min;
+        for def in MAPS.iter().filter(|d| objects::sized_by(d.name) == Some(crate::config::Capacity::Mesh)) {
+            loader.map_max_entries(def.name, small);
         }
         match loader.load(objects::MESH) {
             Ok(mut ebpf) => load_program(&mut ebpf, Program::Mesh).err().map(|e| e.to_string()),
@@ -538,6 +569,25 @@ impl BpfBackend for PinnedBpf {
 
     fn sk_lookup_unavailable(&mut self) -> Option<String> {
         self.sk_lookup.get_or_insert_with(Self::probe_sk_lookup).clone()
+    }
+
+    fn finish_migration(&mut self) -> Result<Vec<String>> {
+        let Some(loaded) = self.loaded.as_mut() else { return Ok(Vec::new()) };
+        let mut notes = Vec::new();
+        for r in std::mem::take(&mut loaded.retired) {
+            if !resize::written_by_programs(&r.def) {
+                continue;
+            }
+            let copied = resize::copy_entries(r.old.as_fd(), loaded.maps[r.def.name].as_fd(), &r.def, true)
+                .map_err(|e| bpf_err(format!("copy late flows of {} into its resized map", r.def.name), e))?;
+            if copied.copied > 0 {
+                notes.push(format!(
+                    "map {}: {} flows the replaced programs wrote during the resize were copied",
+                    r.def.name, copied.copied
+                ));
+            }
+        }
+        Ok(notes)
     }
 }
 

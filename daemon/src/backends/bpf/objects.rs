@@ -4,6 +4,7 @@
 
 use crate::abi;
 use crate::backends::MapSizes;
+use crate::config::Capacity;
 use crate::model::{BpfMap, Feature, KernelFeatures, Program};
 
 /// probes/service_nat.c: the bpfnat veth path.
@@ -129,18 +130,24 @@ pub const MAPS: &[MapDef] = &[
     ),
 ];
 
-/// Maps whose capacity the configuration sets.
-pub const SIZED_BY_MESH: [&str; 2] = ["HM_MESH", "HM_MESH_SOCKETS"];
-pub const SIZED_BY_CONNTRACK: [&str; 2] = ["HM_CT", "HM_CT_CLOSING"];
+/// The capacity key that sizes a map, if the configuration sizes it.
+pub fn sized_by(name: &str) -> Option<Capacity> {
+    Some(match name {
+        "HM_SERVICES" | "HM_SVC_STATS" => Capacity::Services,
+        "HM_BACKENDS" => Capacity::Backends,
+        "HM_MAGLEV" => Capacity::MaglevChunks,
+        "HM_CT" | "HM_CT_CLOSING" => Capacity::Conntrack,
+        "HM_REVERSE_SOCK" => Capacity::ReverseSock,
+        "HM_MESH" | "HM_MESH_SOCKETS" => Capacity::Mesh,
+        _ => return None,
+    })
+}
 
 /// A map's definition with the configured capacities applied.
 pub fn map_def(name: &str, sizes: &MapSizes) -> MapDef {
     let mut d = *MAPS.iter().find(|m| m.name == name).expect("every map hostmesh touches is in MAPS");
-    if SIZED_BY_MESH.contains(&name) {
-        d.max_entries = sizes.mesh;
-    }
-    if SIZED_BY_CONNTRACK.contains(&name) {
-        d.max_entries = sizes.conntrack;
+    if let Some(c) = sized_by(name) {
+        d.max_entries = sizes.get(c);
     }
     d
 }

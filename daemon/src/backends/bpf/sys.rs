@@ -86,8 +86,20 @@ pub fn map_lookup(fd: BorrowedFd<'_>, key: &[u8], value: &mut [u8]) -> io::Resul
 }
 
 pub fn map_update(fd: BorrowedFd<'_>, key: &[u8], value: &[u8]) -> io::Result<()> {
-    let mut attr =
-        Attr::new().u32(0, fd.as_raw_fd() as u32).u64(8, key.as_ptr() as u64).u64(16, value.as_ptr() as u64).u64(24, 0); // BPF_ANY
+    map_update_with(fd, key, value, BPF_ANY)
+}
+
+/// Create or replace.
+pub const BPF_ANY: u64 = 0;
+/// Create only: EEXIST when the key is there.
+pub const BPF_NOEXIST: u64 = 1;
+
+pub fn map_update_with(fd: BorrowedFd<'_>, key: &[u8], value: &[u8], flags: u64) -> io::Result<()> {
+    let mut attr = Attr::new()
+        .u32(0, fd.as_raw_fd() as u32)
+        .u64(8, key.as_ptr() as u64)
+        .u64(16, value.as_ptr() as u64)
+        .u64(24, flags);
     bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(|_| ())
 }
 

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::Hash;
 use std::net::SocketAddr;
 
-use crate::abi::{self, SvcKey};
+use crate::abi::SvcKey;
 use crate::config::{Backend, Config, Service};
 
 use super::bpfnat;
@@ -249,7 +249,7 @@ pub fn recompile(mut prev: Compiled, config: &Config, facts: &HostFacts) -> Opti
     let d = &config.daemon;
     let chunks = prev.chunks_used + came.iter().map(|s| chunks_of(s, table_size_of(s, d))).sum::<usize>()
         - gone.iter().map(|s| chunks_of(s, table_size_of(s, d))).sum::<usize>();
-    if chunks > abi::MAX_MAGLEV_CHUNKS as usize || config.services.len() > abi::MAX_SERVICES as usize {
+    if chunks > d.sizes.maglev_chunks as usize || config.services.len() > d.sizes.services as usize {
         return None;
     }
     prev.chunks_used = chunks;
@@ -294,16 +294,16 @@ pub fn recompile(mut prev: Compiled, config: &Config, facts: &HostFacts) -> Opti
             prev.backend_ids.release(&a);
         }
     }
-    if prev.backend_users.len() > abi::MAX_BACKENDS as usize {
+    if prev.backend_users.len() > d.sizes.backends as usize {
         return None;
     }
     for k in came_keys {
         if prev.service_ids.get(&k).is_none() {
-            prev.service_ids.assign(k, abi::MAX_SERVICES)?;
+            prev.service_ids.assign(k, d.sizes.services)?;
         }
     }
     for a in new_backends {
-        prev.backend_ids.assign(a, abi::MAX_BACKENDS)?;
+        prev.backend_ids.assign(a, d.sizes.backends)?;
     }
 
     let out = &mut prev.desired;

@@ -1,0 +1,122 @@
+//! Map capacities: which `[daemon]` key sizes what, its default and its
+//! range. This is the one table of them: validation, the capacity checks
+//! of the merge and the compile, the BPF backend (which sizes the maps
+//! when it creates them, and migrates pinned ones of another size) and the
+//! README follow it.
+
+use serde::Serialize;
+
+/// What one capacity key sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Capacity {
+    /// HM_SERVICES and HM_SVC_STATS (VIP:port/protocol entries).
+    Services,
+    /// HM_BACKENDS (distinct backend addresses).
+    Backends,
+    /// HM_MAGLEV (chunks of `MAGLEV_CHUNK` slots of Maglev tables).
+    MaglevChunks,
+    /// HM_CT and HM_CT_CLOSING (veth-path flows, two entries each).
+    Conntrack,
+    /// HM_REVERSE_SOCK (connect-time LB's UDP sockets, for their replies).
+    ReverseSock,
+    /// HM_MESH and HM_MESH_SOCKETS (mesh entries, sidecar listeners).
+    Mesh,
+}
+
+/// One capacity key: its name in `[daemon]`, default and accepted range.
+pub struct SizeKey {
+    pub capacity: Capacity,
+    pub key: &'static str,
+    pub default: u32,
+    pub min: u32,
+    pub max: u32,
+}
+
+/// Every capacity key. The defaults are the sizes the probes declare
+/// (`HM_MAX_*` in probes/hostmesh_abi.h); the maximum of the service and
+/// backend maps is past the 1,000,000 services large fleets plan for.
+pub const SIZE_KEYS: [SizeKey; 6] = [
+    SizeKey { capacity: Capacity::Services, key: "service_map_size", default: 65_536, min: 1024, max: 1 << 24 },
+    SizeKey { capacity: Capacity::Backends, key: "backend_map_size", default: 65_536, min: 1024, max: 1 << 24 },
+    SizeKey { capacity: Capacity::MaglevChunks, key: "maglev_map_size", default: 1 << 20, min: 1024, max: 1 << 26 },
+    SizeKey { capacity: Capacity::Conntrack, key: "conntrack_size", default: 131_072, min: 4096, max: 1 << 24 },
+    SizeKey {
+        capacity: Capacity::ReverseSock,
+        key: "reverse_sock_map_size",
+        default: 131_072,
+        min: 4096,
+        max: 1 << 24,
+    },
+    SizeKey { capacity: Capacity::Mesh, key: "mesh_map_size", default: 16_384, min: 4096, max: 1 << 20 },
+];
+
+impl Capacity {
+    pub fn key(self) -> &'static SizeKey {
+        SIZE_KEYS.iter().find(|k| k.capacity == self).expect("every capacity has a key")
+    }
+}
+
+/// The capacity of every configurable map, in entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MapSizes {
+    pub services: u32,
+    pub backends: u32,
+    pub maglev_chunks: u32,
+    pub conntrack: u32,
+    pub reverse_sock: u32,
+    pub mesh: u32,
+}
+
+impl MapSizes {
+    pub fn get(&self, c: Capacity) -> u32 {
+        match c {
+            Capacity::Services => self.services,
+            Capacity::Backends => self.backends,
+            Capacity::MaglevChunks => self.maglev_chunks,
+            Capacity::Conntrack => self.conntrack,
+            Capacity::ReverseSock => self.reverse_sock,
+            Capacity::Mesh => self.mesh,
+        }
+    }
+
+    pub fn set(&mut self, c: Capacity, n: u32) {
+        let slot = match c {
+            Capacity::Services => &mut self.services,
+            Capacity::Backends => &mut self.backends,
+            Capacity::MaglevChunks => &mut self.maglev_chunks,
+            Capacity::Conntrack => &mut self.conntrack,
+            Capacity::ReverseSock => &mut self.reverse_sock,
+            Capacity::Mesh => &mut self.mesh,
+        };
+        *slot = n;
+    }
+}
+
+impl Default for MapSizes {
+    fn default() -> Self {
+        let mut s = MapSizes { services: 0, backends: 0, maglev_chunks: 0, conntrack: 0, reverse_sock: 0, mesh: 0 };
+        for k in &SIZE_KEYS {
+            s.set(k.capacity, k.default);
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_sizes_the_probes_declare() {
+        let d = MapSizes::default();
+        assert_eq!(d.services, crate::abi::MAX_SERVICES);
+        assert_eq!(d.backends, crate::abi::MAX_BACKENDS);
+        assert_eq!(d.maglev_chunks, crate::abi::MAX_MAGLEV_CHUNKS);
+        assert_eq!(d.conntrack, crate::abi::CONNTRACK_SIZE);
+        assert_eq!(d.reverse_sock, crate::abi::MAX_REVERSE_SOCK);
+        assert_eq!(d.mesh, crate::abi::MESH_MAP_SIZE);
+        for k in &SIZE_KEYS {
+            assert!(k.min <= k.default && k.default <= k.max, "{}", k.key);
+        }
+    }
+}
