@@ -303,14 +303,16 @@ fn many_services(n: u32, changed: Option<u32>) -> String {
 }
 
 #[test]
-fn one_changed_service_among_tens_of_thousands_plans_only_its_own_entries() {
-    const N: u32 = 5_000;
+fn one_changed_service_among_100000_plans_only_its_own_entries() {
+    const N: u32 = 100_000;
+    const SIZED: &str = "[daemon]\nservice_map_size = 131072\n";
     let k = kernel();
     let mut r = reconciler(&k);
-    let first = r.sync(&config(&many_services(N, None)), false).unwrap();
+    let first = r.sync(&config(&format!("{SIZED}{}", many_services(N, None))), false).unwrap();
     assert!(first.errors.is_empty(), "{:?}", &first.errors[..3.min(first.errors.len())]);
-    // Service 777 moves to another backend.
-    let out = r.sync(&config(&many_services(N, Some(777))), false).unwrap();
+    assert!(r.desired().unwrap().warnings.is_empty(), "{:?}", r.desired().unwrap().warnings);
+    // Service 77,777 moves to another backend.
+    let out = r.sync(&config(&format!("{SIZED}{}", many_services(N, Some(77_777)))), false).unwrap();
     assert!(out.errors.is_empty(), "{:?}", out.errors);
     assert!(!out.full);
     // Its backend entry, its table's chunks (four at 251 slots), and the
