@@ -9,7 +9,7 @@
 //! becomes invalid keeps its last good version in force, and the config in
 //! force is always consistent.
 
-use std::collections::BTreeMap;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::path::PathBuf;
 
@@ -25,50 +25,52 @@ pub struct MergedFile {
     pub conflicts: Vec<ConfigError>,
 }
 
+/// What the files merged so far claim, borrowed from them (a merge of
+/// 100,000 services copies none of their names).
 #[derive(Default)]
-struct Registry {
-    names: BTreeMap<(&'static str, String), Origin>,
-    services: BTreeMap<(IpAddr, u16, Protocol), (String, Origin)>,
-    meshes: BTreeMap<(IpAddr, u16, Protocol), (String, Origin)>,
-    daemon: Option<Origin>,
-    gateway: Option<Origin>,
+struct Registry<'a> {
+    names: HashMap<(&'static str, &'a str), &'a Origin>,
+    services: HashMap<(IpAddr, u16, Protocol), (&'a str, &'a Origin)>,
+    meshes: HashMap<(IpAddr, u16, Protocol), (&'a str, &'a Origin)>,
+    daemon: Option<&'a Origin>,
+    gateway: Option<&'a Origin>,
     /// The capacities of the [daemon] section in force.
     sizes: MapSizes,
     /// Capacity: services in force, and the distinct backend addresses.
     service_count: usize,
-    backends: std::collections::HashSet<std::net::SocketAddr>,
+    backends: HashSet<std::net::SocketAddr>,
 }
 
 /// One claim a file makes on something that must be unique.
-enum Claim {
-    Name(&'static str, String, Origin),
-    Service((IpAddr, u16, Protocol), String, Origin),
-    Mesh((IpAddr, u16, Protocol), String, Origin),
-    Daemon(Origin),
-    Gateway(Origin),
+enum Claim<'a> {
+    Name(&'static str, &'a str, &'a Origin),
+    Service((IpAddr, u16, Protocol), &'a str, &'a Origin),
+    Mesh((IpAddr, u16, Protocol), &'a str, &'a Origin),
+    Daemon(&'a Origin),
+    Gateway(&'a Origin),
 }
 
-fn claims(f: &FileConfig) -> Vec<Claim> {
-    let mut out = Vec::new();
-    if let Some(origin) = f.daemon.as_ref().and_then(|d| d.origin.clone()) {
+fn claims(f: &FileConfig) -> Vec<Claim<'_>> {
+    let mut out = Vec::with_capacity(2 * (f.services.len() + f.meshes.len()) + f.peers.len() + f.members.len() + 2);
+    if let Some(origin) = f.daemon.as_ref().and_then(|d| d.origin.as_ref()) {
         out.push(Claim::Daemon(origin));
     }
     if let Some(g) = &f.gateway {
-        out.push(Claim::Gateway(g.origin.clone()));
+        out.push(Claim::Gateway(&g.origin));
     }
     for s in &f.services {
-        out.push(Claim::Name("service", s.name.clone(), s.origin.clone()));
-        out.push(Claim::Service((s.vip, s.port, s.protocol), s.name.clone(), s.origin.clone()));
+        out.push(Claim::Name("service", &s.name, &s.origin));
+        out.push(Claim::Service((s.vip, s.port, s.protocol), &s.name, &s.origin));
     }
     for m in &f.meshes {
-        out.push(Claim::Name("mesh", m.name.clone(), m.origin.clone()));
-        out.push(Claim::Mesh((m.vip, m.port, m.protocol), m.name.clone(), m.origin.clone()));
+        out.push(Claim::Name("mesh", &m.name, &m.origin));
+        out.push(Claim::Mesh((m.vip, m.port, m.protocol), &m.name, &m.origin));
     }
     for p in &f.peers {
-        out.push(Claim::Name("peer", p.name.clone(), p.origin.clone()));
+        out.push(Claim::Name("peer", &p.name, &p.origin));
     }
     for m in &f.members {
-        out.push(Claim::Name("member", m.name.clone(), m.origin.clone()));
+        out.push(Claim::Name("member", &m.name, &m.origin));
     }
     out
 }
@@ -91,9 +93,9 @@ fn port_text(port: u16) -> String {
     }
 }
 
-impl Registry {
+impl<'a> Registry<'a> {
     /// Adds every claim of `f`, or none of them and returns why.
-    fn try_add(&mut self, f: &FileConfig) -> Vec<ConfigError> {
+    fn try_add(&mut self, f: &'a FileConfig) -> Vec<ConfigError> {
         if let Some(e) = self.over_capacity(f) {
             return vec![e];
         }
@@ -135,7 +137,7 @@ impl Registry {
                 ),
             ));
         }
-        let new: std::collections::HashSet<_> = f
+        let new: HashSet<_> = f
             .services
             .iter()
             .flat_map(|s| &s.backends)
@@ -157,13 +159,13 @@ impl Registry {
         None
     }
 
-    fn check_and_insert(&mut self, claim: &Claim) -> Result<(), ConfigError> {
+    fn check_and_insert(&mut self, claim: &Claim<'a>) -> Result<(), ConfigError> {
         match claim {
             Claim::Name(kind, name, origin) => {
-                if let Some(first) = self.names.get(&(*kind, name.clone())) {
+                if let Some(first) = self.names.get(&(*kind, *name)) {
                     return Err(conflict(origin, "name", format!("{kind} name \"{name}\" is already used at {first}")));
                 }
-                self.names.insert((*kind, name.clone()), origin.clone());
+                self.names.insert((*kind, name), origin);
             }
             Claim::Service(key, name, origin) => {
                 if let Some((other, at)) = self.services.get(key) {
@@ -178,7 +180,7 @@ impl Registry {
                         ),
                     ));
                 }
-                self.services.insert(*key, (name.clone(), origin.clone()));
+                self.services.insert(*key, (name, origin));
             }
             Claim::Mesh(key, name, origin) => {
                 if let Some((other, at)) = self.meshes.get(key) {
@@ -193,36 +195,36 @@ impl Registry {
                         ),
                     ));
                 }
-                self.meshes.insert(*key, (name.clone(), origin.clone()));
+                self.meshes.insert(*key, (name, origin));
             }
             Claim::Daemon(origin) => {
-                if let Some(first) = &self.daemon {
+                if let Some(first) = self.daemon {
                     return Err(conflict(
                         origin,
                         "daemon",
                         format!("[daemon] is already declared at {first}; only one file may have it"),
                     ));
                 }
-                self.daemon = Some(origin.clone());
+                self.daemon = Some(origin);
             }
             Claim::Gateway(origin) => {
-                if let Some(first) = &self.gateway {
+                if let Some(first) = self.gateway {
                     return Err(conflict(
                         origin,
                         "gateway",
                         format!("[gateway] is already declared at {first}; only one file may have it"),
                     ));
                 }
-                self.gateway = Some(origin.clone());
+                self.gateway = Some(origin);
             }
         }
         Ok(())
     }
 
-    fn remove(&mut self, claim: &Claim) {
+    fn remove(&mut self, claim: &Claim<'a>) {
         match claim {
             Claim::Name(kind, name, _) => {
-                self.names.remove(&(*kind, name.clone()));
+                self.names.remove(&(*kind, *name));
             }
             Claim::Service(key, ..) => {
                 self.services.remove(key);
@@ -239,7 +241,7 @@ impl Registry {
 /// Merges files (in the given order), each offering versions in order of
 /// preference. Returns the configuration in force and, per file, which
 /// version was used.
-pub fn merge(files: &[(PathBuf, Vec<&FileConfig>)]) -> (Config, Vec<MergedFile>) {
+pub fn merge<'a>(files: &'a [(PathBuf, Vec<&'a FileConfig>)]) -> (Config, Vec<MergedFile>) {
     // The capacity checks need the [daemon] section in force, which only
     // the merge decides: start from the first one offered, and merge again
     // in the rare case that the section in force turned out to be another
@@ -263,8 +265,21 @@ fn first_daemon<'a>(files: &'a [(PathBuf, Vec<&FileConfig>)]) -> Option<&'a Daem
     files.iter().find_map(|(_, versions)| versions.iter().find_map(|v| v.daemon.as_ref()))
 }
 
-fn merge_with(files: &[(PathBuf, Vec<&FileConfig>)], sizes: MapSizes) -> (Config, Vec<MergedFile>) {
-    let mut registry = Registry { sizes, ..Registry::default() };
+fn merge_with<'a>(files: &'a [(PathBuf, Vec<&'a FileConfig>)], sizes: MapSizes) -> (Config, Vec<MergedFile>) {
+    // Sized once for every file's objects: growing maps of 100,000 names
+    // rehash them again and again.
+    let (services, meshes) = files
+        .iter()
+        .filter_map(|(_, v)| v.first())
+        .fold((0, 0), |(s, m), f| (s + f.services.len(), m + f.meshes.len()));
+    let mut registry = Registry {
+        sizes,
+        names: HashMap::with_capacity(services + meshes),
+        services: HashMap::with_capacity(services),
+        meshes: HashMap::with_capacity(meshes),
+        backends: HashSet::with_capacity(services),
+        ..Registry::default()
+    };
     let mut config = Config::default();
     let mut report = Vec::new();
     for (_path, versions) in files {

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -69,18 +70,60 @@ pub struct DirError {
 /// (parsing is a function of the path and the bytes alone).
 #[derive(Debug, Default)]
 pub struct ConfigStore {
-    last_good: BTreeMap<PathBuf, FileConfig>,
+    last_good: BTreeMap<PathBuf, Arc<FileConfig>>,
     parsed: BTreeMap<PathBuf, Parsed>,
     /// Files parsed since the store was made.
     parses: usize,
+    /// Files read since the store was made.
+    reads: usize,
 }
 
-/// One file's text, by its length and hash, and what it parsed to.
+/// What one file parsed to: shared between loads (an unchanged file of
+/// 100,000 services is not copied), or its errors.
+type FileResult = Result<Arc<FileConfig>, Vec<ConfigError>>;
+
+/// One file's text, by its length and hash, and what it parsed to; and
+/// the file's identity and times when it was read.
 #[derive(Debug, Clone)]
 struct Parsed {
     len: usize,
     hash: u64,
-    result: Result<FileConfig, Vec<ConfigError>>,
+    stamp: Stamp,
+    result: FileResult,
+}
+
+/// What changes when a file is written, replaced or re-permissioned:
+/// device and inode, size, and the modification and change times (ns).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(m: &fs::Metadata) -> Stamp {
+        use std::os::unix::fs::MetadataExt;
+        Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        }
+    }
+}
+
+/// Which files a load reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reread {
+    /// Every file, whole (its hash decides whether it is parsed again).
+    All,
+    /// Only files whose stamp changed: a file event's load costs what
+    /// changed, not the size of the whole config.
+    Changed,
 }
 
 fn text_hash(bytes: &[u8]) -> u64 {
@@ -95,8 +138,24 @@ impl ConfigStore {
         Self::default()
     }
 
-    /// Reads the whole dir and returns the configuration in force.
+    /// How many files this store has read (opened and read whole).
+    pub fn reads(&self) -> usize {
+        self.reads
+    }
+
+    /// Reads every file of the dir and returns the configuration in
+    /// force (SIGHUP, the periodic resync, the first load).
     pub fn load(&mut self, dir: &Path) -> Result<Loaded, DirError> {
+        self.load_with(dir, Reread::All)
+    }
+
+    /// As `load`, reading only the files whose inode, size or times
+    /// changed since they were last read (after a file event).
+    pub fn load_changed(&mut self, dir: &Path) -> Result<Loaded, DirError> {
+        self.load_with(dir, Reread::Changed)
+    }
+
+    fn load_with(&mut self, dir: &Path, reread: Reread) -> Result<Loaded, DirError> {
         let (paths, mut skipped) = list_drop_ins(dir).map_err(|source| DirError { dir: dir.to_path_buf(), source })?;
         // A dir others can write lets them plant drop-ins: nothing in it
         // is obeyed.
@@ -104,14 +163,14 @@ impl ConfigStore {
 
         // Parse every file alone. One still being written counts as its
         // last good version (or as absent) until its writer closes it.
-        let mut parsed: Vec<(PathBuf, Result<FileConfig, Vec<ConfigError>>)> = Vec::new();
+        let mut parsed: Vec<(PathBuf, FileResult)> = Vec::new();
         let parses_before = self.parses;
         for p in paths {
             if let Some(u) = &dir_unsafe {
                 parsed.push((p.clone(), Err(vec![whole_file_error(&p, format!("not read: {u}"))])));
                 continue;
             }
-            match self.read_and_parse(&p) {
+            match self.read_and_parse(&p, reread) {
                 Ok(r) => parsed.push((p, r)),
                 Err(NotRead { errors: Some(errors), .. }) => parsed.push((p, Err(errors))),
                 Err(reason) => match self.last_good.get(&p) {
@@ -128,11 +187,14 @@ impl ConfigStore {
             .map(|(path, result)| {
                 let mut versions = Vec::new();
                 if let Ok(new) = result {
-                    versions.push(new);
+                    versions.push(&**new);
                 }
                 if let Some(old) = self.last_good.get(path) {
-                    if versions.first() != Some(&old) {
-                        versions.push(old);
+                    // The same parse (unchanged text) is the same Arc: no
+                    // need to compare 100,000 services to learn it.
+                    let same = result.as_ref().is_ok_and(|new| Arc::ptr_eq(new, old) || **new == **old);
+                    if !same {
+                        versions.push(&**old);
                     }
                 }
                 (path.clone(), versions)
@@ -259,15 +321,37 @@ impl NotRead {
 impl ConfigStore {
     /// A file read whole and parsed, or its earlier parse when its text is
     /// the same as then.
-    fn read_and_parse(&mut self, path: &Path) -> Result<Result<FileConfig, Vec<ConfigError>>, NotRead> {
+    fn read_and_parse(&mut self, path: &Path, reread: Reread) -> Result<FileResult, NotRead> {
+        // Stamped before reading: a write in between changes the stamp
+        // after it, and the next load reads the file again.
+        let stamp = fs::metadata(path).ok().filter(|m| m.is_file()).map(|m| (Stamp::of(&m), m));
+        if let (Reread::Changed, Some((stamp, meta)), Some(p)) = (reread, &stamp, self.parsed.get(path)) {
+            use std::os::unix::fs::MetadataExt;
+            if p.stamp == *stamp && crate::state::check_trusted(path, meta.uid(), meta.mode()).is_ok() {
+                return Ok(p.result.clone());
+            }
+        }
+        self.reads += 1;
         let bytes = read_whole(path)?;
         let (len, hash) = (bytes.len(), text_hash(&bytes));
-        if let Some(p) = self.parsed.get(path).filter(|p| p.len == len && p.hash == hash) {
+        let stamp = stamp.map(|(s, _)| s);
+        if let Some(p) = self.parsed.get_mut(path).filter(|p| p.len == len && p.hash == hash) {
+            if let Some(s) = stamp {
+                p.stamp = s;
+            }
             return Ok(p.result.clone());
         }
-        let result = parse_bytes(path, bytes);
+        let result = parse_bytes(path, bytes).map(Arc::new);
         self.parses += 1;
-        self.parsed.insert(path.to_path_buf(), Parsed { len, hash, result: result.clone() });
+        match stamp {
+            Some(stamp) => {
+                self.parsed.insert(path.to_path_buf(), Parsed { len, hash, stamp, result: result.clone() });
+            }
+            // Not statable (gone meanwhile): not cached.
+            None => {
+                self.parsed.remove(path);
+            }
+        }
         Ok(result)
     }
 }

@@ -626,3 +626,30 @@ fn the_capacity_of_a_daemon_section_in_a_later_file_applies_to_earlier_files() {
     assert_eq!(l.files[1].state, FileState::Rejected);
     assert!(l.files[1].errors[0].to_string().contains("the service map holds 1024"), "{:?}", l.files[1].errors);
 }
+
+#[test]
+fn a_load_after_file_events_reads_only_files_whose_stamp_changed() {
+    let dir = Dir::new();
+    let mut store = ConfigStore::new();
+    dir.write("a.toml", "[[service]]\nname = \"aaa\"\nvip = \"10.0.0.1\"\nport = 80\n");
+    dir.write("b.toml", "[[service]]\nname = \"bbb\"\nvip = \"10.0.0.2\"\nport = 80\n");
+    store.load_changed(&dir.0).unwrap();
+    assert_eq!(store.reads(), 2, "the first load reads every file");
+    store.load_changed(&dir.0).unwrap();
+    assert_eq!(store.reads(), 2, "nothing changed: nothing read");
+    // Other text of the same length: its times changed, so it is read.
+    dir.write("b.toml", "[[service]]\nname = \"ccc\"\nvip = \"10.0.0.2\"\nport = 80\n");
+    let l = store.load_changed(&dir.0).unwrap();
+    assert_eq!(store.reads(), 3);
+    assert_eq!(service_names(&l), ["aaa", "ccc"]);
+    // A permission change is seen too (its ctime moves): a file others may
+    // write is rejected, though its text is the same.
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(dir.0.join("a.toml"), fs::Permissions::from_mode(0o666)).unwrap();
+    let l = store.load_changed(&dir.0).unwrap();
+    assert_eq!(l.files[0].state, FileState::RejectedKeepingLastGood);
+    assert!(l.files[0].errors[0].message.contains("writable by group and others"), "{:?}", l.files[0]);
+    // A full load reads every file again.
+    store.load(&dir.0).unwrap();
+    assert_eq!(store.reads(), 6);
+}

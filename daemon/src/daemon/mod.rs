@@ -99,6 +99,8 @@ struct Daemon {
     started_at: u64,
     ready: bool,
     last_summary: SyncSummary,
+    /// How long the last sync took to read and merge the config dir.
+    load_time: Duration,
     last_outcome: Option<SyncOutcome>,
     registrar: Registrar,
     /// Probes peer gateways (gateways with peers only).
@@ -174,6 +176,7 @@ pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
         started_at: report::now_unix(),
         ready: false,
         last_summary: SyncSummary::default(),
+        load_time: Duration::ZERO,
         last_outcome: None,
         registrar: Registrar::new(&paths.bpffs),
         health: None,
@@ -377,7 +380,15 @@ impl Daemon {
     /// One sync. Returns false if it could not complete (the kernel could
     /// not be read), in which case it is retried soon as a full resync.
     fn sync(&mut self, full: bool) -> bool {
-        match self.store.load(&self.paths.config_dir) {
+        let reading = Instant::now();
+        // A full sync re-reads every file; one after file events reads the
+        // files that changed.
+        let loaded = if full {
+            self.store.load(&self.paths.config_dir)
+        } else {
+            self.store.load_changed(&self.paths.config_dir)
+        };
+        match loaded {
             Ok(loaded) => self.loaded = loaded,
             Err(e) => {
                 // Keep the configuration in force: a vanished dir must not
@@ -392,6 +403,7 @@ impl Daemon {
                     "in_force" => if f.state == crate::config::FileState::Rejected { "nothing" } else { "last good version" });
             }
         }
+        self.load_time = reading.elapsed();
         self.generation += 1;
         self.track_peers();
         let result = self.reconciler.sync(&self.loaded.config, full);
@@ -560,6 +572,7 @@ impl Daemon {
         }
         info!(self.log, "sync done"; "generation" => self.generation, "full" => o.full, "patched" => o.patched, "steps" => o.steps.len(),
             "errors" => o.errors.len(), "duration_ms" => o.duration.as_millis() as u64,
+            "config_read_ms" => self.load_time.as_millis() as u64,
             "services" => self.loaded.config.services.len(), "rejected_files" => self.loaded.rejected().count(),
             "parsed_files" => self.loaded.parsed_files);
     }
