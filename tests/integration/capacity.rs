@@ -133,7 +133,10 @@ fn wait_patched(t: &Topology, generation: u64, written: Instant, what: &str) -> 
 #[test]
 fn at_100000_services_a_vip_answers_and_one_service_beside_them_comes_changes_and_goes() {
     let _serial = serial();
-    let t = Topology::new("connect_time_lb = \"all\"\nservice_map_size = 131072\nbackend_map_size = 131072");
+    // No periodic resync: each sync the test waits for is its edit's.
+    let t = Topology::new(
+        "connect_time_lb = \"all\"\nservice_map_size = 131072\nbackend_map_size = 131072\nresync_interval = \"1h\"",
+    );
     let n = fleet();
     t.host.write("fleet.toml", &many_services(n));
     // The router behind the host's default route owns the added service's

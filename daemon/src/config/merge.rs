@@ -16,6 +16,8 @@ use std::path::PathBuf;
 use super::capacity::{Capacity, MapSizes};
 use super::error::{ConfigError, Origin};
 use super::types::*;
+use crate::abi::MAGLEV_CHUNK;
+use crate::model::maglev_chunks;
 
 /// The outcome for one file: which of its offered versions is in force
 /// (if any), and why the preferred one was not.
@@ -35,9 +37,12 @@ struct Registry<'a> {
     daemon: Option<&'a Origin>,
     gateway: Option<&'a Origin>,
     /// The capacities of the [daemon] section in force.
-    sizes: MapSizes,
-    /// Capacity: services in force, and the distinct backend addresses.
+    limits: Limits,
+    /// Capacity: services, mesh entries and Maglev chunks in force, and
+    /// the distinct backend addresses.
     service_count: usize,
+    mesh_count: usize,
+    chunk_count: usize,
     backends: HashSet<std::net::SocketAddr>,
 }
 
@@ -114,6 +119,8 @@ impl<'a> Registry<'a> {
             }
         } else {
             self.service_count += f.services.len();
+            self.mesh_count += f.meshes.len();
+            self.chunk_count += self.chunks_of(f);
             self.backends.extend(f.services.iter().flat_map(|s| &s.backends).map(|b| b.addr));
         }
         errors
@@ -123,16 +130,43 @@ impl<'a> Registry<'a> {
     /// distinct backends in all: the file that would overflow them is
     /// rejected, and the files before it stay in force.
     fn over_capacity(&self, f: &FileConfig) -> Option<ConfigError> {
+        if let Some(first) = f.meshes.first() {
+            let meshes = self.mesh_count + f.meshes.len();
+            if meshes > self.limits.sizes.mesh as usize {
+                return Some(conflict(
+                    &first.origin,
+                    "mesh",
+                    format!(
+                        "this file's {} mesh entries would make {meshes} in all; the mesh map holds {} (raise [daemon] {})",
+                        f.meshes.len(),
+                        self.limits.sizes.mesh,
+                        Capacity::Mesh.key().key
+                    ),
+                ));
+            }
+        }
         let first = f.services.first()?;
+        let chunks = self.chunk_count + self.chunks_of(f);
+        if chunks > self.limits.sizes.maglev_chunks as usize {
+            return Some(conflict(
+                &first.origin,
+                "service",
+                format!(
+                    "this file's Maglev tables would make {chunks} chunks of {MAGLEV_CHUNK} slots in all; the Maglev map holds {} (raise [daemon] {}, or use a smaller maglev_table_size)",
+                    self.limits.sizes.maglev_chunks,
+                    Capacity::MaglevChunks.key().key
+                ),
+            ));
+        }
         let services = self.service_count + f.services.len();
-        if services > self.sizes.services as usize {
+        if services > self.limits.sizes.services as usize {
             return Some(conflict(
                 &first.origin,
                 "service",
                 format!(
                     "this file's {} services would make {services} in all; the service map holds {} (raise [daemon] {})",
                     f.services.len(),
-                    self.sizes.services,
+                    self.limits.sizes.services,
                     Capacity::Services.key().key
                 ),
             ));
@@ -145,18 +179,23 @@ impl<'a> Registry<'a> {
             .filter(|a| !self.backends.contains(a))
             .collect();
         let backends = self.backends.len() + new.len();
-        if backends > self.sizes.backends as usize {
+        if backends > self.limits.sizes.backends as usize {
             return Some(conflict(
                 &first.origin,
                 "backends",
                 format!(
                     "this file's backends would make {backends} distinct backend addresses in all; the backend map holds {} (raise [daemon] {})",
-                    self.sizes.backends,
+                    self.limits.sizes.backends,
                     Capacity::Backends.key().key
                 ),
             ));
         }
         None
+    }
+
+    /// The HM_MAGLEV chunks a file's services take.
+    fn chunks_of(&self, f: &FileConfig) -> usize {
+        f.services.iter().map(|s| maglev_chunks(s, self.limits.maglev_table_size)).sum()
     }
 
     fn check_and_insert(&mut self, claim: &Claim<'a>) -> Result<(), ConfigError> {
@@ -247,15 +286,29 @@ pub fn merge<'a>(files: &'a [(PathBuf, Vec<&'a FileConfig>)]) -> (Config, Vec<Me
     // in the rare case that the section in force turned out to be another
     // (its file rejected). Each pass changes which section is in force only
     // by rejecting files, so a few passes settle it.
-    let mut sizes = first_daemon(files).map_or_else(MapSizes::default, |d| d.sizes);
+    let mut limits = first_daemon(files).map_or_else(Limits::default, Limits::of);
     let mut tried = Vec::new();
     loop {
-        let (config, report) = merge_with(files, sizes);
-        if config.daemon.sizes == sizes || tried.contains(&config.daemon.sizes) || tried.len() >= 3 {
+        let (config, report) = merge_with(files, limits);
+        let in_force = Limits::of(&config.daemon);
+        if in_force == limits || tried.contains(&in_force) || tried.len() >= 3 {
             return (config, report);
         }
-        tried.push(sizes);
-        sizes = config.daemon.sizes;
+        tried.push(limits);
+        limits = in_force;
+    }
+}
+
+/// What of the [daemon] section the capacity checks need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Limits {
+    sizes: MapSizes,
+    maglev_table_size: Option<u32>,
+}
+
+impl Limits {
+    fn of(d: &DaemonSettings) -> Limits {
+        Limits { sizes: d.sizes, maglev_table_size: d.maglev_table_size }
     }
 }
 
@@ -265,7 +318,7 @@ fn first_daemon<'a>(files: &'a [(PathBuf, Vec<&FileConfig>)]) -> Option<&'a Daem
     files.iter().find_map(|(_, versions)| versions.iter().find_map(|v| v.daemon.as_ref()))
 }
 
-fn merge_with<'a>(files: &'a [(PathBuf, Vec<&'a FileConfig>)], sizes: MapSizes) -> (Config, Vec<MergedFile>) {
+fn merge_with<'a>(files: &'a [(PathBuf, Vec<&'a FileConfig>)], limits: Limits) -> (Config, Vec<MergedFile>) {
     // Sized once for every file's objects: growing maps of 100,000 names
     // rehash them again and again.
     let (services, meshes) = files
@@ -273,7 +326,7 @@ fn merge_with<'a>(files: &'a [(PathBuf, Vec<&'a FileConfig>)], sizes: MapSizes) 
         .filter_map(|(_, v)| v.first())
         .fold((0, 0), |(s, m), f| (s + f.services.len(), m + f.meshes.len()));
     let mut registry = Registry {
-        sizes,
+        limits,
         names: HashMap::with_capacity(services + meshes),
         services: HashMap::with_capacity(services),
         meshes: HashMap::with_capacity(meshes),

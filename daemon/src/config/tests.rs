@@ -653,3 +653,45 @@ fn a_load_after_file_events_reads_only_files_whose_stamp_changed() {
     store.load(&dir.0).unwrap();
     assert_eq!(store.reads(), 6);
 }
+
+#[test]
+fn files_past_the_maglev_and_mesh_capacities_are_rejected_alone() {
+    let d = Dir::new();
+    // 251 slots: 4 chunks a table; 1,024 chunks hold 256 tables.
+    d.write("00-daemon.toml", "[daemon]\nmaglev_map_size = 1024\nmaglev_table_size = 251\n");
+    d.write("a.toml", &services_text("a", 1, 200));
+    d.write("b.toml", &services_text("b", 2, 60));
+    d.write("c.toml", &services_text("c", 3, 56));
+    let l = load(&d, &mut ConfigStore::new());
+    assert_eq!(l.config.services.len(), 256, "a.toml and c.toml fill the map exactly");
+    assert_eq!(l.files[2].state, FileState::Rejected);
+    assert_eq!(
+        l.files[2].errors[0].message,
+        "this file's Maglev tables would make 1040 chunks of 64 slots in all; the Maglev map holds 1024 \
+         (raise [daemon] maglev_map_size, or use a smaller maglev_table_size)"
+    );
+
+    let meshes = |prefix: &str, base: u8, n: usize| -> String {
+        (0..n)
+            .map(|i| {
+                format!(
+                    "[[mesh]]\nname = \"{prefix}-{i}\"\nvip = \"10.{base}.{}.{}\"\nport = 80\nredirect_port = 15001\n",
+                    i / 250,
+                    i % 250 + 1
+                )
+            })
+            .collect()
+    };
+    let d = Dir::new();
+    d.write("00-daemon.toml", "[daemon]\nmesh_map_size = 4096\n");
+    d.write("a.toml", &meshes("a", 1, 4000));
+    d.write("b.toml", &meshes("b", 2, 100));
+    let l = load(&d, &mut ConfigStore::new());
+    assert_eq!(l.config.meshes.len(), 4000);
+    assert_eq!(
+        l.files[2].errors[0].message,
+        "this file's 100 mesh entries would make 4100 in all; the mesh map holds 4096 (raise [daemon] mesh_map_size)"
+    );
+    d.write("00-daemon.toml", "[daemon]\nmesh_map_size = 8192\n");
+    assert_eq!(load(&d, &mut ConfigStore::new()).config.meshes.len(), 4100);
+}

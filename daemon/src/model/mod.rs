@@ -10,6 +10,7 @@ mod kernel;
 pub mod maglev;
 mod mesh;
 mod services;
+pub use services::maglev_chunks;
 mod state;
 
 use std::collections::BTreeSet;

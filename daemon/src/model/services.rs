@@ -122,7 +122,19 @@ pub(super) fn owner_of(s: &Service) -> String {
 /// The service's Maglev table size: its own, `[daemon]`'s, or sized from
 /// its backend count.
 pub(super) fn table_size_of(s: &Service, d: &DaemonSettings) -> u32 {
-    s.maglev_table_size.or(d.maglev_table_size).unwrap_or_else(|| maglev::table_size_for(s.backends.len()))
+    table_size(s, d.maglev_table_size)
+}
+
+/// A service's Maglev table size: its own, else `[daemon]`'s, else sized
+/// from its backends.
+fn table_size(s: &Service, default: Option<u32>) -> u32 {
+    s.maglev_table_size.or(default).unwrap_or_else(|| maglev::table_size_for(s.backends.len()))
+}
+
+/// The HM_MAGLEV chunks a service takes with `[daemon] maglev_table_size`
+/// `default` (the merge's capacity check counts them file by file).
+pub fn maglev_chunks(s: &Service, default: Option<u32>) -> usize {
+    chunks_of(s, table_size(s, default))
 }
 
 /// The HM_MAGLEV chunks the service takes from the shared capacity (none
