@@ -103,13 +103,13 @@ fn one_service(backend: &str) -> String {
     format!("[[service]]\nname = \"added\"\nvip = \"10.99.0.1\"\nport = 80\nbackends = [\"{backend}\"]\n")
 }
 
-/// 100,000 services, as the largest fleets give every host; a fifth of
+/// 100,000 services, as the largest fleets give every host; a tenth of
 /// that under software emulation (the kernel matrix's VMs, where the
 /// suite's time scale is above 1), which runs the same code against that
 /// kernel's maps at a fraction of the cost.
 fn fleet() -> u32 {
     if hm_testkit::time_scale() > 1 {
-        20_000
+        10_000
     } else {
         100_000
     }
