@@ -90,6 +90,19 @@ fn conflict(origin: &Origin, key: &str, message: String) -> ConfigError {
     }
 }
 
+/// What a full map holds and how to make room, for the capacity messages.
+fn capacity_text(c: Capacity, n: u32) -> String {
+    let (map, also) = match c {
+        Capacity::Mesh => ("mesh", ""),
+        Capacity::MaglevChunks => ("Maglev", ", or use a smaller maglev_table_size"),
+        Capacity::Services => ("service", ""),
+        Capacity::Backends => ("backend", ""),
+        Capacity::Conntrack => ("conntrack", ""),
+        Capacity::ReverseSock => ("reverse-socket", ""),
+    };
+    format!("the {map} map holds {n} (raise [daemon] {}{also})", c.key().key)
+}
+
 fn port_text(port: u16) -> String {
     if port == 0 {
         "every port".to_string()
@@ -101,9 +114,10 @@ fn port_text(port: u16) -> String {
 impl<'a> Registry<'a> {
     /// Adds every claim of `f`, or none of them and returns why.
     fn try_add(&mut self, f: &'a FileConfig) -> Vec<ConfigError> {
-        if let Some(e) = self.over_capacity(f) {
-            return vec![e];
-        }
+        let chunks = match self.over_capacity(f) {
+            Ok(chunks) => chunks,
+            Err(e) => return vec![e],
+        };
         let claims = claims(f);
         let mut errors = Vec::new();
         let mut added = Vec::new();
@@ -120,57 +134,37 @@ impl<'a> Registry<'a> {
         } else {
             self.service_count += f.services.len();
             self.mesh_count += f.meshes.len();
-            self.chunk_count += self.chunks_of(f);
+            self.chunk_count += chunks;
             self.backends.extend(f.services.iter().flat_map(|s| &s.backends).map(|b| b.addr));
         }
         errors
     }
 
-    /// The maps hold `service_map_size` services and `backend_map_size`
-    /// distinct backends in all: the file that would overflow them is
-    /// rejected, and the files before it stay in force.
-    fn over_capacity(&self, f: &FileConfig) -> Option<ConfigError> {
+    /// The file that would overflow the mesh, Maglev, service or backend
+    /// map is rejected, and the files before it stay in force. Returns
+    /// the file's Maglev chunks, for `try_add` to count.
+    fn over_capacity(&self, f: &FileConfig) -> Result<usize, ConfigError> {
+        let sizes = &self.limits.sizes;
+        let over = |origin: &Origin, key: &str, total: usize, capacity: u32, what: String, raise: Capacity| {
+            if total > capacity as usize {
+                Err(conflict(origin, key, format!("{what}; {}", capacity_text(raise, capacity))))
+            } else {
+                Ok(())
+            }
+        };
         if let Some(first) = f.meshes.first() {
             let meshes = self.mesh_count + f.meshes.len();
-            if meshes > self.limits.sizes.mesh as usize {
-                return Some(conflict(
-                    &first.origin,
-                    "mesh",
-                    format!(
-                        "this file's {} mesh entries would make {meshes} in all; the mesh map holds {} (raise [daemon] {})",
-                        f.meshes.len(),
-                        self.limits.sizes.mesh,
-                        Capacity::Mesh.key().key
-                    ),
-                ));
-            }
+            let what = format!("this file's {} mesh entries would make {meshes} in all", f.meshes.len());
+            over(&first.origin, "mesh", meshes, sizes.mesh, what, Capacity::Mesh)?;
         }
-        let first = f.services.first()?;
-        let chunks = self.chunk_count + self.chunks_of(f);
-        if chunks > self.limits.sizes.maglev_chunks as usize {
-            return Some(conflict(
-                &first.origin,
-                "service",
-                format!(
-                    "this file's Maglev tables would make {chunks} chunks of {MAGLEV_CHUNK} slots in all; the Maglev map holds {} (raise [daemon] {}, or use a smaller maglev_table_size)",
-                    self.limits.sizes.maglev_chunks,
-                    Capacity::MaglevChunks.key().key
-                ),
-            ));
-        }
+        let Some(first) = f.services.first() else { return Ok(0) };
+        let own_chunks = self.chunks_of(f);
+        let chunks = self.chunk_count + own_chunks;
+        let what = format!("this file's Maglev tables would make {chunks} chunks of {MAGLEV_CHUNK} slots in all");
+        over(&first.origin, "service", chunks, sizes.maglev_chunks, what, Capacity::MaglevChunks)?;
         let services = self.service_count + f.services.len();
-        if services > self.limits.sizes.services as usize {
-            return Some(conflict(
-                &first.origin,
-                "service",
-                format!(
-                    "this file's {} services would make {services} in all; the service map holds {} (raise [daemon] {})",
-                    f.services.len(),
-                    self.limits.sizes.services,
-                    Capacity::Services.key().key
-                ),
-            ));
-        }
+        let what = format!("this file's {} services would make {services} in all", f.services.len());
+        over(&first.origin, "service", services, sizes.services, what, Capacity::Services)?;
         let new: HashSet<_> = f
             .services
             .iter()
@@ -179,18 +173,9 @@ impl<'a> Registry<'a> {
             .filter(|a| !self.backends.contains(a))
             .collect();
         let backends = self.backends.len() + new.len();
-        if backends > self.limits.sizes.backends as usize {
-            return Some(conflict(
-                &first.origin,
-                "backends",
-                format!(
-                    "this file's backends would make {backends} distinct backend addresses in all; the backend map holds {} (raise [daemon] {})",
-                    self.limits.sizes.backends,
-                    Capacity::Backends.key().key
-                ),
-            ));
-        }
-        None
+        let what = format!("this file's backends would make {backends} distinct backend addresses in all");
+        over(&first.origin, "backends", backends, sizes.backends, what, Capacity::Backends)?;
+        Ok(own_chunks)
     }
 
     /// The HM_MAGLEV chunks a file's services take.
