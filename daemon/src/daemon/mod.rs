@@ -429,7 +429,7 @@ impl Daemon {
                 patched: o.patched,
                 at: report::now_unix(),
                 duration_ms: o.duration.as_millis() as u64,
-                steps: o.steps.len(),
+                steps: o.step_count,
                 errors: report::step_errors(o.errors.iter(), LOGGED_ERRORS),
             },
             Err(e) => SyncSummary {
@@ -558,8 +558,11 @@ impl Daemon {
         for step in &o.steps {
             slog::debug!(self.log, "step"; "step" => step.clone());
         }
+        if o.step_count > o.steps.len() {
+            slog::debug!(self.log, "more steps not listed"; "more" => o.step_count - o.steps.len());
+        }
         for e in o.errors.iter().take(LOGGED_ERRORS) {
-            error!(self.log, "apply failed"; "step" => e.step.clone(), "objects" => e.owners.iter().cloned().collect::<Vec<_>>().join(","), "error" => e.error.clone());
+            error!(self.log, "apply failed"; "step" => e.step.clone(), "objects" => e.owners.iter().collect::<Vec<_>>().join(","), "error" => e.error.clone());
         }
         if o.errors.len() > LOGGED_ERRORS {
             error!(self.log, "apply failed for more steps; `hostmesh status` lists them per object"; "more" => o.errors.len() - LOGGED_ERRORS);
@@ -570,7 +573,7 @@ impl Daemon {
         for w in self.reconciler.desired().map_or(&[][..], |d| &d.warnings) {
             warn!(self.log, "config not applied"; "reason" => w.clone());
         }
-        info!(self.log, "sync done"; "generation" => self.generation, "full" => o.full, "patched" => o.patched, "steps" => o.steps.len(),
+        info!(self.log, "sync done"; "generation" => self.generation, "full" => o.full, "patched" => o.patched, "steps" => o.step_count,
             "errors" => o.errors.len(), "duration_ms" => o.duration.as_millis() as u64,
             "config_read_ms" => self.load_time.as_millis() as u64,
             "services" => self.loaded.config.services.len(), "rejected_files" => self.loaded.rejected().count(),

@@ -77,8 +77,8 @@ impl<'a> ErrorIndex<'a> {
     fn new(errors: &'a [StepError]) -> Self {
         let mut by_owner: std::collections::HashMap<&str, Vec<usize>> = std::collections::HashMap::new();
         for (i, e) in errors.iter().enumerate() {
-            for o in &e.owners {
-                by_owner.entry(o.as_str()).or_default().push(i);
+            for o in e.owners.iter() {
+                by_owner.entry(o).or_default().push(i);
             }
         }
         ErrorIndex { errors, by_owner }

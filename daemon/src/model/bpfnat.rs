@@ -75,7 +75,7 @@ pub fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
             out.warnings.push(w);
         }
         if let Some((key, spec)) = service_route(&config.meshes, svc) {
-            want(&mut out.routes, key, spec, &super::services::owner_of(svc));
+            want(&mut out.routes, key, spec, super::services::owner_of(svc));
         }
     }
 

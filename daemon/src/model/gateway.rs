@@ -78,7 +78,12 @@ pub fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
         tcp_timeout_s: abi::secs(config.daemon.conntrack_tcp_timeout),
         udp_timeout_s: abi::secs(config.daemon.conntrack_udp_timeout),
     };
-    want(&mut out.map_entries, MapEntryKey { map: BpfMap::GwConfig, key: 0u32.to_bytes() }, cfg.to_bytes(), OWNER);
+    want(
+        &mut out.map_entries,
+        MapEntryKey { map: BpfMap::GwConfig, key: 0u32.to_bytes().into() },
+        cfg.to_bytes(),
+        OWNER,
+    );
     for (program, hook) in
         [(Program::TunIn, Hook::TcIngress(TUN.into())), (Program::TunOut, Hook::TcEgress(TUN.into()))]
     {
@@ -144,7 +149,7 @@ fn gateway(config: &Config, g: &Gateway, facts: &HostFacts, out: &mut Desired) {
         let ep = Endpoint { addr: addr16(endpoint), flags: 0 };
         want(
             &mut out.map_entries,
-            MapEntryKey { map: BpfMap::PeerEndpoints, key: ep.to_bytes() },
+            MapEntryKey { map: BpfMap::PeerEndpoints, key: ep.to_bytes().into() },
             1u32.to_bytes(),
             &owner,
         );
@@ -153,7 +158,7 @@ fn gateway(config: &Config, g: &Gateway, facts: &HostFacts, out: &mut Desired) {
             let value = Endpoint { addr: addr16(endpoint), flags: if up { abi::EP_UP } else { 0 } };
             want(
                 &mut out.map_entries,
-                MapEntryKey { map: BpfMap::Peers, key: LpmKey::of(cidr).to_bytes() },
+                MapEntryKey { map: BpfMap::Peers, key: LpmKey::of(cidr).to_bytes().into() },
                 value.to_bytes(),
                 &owner,
             );
@@ -179,7 +184,7 @@ fn gateway(config: &Config, g: &Gateway, facts: &HostFacts, out: &mut Desired) {
             let value = Endpoint { addr: addr16(m.endpoint), flags: 0 };
             want(
                 &mut out.map_entries,
-                MapEntryKey { map: BpfMap::Members, key: LpmKey::of(cidr).to_bytes() },
+                MapEntryKey { map: BpfMap::Members, key: LpmKey::of(cidr).to_bytes().into() },
                 value.to_bytes(),
                 &owner,
             );

@@ -46,7 +46,7 @@ pub fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
                 let value = MeshValue { redirect_port: m.redirect_port, pad: 0 };
                 want(
                     &mut out.map_entries,
-                    MapEntryKey { map: BpfMap::Mesh, key: key.to_bytes() },
+                    MapEntryKey { map: BpfMap::Mesh, key: key.to_bytes().into() },
                     value.to_bytes(),
                     &owner,
                 );

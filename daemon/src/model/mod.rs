@@ -9,6 +9,7 @@ pub mod incremental;
 mod kernel;
 pub mod maglev;
 mod mesh;
+mod owners;
 mod services;
 pub use services::maglev_chunks;
 mod state;

@@ -64,7 +64,7 @@ pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &mut Desi
         udp_timeout_s: abi::secs(d.conntrack_udp_timeout),
         pad: 0,
     };
-    want(&mut out.map_entries, MapEntryKey { map: BpfMap::Config, key: 0u32.to_bytes() }, cfg.to_bytes(), OWNER);
+    want(&mut out.map_entries, MapEntryKey { map: BpfMap::Config, key: 0u32.to_bytes().into() }, cfg.to_bytes(), OWNER);
 
     let mut chunks_left = d.sizes.maglev_chunks as usize;
     for (n, svc) in config.services.iter().enumerate() {
@@ -115,8 +115,8 @@ pub(super) fn key_of(s: &Service) -> SvcKey {
 }
 
 /// The owner tag of everything a service needs.
-pub(super) fn owner_of(s: &Service) -> String {
-    format!("service/{}", s.name)
+pub(super) fn owner_of(s: &Service) -> Owner {
+    format!("service/{}", s.name).into()
 }
 
 /// The service's Maglev table size: its own, `[daemon]`'s, or sized from
@@ -151,10 +151,10 @@ pub(super) fn chunks_of(s: &Service, table_size: u32) -> usize {
 /// HM_SERVICES, in that order, given its id and its backends' ids (in the
 /// order of `svc.backends`). Removing a service needs only these.
 pub(super) fn service_keys(svc: &Service, id: u32, backend_ids: &[u32], table_size: u32) -> Vec<MapEntryKey> {
-    let backends = backend_ids.iter().map(|b| MapEntryKey { map: BpfMap::Backends, key: b.to_bytes() });
+    let backends = backend_ids.iter().map(|b| MapEntryKey { map: BpfMap::Backends, key: b.to_bytes().into() });
     let chunks = (0..chunks_of(svc, table_size) as u32)
-        .map(|chunk| MapEntryKey { map: BpfMap::Maglev, key: MaglevKey { svc_id: id, chunk }.to_bytes() });
-    let service = MapEntryKey { map: BpfMap::Services, key: key_of(svc).to_bytes() };
+        .map(|chunk| MapEntryKey { map: BpfMap::Maglev, key: MaglevKey { svc_id: id, chunk }.to_bytes().into() });
+    let service = MapEntryKey { map: BpfMap::Services, key: key_of(svc).to_bytes().into() };
     backends.chain(chunks).chain(std::iter::once(service)).collect()
 }
 

@@ -11,8 +11,7 @@ use std::path::PathBuf;
 use ipnet::IpNet;
 use serde::Serialize;
 
-/// The config objects an item exists for: `service/web`, `bpfnat`.
-pub type Owners = BTreeSet<String>;
+pub use super::owners::{IntoOwner, Owner, Owners};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Owned<T> {
@@ -134,10 +133,15 @@ impl BpfMap {
     }
 }
 
+/// A map entry's value bytes, shared: the desired state, the plan that
+/// writes it and the baseline the next sync diffs against hold one copy.
+pub type MapValue = std::sync::Arc<[u8]>;
+
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct MapEntryKey {
     pub map: BpfMap,
-    pub key: Vec<u8>,
+    /// Shared like `MapValue`.
+    pub key: std::sync::Arc<[u8]>,
 }
 
 /// A probe program, by its function name in the object file.
@@ -335,7 +339,7 @@ pub struct Desired {
     /// Path under /proc/sys -> value.
     pub sysctls: BTreeMap<String, Owned<String>>,
     pub neighbours: BTreeMap<NeighKey, Owned<NeighSpec>>,
-    pub map_entries: BTreeMap<MapEntryKey, Owned<Vec<u8>>>,
+    pub map_entries: BTreeMap<MapEntryKey, Owned<MapValue>>,
     pub attachments: BTreeMap<Attachment, Owned<()>>,
     pub routes: BTreeMap<RouteKey, Owned<RouteSpec>>,
     /// The tproxy rules of `table inet hostmesh`; the table exists only
@@ -354,7 +358,7 @@ pub struct Observed {
     pub links: BTreeMap<String, LinkSpec>,
     pub sysctls: BTreeMap<String, String>,
     pub neighbours: BTreeMap<NeighKey, NeighSpec>,
-    pub map_entries: BTreeMap<MapEntryKey, Vec<u8>>,
+    pub map_entries: BTreeMap<MapEntryKey, MapValue>,
     pub attachments: BTreeMap<Attachment, AttachStatus>,
     pub routes: BTreeMap<RouteKey, RouteSpec>,
     /// `table inet hostmesh`'s rules; `None` when the table does not exist.
@@ -380,9 +384,14 @@ impl Desired {
     }
 }
 
-/// Adds `owner` to the item at `key`, inserting `spec` if it is new.
-pub fn want<K: Ord, T>(map: &mut BTreeMap<K, Owned<T>>, key: K, spec: T, owner: &str) {
-    map.entry(key).or_insert_with(|| Owned { spec, owners: Owners::new() }).owners.insert(owner.to_string());
+/// Adds `owner` to the item at `key`, inserting `spec` if it is new. A
+/// caller adding many items for one object passes its `Owner` (shared);
+/// a `&str` makes a new one.
+pub fn want<K: Ord, T>(map: &mut BTreeMap<K, Owned<T>>, key: K, spec: impl Into<T>, owner: impl IntoOwner) {
+    map.entry(key)
+        .or_insert_with(|| Owned { spec: spec.into(), owners: Owners::new() })
+        .owners
+        .insert(owner.into_owner());
 }
 
 pub fn fmt_mac(mac: &[u8; 6]) -> String {

@@ -29,7 +29,7 @@ fn compile_new(c: &Config) -> Desired {
 }
 
 fn entries(d: &Desired, map: BpfMap) -> BTreeMap<Vec<u8>, Vec<u8>> {
-    d.map_entries.iter().filter(|(k, _)| k.map == map).map(|(k, v)| (k.key.clone(), v.spec.clone())).collect()
+    d.map_entries.iter().filter(|(k, _)| k.map == map).map(|(k, v)| (k.key.to_vec(), v.spec.to_vec())).collect()
 }
 
 fn attached(d: &Desired) -> Vec<String> {
@@ -95,7 +95,7 @@ fn services_fill_the_service_maps() {
     assert!((share - 2.0 / 3.0).abs() < 0.01, "weight 2 of 3: {share}");
 
     // Every entry is owned by its service (the config by "services").
-    let owners: Vec<&str> = d.map_entries.values().flat_map(|v| v.owners.iter().map(String::as_str)).collect();
+    let owners: Vec<&str> = d.map_entries.values().flat_map(|v| v.owners.iter()).collect();
     assert!(owners.contains(&"service/web") && owners.contains(&"service/dns") && owners.contains(&"services"));
 }
 
@@ -189,7 +189,7 @@ fn services_compile_to_the_bpfnat_veth() {
     let (key, route) = d.routes.iter().next().unwrap();
     assert_eq!(key, &RouteKey { table: RT_TABLE_MAIN, dst: "10.96.0.10/32".parse().unwrap() });
     assert_eq!(route.spec, RouteSpec::Via { gateway: GATEWAY_V4.into(), dev: NATIN.into(), mtu: None });
-    assert_eq!(route.owners, ["service/dns", "service/web"].map(String::from).into());
+    assert_eq!(route.owners, ["service/dns", "service/web"].into());
 
     assert_eq!(
         d.neighbours[&NeighKey { dev: NATIN.into(), ip: GATEWAY_V4.into() }].spec,
@@ -415,7 +415,7 @@ fn mesh_entries_get_local_routes_map_entries_and_sk_lookup() {
     assert_eq!(d.mesh_path, Some(MeshPath::SkLookup));
     let local = &d.routes[&RouteKey { table: RT_TABLE_LOCAL, dst: "10.96.0.10/32".parse().unwrap() }];
     assert_eq!(local.spec, RouteSpec::Local { dev: "lo".into(), src: "127.0.0.1".parse().unwrap() });
-    assert_eq!(local.owners, ["mesh/web-sidecar".to_string()].into());
+    assert_eq!(local.owners, ["mesh/web-sidecar"].into());
     assert!(d.routes.contains_key(&RouteKey { table: RT_TABLE_LOCAL, dst: "fd00::60/128".parse().unwrap() }));
 
     let mesh = entries(&d, BpfMap::Mesh);

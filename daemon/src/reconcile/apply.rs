@@ -63,7 +63,7 @@ pub fn apply(
         }
         if planned.needs_bpf && out.bpf_unavailable.is_some() {
             skipped += 1;
-            skipped_owners.extend(planned.owners.iter().cloned());
+            skipped_owners.extend_from(&planned.owners);
             if let Some(link) = &planned.link {
                 broken.entry(link.clone()).or_insert_with(|| "loading the BPF programs".to_string());
             }

@@ -13,7 +13,7 @@ pub fn observe(b: &mut Backends) -> Result<Observed> {
         links: b.net.links()?,
         sysctls: BTreeMap::new(),
         neighbours: b.net.neighbours()?,
-        map_entries: b.bpf.map_entries()?,
+        map_entries: b.bpf.map_entries()?.into_iter().map(|(k, v)| (k, v.into())).collect(),
         attachments: b.bpf.attachments()?,
         routes: b.net.routes()?,
         nft_table: b.nft.mesh_table()?,

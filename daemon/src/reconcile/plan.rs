@@ -26,7 +26,7 @@ pub enum Step {
         original: Option<String>,
     },
     ReplaceNeighbour(NeighKey, NeighSpec),
-    PutMapEntry(MapEntryKey, Vec<u8>),
+    PutMapEntry(MapEntryKey, MapValue),
     Attach(Attachment),
     /// Replace `table inet hostmesh` with these rules, in one transaction.
     ReplaceNftTable(BTreeSet<NftRule>),
@@ -193,7 +193,10 @@ pub fn plan(have: &Observed, want: &Desired, sysctl_originals: &BTreeMap<String,
     // The mesh fallback's rules, before the local routes that bring them
     // traffic.
     let want_nft: BTreeSet<NftRule> = want.nft_rules.keys().cloned().collect();
-    let nft_owners: Owners = want.nft_rules.values().flat_map(|o| o.owners.iter().cloned()).collect();
+    let mut nft_owners = Owners::new();
+    for rule in want.nft_rules.values() {
+        nft_owners.extend_from(&rule.owners);
+    }
     if !want_nft.is_empty() && have.nft_table.as_ref() != Some(&want_nft) {
         push(Step::ReplaceNftTable(want_nft.clone()), &nft_owners);
     }

@@ -41,12 +41,18 @@ pub struct Reconciler {
     stopping: Arc<AtomicBool>,
 }
 
+/// How many of a sync's steps its outcome describes.
+pub const DESCRIBED_STEPS: usize = 1000;
+
 #[derive(Debug)]
 pub struct SyncOutcome {
     pub full: bool,
     /// Only the changed services were compiled and planned.
     pub patched: bool,
-    /// Steps carried out (including failed ones).
+    /// How many steps were carried out (including failed ones).
+    pub step_count: usize,
+    /// The first `DESCRIBED_STEPS` of them, described (for the debug log
+    /// and tests; a first sync at 100,000 services has 600,000).
     pub steps: Vec<String>,
     pub errors: Vec<StepError>,
     /// Why the BPF programs could not be loaded, if so: nothing that needs
@@ -159,6 +165,7 @@ impl Reconciler {
                 return Ok(SyncOutcome {
                     full,
                     patched: false,
+                    step_count: 0,
                     steps: Vec::new(),
                     errors: Vec::new(),
                     bpf_unavailable: None,
@@ -200,7 +207,8 @@ impl Reconciler {
         Ok(SyncOutcome {
             full,
             patched: touched.is_some(),
-            steps: steps.iter().map(|s| s.step.to_string()).collect(),
+            step_count: steps.len(),
+            steps: steps.iter().take(DESCRIBED_STEPS).map(|s| s.step.to_string()).collect(),
             errors,
             bpf_unavailable,
             stopped,

@@ -140,7 +140,7 @@ fn a_failed_step_is_charged_to_its_owner_and_forces_a_full_resync() {
     k.state().fail_next = Some("replace_route 10.96.0.20".into());
     let out = r.sync(&config(&format!("{WEB}{API}")), false).unwrap();
     assert_eq!(out.errors.len(), 1, "{:?}", out.errors);
-    assert_eq!(out.errors[0].owners, ["service/api".to_string()].into());
+    assert_eq!(out.errors[0].owners, ["service/api"].into());
     assert!(out.errors[0].error.contains("Input/output error"), "{}", out.errors[0].error);
     // Everything else still applied.
     assert!(k.state().routes.keys().any(|r| r.dst.to_string() == "10.96.0.10/32"));
@@ -262,7 +262,7 @@ fn a_failed_program_attach_blocks_the_routes_into_its_veth() {
     assert!(k.state().routes.is_empty(), "a route into hm-natin with no program behind it: {:?}", k.state().routes);
     let route_err = out.errors.iter().find(|e| e.step.starts_with("set route 10.96.0.10/32")).expect("route refused");
     assert!(route_err.error.contains("not steering traffic into hm-natin"), "{}", route_err.error);
-    assert_eq!(route_err.owners, ["service/web".to_string()].into());
+    assert_eq!(route_err.owners, ["service/web"].into());
     // Once the program attaches, the next (full) sync adds the route.
     let next = r.sync(&config(WEB), false).unwrap();
     assert!(next.errors.is_empty(), "{:?}", next.errors);
@@ -350,6 +350,6 @@ fn services_added_and_removed_by_a_patch_leave_the_kernel_as_a_full_sync_would()
     let check = r.sync(&config(&many_services(N, Some(5))), true).unwrap();
     assert!(check.steps.is_empty(), "{:?}", check.steps);
     let want: BTreeMap<_, _> =
-        r.desired().unwrap().map_entries.iter().map(|(k, v)| (k.clone(), v.spec.clone())).collect();
+        r.desired().unwrap().map_entries.iter().map(|(k, v)| (k.clone(), v.spec.to_vec())).collect();
     assert!(want == k.state().maps, "the kernel's map entries are the desired ones");
 }

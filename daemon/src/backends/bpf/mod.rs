@@ -421,7 +421,7 @@ impl BpfBackend for PinnedBpf {
                 if def.map_type == BPF_MAP_TYPE_ARRAY && value.iter().all(|b| *b == 0) {
                     continue;
                 }
-                out.insert(MapEntryKey { map, key }, value);
+                out.insert(MapEntryKey { map, key: key.into() }, value);
             }
         }
         Ok(out)

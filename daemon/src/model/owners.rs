@@ -1,0 +1,216 @@
+//! Which config objects an item of kernel state exists for (`service/web`,
+//! `bpfnat`), compactly: at 100,000 services the desired state holds over
+//! half a million items, nearly all with exactly one owner, and every item
+//! of one service has the same one. A `BTreeSet<String>` per item cost a
+//! tree node and a string each (~310 bytes); here one owner is held inline
+//! and the name is shared (`Owner`, reference-counted) by all the items of
+//! its object, so an item's owners cost 24 bytes and no allocation.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Serialize, Serializer};
+
+/// One config object's name, shared by every item it owns.
+pub type Owner = Arc<str>;
+
+/// What `want` takes as an owner: a shared `Owner` (or a reference to one)
+/// costs a count; a string is copied into a new `Owner`.
+pub trait IntoOwner {
+    fn into_owner(self) -> Owner;
+}
+
+impl IntoOwner for Owner {
+    fn into_owner(self) -> Owner {
+        self
+    }
+}
+
+impl IntoOwner for &Owner {
+    fn into_owner(self) -> Owner {
+        self.clone()
+    }
+}
+
+impl IntoOwner for &str {
+    fn into_owner(self) -> Owner {
+        self.into()
+    }
+}
+
+impl IntoOwner for &String {
+    fn into_owner(self) -> Owner {
+        self.as_str().into()
+    }
+}
+
+/// A set of owners, sorted, without repeats.
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct Owners(Set);
+
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+enum Set {
+    #[default]
+    Empty,
+    One(Owner),
+    /// Two or more, sorted.
+    Many(Vec<Owner>),
+}
+
+impl Owners {
+    pub fn new() -> Self {
+        Owners(Set::Empty)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        matches!(self.0, Set::Empty)
+    }
+
+    pub fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    fn as_slice(&self) -> &[Owner] {
+        match &self.0 {
+            Set::Empty => &[],
+            Set::One(o) => std::slice::from_ref(o),
+            Set::Many(v) => v,
+        }
+    }
+
+    /// The owners' names, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &str> + '_ {
+        self.as_slice().iter().map(|o| &**o)
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.as_slice().binary_search_by(|o| (**o).cmp(name)).is_ok()
+    }
+
+    /// Adds `owner`; false if it was there already.
+    pub fn insert(&mut self, owner: Owner) -> bool {
+        match &mut self.0 {
+            Set::Empty => self.0 = Set::One(owner),
+            Set::One(first) => match (**first).cmp(&*owner) {
+                std::cmp::Ordering::Equal => return false,
+                std::cmp::Ordering::Less => self.0 = Set::Many(vec![first.clone(), owner]),
+                std::cmp::Ordering::Greater => self.0 = Set::Many(vec![owner, first.clone()]),
+            },
+            Set::Many(v) => match v.binary_search_by(|o| (**o).cmp(&*owner)) {
+                Ok(_) => return false,
+                Err(at) => v.insert(at, owner),
+            },
+        }
+        true
+    }
+
+    /// Takes `name` out; false if it was not there.
+    pub fn remove(&mut self, name: &str) -> bool {
+        match &mut self.0 {
+            Set::Empty => false,
+            Set::One(o) if &**o == name => {
+                self.0 = Set::Empty;
+                true
+            }
+            Set::One(_) => false,
+            Set::Many(v) => match v.binary_search_by(|o| (**o).cmp(name)) {
+                Ok(at) => {
+                    v.remove(at);
+                    if v.len() == 1 {
+                        self.0 = Set::One(v.pop().expect("one left"));
+                    }
+                    true
+                }
+                Err(_) => false,
+            },
+        }
+    }
+
+    /// Adds every owner of `other`.
+    pub fn extend_from(&mut self, other: &Owners) {
+        for o in other.as_slice() {
+            self.insert(o.clone());
+        }
+    }
+}
+
+impl<S: Into<Owner>> FromIterator<S> for Owners {
+    fn from_iter<I: IntoIterator<Item = S>>(iter: I) -> Self {
+        let mut set = Owners::new();
+        for o in iter {
+            set.insert(o.into());
+        }
+        set
+    }
+}
+
+impl<const N: usize> From<[&str; N]> for Owners {
+    fn from(names: [&str; N]) -> Self {
+        names.into_iter().collect()
+    }
+}
+
+impl fmt::Debug for Owners {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.iter()).finish()
+    }
+}
+
+impl Serialize for Owners {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.iter())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(o: &Owners) -> Vec<&str> {
+        o.iter().collect()
+    }
+
+    #[test]
+    fn insert_keeps_names_sorted_and_unique() {
+        let mut o = Owners::new();
+        assert!(o.insert("service/web".into()));
+        assert!(!o.insert("service/web".into()));
+        assert!(o.insert("bpfnat".into()));
+        assert!(o.insert("service/dns".into()));
+        assert!(!o.insert("bpfnat".into()));
+        assert_eq!(names(&o), ["bpfnat", "service/dns", "service/web"]);
+        assert!(o.contains("service/dns") && !o.contains("service/api"));
+        assert_eq!(o.len(), 3);
+    }
+
+    #[test]
+    fn remove_down_to_empty() {
+        let mut o: Owners = ["b", "a"].into_iter().collect();
+        assert!(!o.remove("c"));
+        assert!(o.remove("a"));
+        assert_eq!(names(&o), ["b"]);
+        assert_eq!(o, ["b"].into_iter().collect());
+        assert!(o.remove("b"));
+        assert!(o.is_empty() && !o.remove("b"));
+        assert_eq!(o, Owners::new());
+    }
+
+    #[test]
+    fn one_owner_is_held_inline_and_shared() {
+        // The point of the type: an item's owners are no bigger than a Vec
+        // and the name is not copied per item.
+        assert!(std::mem::size_of::<Owners>() <= 24);
+        let owner: Owner = "service/web".into();
+        let mut a = Owners::new();
+        let mut b = Owners::new();
+        a.insert(owner.clone());
+        b.insert(owner.clone());
+        assert_eq!(Arc::strong_count(&owner), 3);
+    }
+
+    #[test]
+    fn serializes_as_a_list_of_names() {
+        let o: Owners = ["service/web", "bpfnat"].into_iter().collect();
+        assert_eq!(serde_json::to_string(&o).unwrap(), r#"["bpfnat","service/web"]"#);
+    }
+}
