@@ -32,6 +32,14 @@ pub fn parse_file(src: &Source<'_>) -> Result<FileConfig, Vec<ConfigError>> {
     }
 }
 
+/// The items into a vector of their own, exactly as large as they are.
+fn fresh<T>(items: impl Iterator<Item = T>) -> Vec<T> {
+    let mut out = Vec::with_capacity(items.size_hint().0);
+    out.extend(items);
+    out.shrink_to_fit();
+    out
+}
+
 /// Unknown keys reported per file, at most (the rest wait for the next check).
 const UNKNOWN_KEYS_MAX: usize = 20;
 
@@ -100,14 +108,17 @@ impl Check<'_, '_> {
             let origin = Origin::at(self.src, &d.span());
             self.daemon(d.into_inner(), origin)
         });
-        let services = raw.service.into_iter().filter_map(|s| self.service(s.into_inner())).collect();
-        let meshes = raw.mesh.into_iter().filter_map(|m| self.mesh(m.into_inner())).collect();
+        // Collected into new vectors: collecting in place would keep the
+        // raw tables' allocation (~670 bytes per service, 67 MB for a file
+        // of 100,000) for as long as the file is in force.
+        let services = fresh(raw.service.into_iter().filter_map(|s| self.service(s.into_inner())));
+        let meshes = fresh(raw.mesh.into_iter().filter_map(|m| self.mesh(m.into_inner())));
         let gateway = raw.gateway.and_then(|g| {
             let origin = Origin::at(self.src, &g.span());
             self.gateway(g.into_inner(), origin)
         });
-        let peers = raw.peer.into_iter().filter_map(|p| self.peer(p.into_inner())).collect();
-        let members = raw.member.into_iter().filter_map(|m| self.member(m.into_inner())).collect();
+        let peers = fresh(raw.peer.into_iter().filter_map(|p| self.peer(p.into_inner())));
+        let members = fresh(raw.member.into_iter().filter_map(|m| self.member(m.into_inner())));
         FileConfig { daemon, services, meshes, gateway, peers, members }
     }
 
