@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 
 use crate::abi::{ip_from16, BackendValue, Pod, SvcKey, SvcValue};
 
-use super::state::{BpfMap, MapEntryKey};
+use super::state::{BpfMap, MapEntryKey, MapValue};
 
 pub type ServiceIds = BTreeMap<SvcKey, u32>;
 pub type BackendIds = BTreeMap<SocketAddr, u32>;
@@ -24,17 +24,21 @@ pub struct Prior {
 impl Prior {
     /// Reads ids from `HM_SERVICES` and `HM_BACKENDS` entries (observed, or
     /// desired by the last sync).
-    pub fn from_entries<'a, V: 'a + AsRef<[u8]>>(entries: impl IntoIterator<Item = (&'a MapEntryKey, &'a V)>) -> Prior {
+    pub fn from_entries<'a>(entries: impl IntoIterator<Item = (&'a MapEntryKey, &'a MapValue)>) -> Prior {
         let mut prior = Prior::default();
         for (k, v) in entries {
             match k.map {
                 BpfMap::Services => {
-                    if let (Some(key), Some(value)) = (SvcKey::from_bytes(&k.key), SvcValue::from_bytes(v.as_ref())) {
+                    if let (Some(key), Some(value)) =
+                        (SvcKey::from_bytes(&k.key), v.as_bytes().and_then(SvcValue::from_bytes))
+                    {
                         prior.services.insert(key, value.id);
                     }
                 }
                 BpfMap::Backends => {
-                    if let (Some(id), Some(b)) = (u32::from_bytes(&k.key), BackendValue::from_bytes(v.as_ref())) {
+                    if let (Some(id), Some(b)) =
+                        (u32::from_bytes(&k.key), v.as_bytes().and_then(BackendValue::from_bytes))
+                    {
                         prior.backends.insert(SocketAddr::new(ip_from16(b.addr), u16::from_be(b.port_be)), id);
                     }
                 }

@@ -46,7 +46,7 @@ pub fn is_prime(n: u32) -> bool {
 
 /// FNV-1a, 64-bit, with a seed mixed into the offset basis: stable across
 /// runs and hosts, so every host builds the same table for the same config.
-fn fnv1a(seed: u64, bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(seed: u64, bytes: &[u8]) -> u64 {
     let mut h = 0xcbf2_9ce4_8422_2325u64 ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     for b in bytes {
         h ^= u64::from(*b);

@@ -8,6 +8,7 @@ pub mod ids;
 pub mod incremental;
 mod kernel;
 pub mod maglev;
+mod map_value;
 mod mesh;
 mod owners;
 mod services;

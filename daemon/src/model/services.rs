@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 
-use crate::abi::{self, BackendValue, HmConfig, MaglevChunk, MaglevKey, Pod, SvcKey, SvcValue, MAGLEV_CHUNK};
+use crate::abi::{self, BackendValue, HmConfig, MaglevKey, Pod, SvcKey, SvcValue, MAGLEV_CHUNK};
 use crate::config::{Config, CtlbMode, DaemonSettings, Mesh, Service};
 
 use super::ids::{self, Prior};
@@ -167,22 +167,19 @@ pub(super) fn service_entries(
     backend_ids: &[u32],
     table_size: u32,
     meshes: &[Mesh],
-) -> Vec<(MapEntryKey, Vec<u8>)> {
-    let mut values = Vec::with_capacity(backend_ids.len() + chunks_of(svc, table_size) + 1);
+) -> Vec<(MapEntryKey, MapValue)> {
+    let mut values: Vec<MapValue> = Vec::with_capacity(backend_ids.len() + chunks_of(svc, table_size) + 1);
     for b in &svc.backends {
-        values.push(BackendValue { addr: abi::addr16(b.addr.ip()), port_be: b.addr.port().to_be(), pad: 0 }.to_bytes());
+        values.push(
+            BackendValue { addr: abi::addr16(b.addr.ip()), port_be: b.addr.port().to_be(), pad: 0 }.to_bytes().into(),
+        );
     }
     let entries: Vec<Entry> = svc.backends.iter().map(|b| Entry { addr: b.addr, weight: b.weight }).collect();
-    for slots in maglev::build(&entries, table_size).chunks(MAGLEV_CHUNK) {
-        let mut chunk = MaglevChunk { backend: [0; MAGLEV_CHUNK] };
-        for (i, &b) in slots.iter().enumerate() {
-            chunk.backend[i] = backend_ids[b as usize];
-        }
-        values.push(chunk.to_bytes());
-    }
+    let table = MaglevTable::new(entries, backend_ids.to_vec(), table_size);
+    values.extend((0..table.chunks()).map(|chunk| MapValue::chunk(&table, chunk)));
     // The sidecar owns a VIP:port that is also a mesh entry.
     let flags = if mesh::covers(meshes, svc.vip, svc.port, svc.protocol) { abi::SVC_F_MESH } else { 0 };
-    values.push(SvcValue { id, backend_count: svc.backends.len() as u32, flags, table_size }.to_bytes());
+    values.push(SvcValue { id, backend_count: svc.backends.len() as u32, flags, table_size }.to_bytes().into());
     let keys = service_keys(svc, id, backend_ids, table_size);
     debug_assert_eq!(keys.len(), values.len());
     keys.into_iter().zip(values).collect()

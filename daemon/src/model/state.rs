@@ -133,14 +133,12 @@ impl BpfMap {
     }
 }
 
-/// A map entry's value bytes, shared: the desired state, the plan that
-/// writes it and the baseline the next sync diffs against hold one copy.
-pub type MapValue = std::sync::Arc<[u8]>;
+pub use super::map_value::{MaglevTable, MapValue};
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct MapEntryKey {
     pub map: BpfMap,
-    /// Shared like `MapValue`.
+    /// Shared by the desired state, the plan and the baseline.
     pub key: std::sync::Arc<[u8]>,
 }
 

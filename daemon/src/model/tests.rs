@@ -29,7 +29,11 @@ fn compile_new(c: &Config) -> Desired {
 }
 
 fn entries(d: &Desired, map: BpfMap) -> BTreeMap<Vec<u8>, Vec<u8>> {
-    d.map_entries.iter().filter(|(k, _)| k.map == map).map(|(k, v)| (k.key.to_vec(), v.spec.to_vec())).collect()
+    d.map_entries
+        .iter()
+        .filter(|(k, _)| k.map == map)
+        .map(|(k, v)| (k.key.to_vec(), v.spec.bytes().into_owned()))
+        .collect()
 }
 
 fn attached(d: &Desired) -> Vec<String> {

@@ -118,7 +118,7 @@ fn apply_one(b: &mut Backends, step: &Step, originals: &mut SysctlOriginals) -> 
             b.sysctl.set(path, value)
         }
         Step::ReplaceNeighbour(k, s) => b.net.replace_neighbour(k, s),
-        Step::PutMapEntry(k, v) => b.bpf.put_map_entry(k, v),
+        Step::PutMapEntry(k, v) => b.bpf.put_map_entry(k, &v.bytes()),
         Step::Attach(a) => b.bpf.attach(a),
         Step::ReplaceNftTable(rules) => b.nft.replace_mesh_table(rules),
         Step::DeleteNftTable => b.nft.delete_mesh_table(),

@@ -350,6 +350,6 @@ fn services_added_and_removed_by_a_patch_leave_the_kernel_as_a_full_sync_would()
     let check = r.sync(&config(&many_services(N, Some(5))), true).unwrap();
     assert!(check.steps.is_empty(), "{:?}", check.steps);
     let want: BTreeMap<_, _> =
-        r.desired().unwrap().map_entries.iter().map(|(k, v)| (k.clone(), v.spec.to_vec())).collect();
+        r.desired().unwrap().map_entries.iter().map(|(k, v)| (k.clone(), v.spec.bytes().into_owned())).collect();
     assert!(want == k.state().maps, "the kernel's map entries are the desired ones");
 }

@@ -1,0 +1,236 @@
+//! A BPF map entry's value as the desired state holds it. Most values are
+//! a few bytes and are kept as bytes, shared (`Arc`) by the desired state,
+//! the plan that writes them and the baseline the next sync diffs against.
+//!
+//! A Maglev chunk is 256 bytes and a service has one per 64 slots of its
+//! table: at 100,000 one-backend services, 1 KiB of every service's ~1.3
+//! KiB of map values. A chunk is held instead as its service's table
+//! parameters (the backends and their ids, shared by all the service's
+//! chunks) and the chunk's digest. Two chunks compare by digest, a chunk
+//! read back from the kernel by hashing its bytes; the table is rebuilt
+//! only when a chunk is written (`bytes`), once per service for its run of
+//! chunks. Equal digests are taken as equal bytes: a 64-bit digest makes a
+//! false match (a stale chunk left in place) a 2^-64 chance per compare.
+
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::fmt;
+use std::sync::{Arc, Weak};
+
+use serde::{Serialize, Serializer};
+
+use crate::abi::{MaglevChunk, Pod, MAGLEV_CHUNK};
+
+use super::maglev::{self, Entry};
+
+#[derive(Clone)]
+pub struct MapValue(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    Bytes(Arc<[u8]>),
+    Chunk { table: Arc<MaglevTable>, chunk: u32 },
+}
+
+/// What one service's Maglev table is rebuilt from, and its chunks'
+/// digests.
+pub struct MaglevTable {
+    backends: Box<[Entry]>,
+    /// HM_BACKENDS ids, in the order of `backends`.
+    ids: Box<[u32]>,
+    size: u32,
+    digests: Box<[u64]>,
+}
+
+/// The bytes of one HM_MAGLEV value.
+const CHUNK_BYTES: usize = std::mem::size_of::<MaglevChunk>();
+
+impl MaglevTable {
+    /// The table of `backends` (with their `ids`) at `size` slots. Builds
+    /// it once to take its chunks' digests.
+    pub fn new(backends: Vec<Entry>, ids: Vec<u32>, size: u32) -> Arc<MaglevTable> {
+        assert_eq!(backends.len(), ids.len(), "one id per backend");
+        let mut table = MaglevTable { backends: backends.into(), ids: ids.into(), size, digests: Box::new([]) };
+        let slots = table.slots();
+        table.digests = (0..table.chunks()).map(|c| digest(&chunk_of(&slots, &table.ids, c))).collect();
+        Arc::new(table)
+    }
+
+    /// How many HM_MAGLEV chunks the table fills.
+    pub fn chunks(&self) -> u32 {
+        if self.backends.is_empty() {
+            0
+        } else {
+            (self.size as usize).div_ceil(MAGLEV_CHUNK) as u32
+        }
+    }
+
+    fn slots(&self) -> Vec<u32> {
+        maglev::build(&self.backends, self.size)
+    }
+}
+
+/// Chunk `chunk` of a built table: each slot's backend id, 0 past the end.
+fn chunk_of(slots: &[u32], ids: &[u32], chunk: u32) -> Vec<u8> {
+    let mut value = MaglevChunk { backend: [0; MAGLEV_CHUNK] };
+    let start = chunk as usize * MAGLEV_CHUNK;
+    for (i, &b) in slots[start..].iter().take(MAGLEV_CHUNK).enumerate() {
+        value.backend[i] = ids[b as usize];
+    }
+    value.to_bytes()
+}
+
+fn digest(bytes: &[u8]) -> u64 {
+    maglev::fnv1a(3, bytes)
+}
+
+thread_local! {
+    /// The table written last, built: a service's chunks are written one
+    /// after another, and the table is built once for them. The `Weak`
+    /// keeps the address from being reused by another table.
+    static LAST_BUILT: RefCell<Option<(Weak<MaglevTable>, Vec<u32>)>> = const { RefCell::new(None) };
+}
+
+impl MapValue {
+    /// Chunk `chunk` of `table`.
+    pub fn chunk(table: &Arc<MaglevTable>, chunk: u32) -> MapValue {
+        assert!(chunk < table.chunks(), "chunk {chunk} of a table of {} chunks", table.chunks());
+        MapValue(Repr::Chunk { table: table.clone(), chunk })
+    }
+
+    /// The value's bytes, as written to the map.
+    pub fn bytes(&self) -> Cow<'_, [u8]> {
+        match &self.0 {
+            Repr::Bytes(b) => Cow::Borrowed(b),
+            Repr::Chunk { table, chunk } => LAST_BUILT.with(|last| {
+                let mut last = last.borrow_mut();
+                let cached = last.as_ref().filter(|(t, _)| std::ptr::eq(t.as_ptr(), Arc::as_ptr(table)));
+                if cached.is_none() {
+                    *last = Some((Arc::downgrade(table), table.slots()));
+                }
+                let (_, slots) = last.as_ref().expect("just built");
+                Cow::Owned(chunk_of(slots, &table.ids, *chunk))
+            }),
+        }
+    }
+
+    /// The bytes, when they are held as bytes (every value but a Maglev
+    /// chunk's).
+    pub fn as_bytes(&self) -> Option<&[u8]> {
+        match &self.0 {
+            Repr::Bytes(b) => Some(b),
+            Repr::Chunk { .. } => None,
+        }
+    }
+}
+
+impl From<Vec<u8>> for MapValue {
+    fn from(bytes: Vec<u8>) -> Self {
+        MapValue(Repr::Bytes(bytes.into()))
+    }
+}
+
+impl PartialEq for MapValue {
+    fn eq(&self, other: &Self) -> bool {
+        match (&self.0, &other.0) {
+            (Repr::Bytes(a), Repr::Bytes(b)) => a == b,
+            (Repr::Chunk { table: a, chunk: i }, Repr::Chunk { table: b, chunk: j }) => {
+                (Arc::ptr_eq(a, b) && i == j) || a.digests[*i as usize] == b.digests[*j as usize]
+            }
+            (Repr::Bytes(bytes), Repr::Chunk { table, chunk }) | (Repr::Chunk { table, chunk }, Repr::Bytes(bytes)) => {
+                bytes.len() == CHUNK_BYTES && digest(bytes) == table.digests[*chunk as usize]
+            }
+        }
+    }
+}
+
+impl Eq for MapValue {}
+
+impl fmt::Debug for MapValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.bytes().iter()).finish()
+    }
+}
+
+impl Serialize for MapValue {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.bytes().iter())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backends(n: usize) -> Vec<Entry> {
+        (0..n).map(|i| Entry { addr: format!("10.1.0.{}:80", i + 1).parse().unwrap(), weight: 1 }).collect()
+    }
+
+    /// The chunks as the compile built them before: every slot's backend
+    /// id, 0 past the table's end.
+    fn built_directly(b: &[Entry], ids: &[u32], size: u32) -> Vec<Vec<u8>> {
+        maglev::build(b, size)
+            .chunks(MAGLEV_CHUNK)
+            .map(|slots| {
+                let mut c = MaglevChunk { backend: [0; MAGLEV_CHUNK] };
+                for (i, &s) in slots.iter().enumerate() {
+                    c.backend[i] = ids[s as usize];
+                }
+                c.to_bytes()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_chunk_writes_the_bytes_of_the_built_table() {
+        let ids = vec![7, 9, 11];
+        let table = MaglevTable::new(backends(3), ids.clone(), 251);
+        assert_eq!(table.chunks(), 4);
+        let want = built_directly(&backends(3), &ids, 251);
+        // Out of order, and interleaved with another table: the cache of
+        // the last built table never serves the wrong one.
+        let other = MaglevTable::new(backends(2), vec![1, 2], 251);
+        for c in [3, 0, 2, 1] {
+            assert_eq!(MapValue::chunk(&table, c).bytes().as_ref(), want[c as usize].as_slice(), "chunk {c}");
+            assert_ne!(MapValue::chunk(&other, c).bytes().as_ref(), want[c as usize].as_slice());
+        }
+    }
+
+    #[test]
+    fn chunks_compare_by_content_with_each_other_and_with_bytes() {
+        let a = MaglevTable::new(backends(2), vec![1, 2], 251);
+        let same = MaglevTable::new(backends(2), vec![1, 2], 251);
+        let other_ids = MaglevTable::new(backends(2), vec![1, 3], 251);
+        let fewer = MaglevTable::new(backends(1), vec![1], 251);
+        assert_eq!(MapValue::chunk(&a, 1), MapValue::chunk(&same, 1));
+        assert_ne!(MapValue::chunk(&a, 1), MapValue::chunk(&a, 3), "the last chunk has the table's tail");
+        assert_ne!(MapValue::chunk(&a, 0), MapValue::chunk(&other_ids, 0));
+        assert_ne!(MapValue::chunk(&a, 0), MapValue::chunk(&fewer, 0));
+        // As observe reads it back from the kernel.
+        let read_back = MapValue::from(MapValue::chunk(&a, 2).bytes().into_owned());
+        assert_eq!(read_back, MapValue::chunk(&a, 2));
+        assert_eq!(MapValue::chunk(&a, 2), read_back);
+        assert_ne!(read_back, MapValue::chunk(&a, 1));
+        assert_ne!(MapValue::from(vec![0; 8]), MapValue::chunk(&a, 2), "another size is never a chunk");
+        let mut flipped = read_back.bytes().into_owned();
+        flipped[100] ^= 1;
+        assert_ne!(MapValue::from(flipped), MapValue::chunk(&a, 2));
+    }
+
+    #[test]
+    fn a_chunk_holds_parameters_not_bytes() {
+        let table = MaglevTable::new(backends(1), vec![1], 251);
+        let chunks: Vec<MapValue> = (0..4).map(|c| MapValue::chunk(&table, c)).collect();
+        assert_eq!(Arc::strong_count(&table), 5, "the service's chunks share one table");
+        assert!(std::mem::size_of::<MapValue>() <= 24);
+        assert!(chunks.iter().all(|c| c.as_bytes().is_none()));
+    }
+
+    #[test]
+    fn bytes_stay_bytes() {
+        let v = MapValue::from(vec![1, 2, 3]);
+        assert_eq!(v.as_bytes(), Some(&[1u8, 2, 3][..]));
+        assert_eq!(v.bytes().as_ref(), [1, 2, 3]);
+        assert_eq!(serde_json::to_string(&v).unwrap(), "[1,2,3]");
+    }
+}
