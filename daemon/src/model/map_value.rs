@@ -22,6 +22,7 @@ use serde::{Serialize, Serializer};
 use crate::abi::{MaglevChunk, Pod, MAGLEV_CHUNK};
 
 use super::maglev::{self, Entry};
+use super::state::BpfMap;
 
 #[derive(Clone)]
 pub struct MapValue(Repr);
@@ -29,7 +30,13 @@ pub struct MapValue(Repr);
 #[derive(Clone)]
 enum Repr {
     Bytes(Arc<[u8]>),
-    Chunk { table: Arc<MaglevTable>, chunk: u32 },
+    Chunk {
+        table: Arc<MaglevTable>,
+        chunk: u32,
+    },
+    /// A chunk read back from the kernel: only compared, so only its
+    /// digest is kept (a full resync at 100,000 services reads 400,000).
+    ReadBack(u64),
 }
 
 /// What one service's Maglev table is rebuilt from, and its chunks'
@@ -98,9 +105,20 @@ impl MapValue {
         MapValue(Repr::Chunk { table: table.clone(), chunk })
     }
 
-    /// The value's bytes, as written to the map.
-    pub fn bytes(&self) -> Cow<'_, [u8]> {
-        match &self.0 {
+    /// A value read from `map` in the kernel.
+    pub fn read_back(map: BpfMap, bytes: Vec<u8>) -> MapValue {
+        if map == BpfMap::Maglev && bytes.len() == CHUNK_BYTES {
+            MapValue(Repr::ReadBack(digest(&bytes)))
+        } else {
+            bytes.into()
+        }
+    }
+
+    /// The value's bytes, as written to the map; `None` for a chunk read
+    /// back from the kernel, which is only compared, never written.
+    pub fn bytes(&self) -> Option<Cow<'_, [u8]>> {
+        Some(match &self.0 {
+            Repr::ReadBack(_) => return None,
             Repr::Bytes(b) => Cow::Borrowed(b),
             Repr::Chunk { table, chunk } => LAST_BUILT.with(|last| {
                 let mut last = last.borrow_mut();
@@ -111,7 +129,7 @@ impl MapValue {
                 let (_, slots) = last.as_ref().expect("just built");
                 Cow::Owned(chunk_of(slots, &table.ids, *chunk))
             }),
-        }
+        })
     }
 
     /// The bytes, when they are held as bytes (every value but a Maglev
@@ -119,7 +137,16 @@ impl MapValue {
     pub fn as_bytes(&self) -> Option<&[u8]> {
         match &self.0 {
             Repr::Bytes(b) => Some(b),
-            Repr::Chunk { .. } => None,
+            Repr::Chunk { .. } | Repr::ReadBack(_) => None,
+        }
+    }
+
+    /// The digest compared with a chunk's, if this can be a chunk.
+    fn chunk_digest(&self) -> Option<u64> {
+        match &self.0 {
+            Repr::Bytes(b) => (b.len() == CHUNK_BYTES).then(|| digest(b)),
+            Repr::Chunk { table, chunk } => Some(table.digests[*chunk as usize]),
+            Repr::ReadBack(d) => Some(*d),
         }
     }
 }
@@ -134,12 +161,10 @@ impl PartialEq for MapValue {
     fn eq(&self, other: &Self) -> bool {
         match (&self.0, &other.0) {
             (Repr::Bytes(a), Repr::Bytes(b)) => a == b,
-            (Repr::Chunk { table: a, chunk: i }, Repr::Chunk { table: b, chunk: j }) => {
-                (Arc::ptr_eq(a, b) && i == j) || a.digests[*i as usize] == b.digests[*j as usize]
+            (Repr::Chunk { table: a, chunk: i }, Repr::Chunk { table: b, chunk: j }) if Arc::ptr_eq(a, b) && i == j => {
+                true
             }
-            (Repr::Bytes(bytes), Repr::Chunk { table, chunk }) | (Repr::Chunk { table, chunk }, Repr::Bytes(bytes)) => {
-                bytes.len() == CHUNK_BYTES && digest(bytes) == table.digests[*chunk as usize]
-            }
+            _ => self.chunk_digest().is_some_and(|d| other.chunk_digest() == Some(d)),
         }
     }
 }
@@ -148,13 +173,19 @@ impl Eq for MapValue {}
 
 impl fmt::Debug for MapValue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list().entries(self.bytes().iter()).finish()
+        match (&self.0, self.bytes()) {
+            (Repr::ReadBack(d), _) => write!(f, "chunk digest {d:016x}"),
+            (_, b) => f.debug_list().entries(b.unwrap_or_default().iter()).finish(),
+        }
     }
 }
 
 impl Serialize for MapValue {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.bytes().iter())
+        match (&self.0, self.bytes()) {
+            (Repr::ReadBack(d), _) => s.serialize_str(&format!("chunk digest {d:016x}")),
+            (_, b) => s.collect_seq(b.unwrap_or_default().iter()),
+        }
     }
 }
 
@@ -191,8 +222,8 @@ mod tests {
         // the last built table never serves the wrong one.
         let other = MaglevTable::new(backends(2), vec![1, 2], 251);
         for c in [3, 0, 2, 1] {
-            assert_eq!(MapValue::chunk(&table, c).bytes().as_ref(), want[c as usize].as_slice(), "chunk {c}");
-            assert_ne!(MapValue::chunk(&other, c).bytes().as_ref(), want[c as usize].as_slice());
+            assert_eq!(MapValue::chunk(&table, c).bytes().unwrap().as_ref(), want[c as usize].as_slice(), "chunk {c}");
+            assert_ne!(MapValue::chunk(&other, c).bytes().unwrap().as_ref(), want[c as usize].as_slice());
         }
     }
 
@@ -207,14 +238,21 @@ mod tests {
         assert_ne!(MapValue::chunk(&a, 0), MapValue::chunk(&other_ids, 0));
         assert_ne!(MapValue::chunk(&a, 0), MapValue::chunk(&fewer, 0));
         // As observe reads it back from the kernel.
-        let read_back = MapValue::from(MapValue::chunk(&a, 2).bytes().into_owned());
+        let bytes = MapValue::chunk(&a, 2).bytes().unwrap().into_owned();
+        let read_back = MapValue::read_back(BpfMap::Maglev, bytes.clone());
+        assert!(read_back.bytes().is_none() && read_back.as_bytes().is_none(), "only a digest is kept");
         assert_eq!(read_back, MapValue::chunk(&a, 2));
         assert_eq!(MapValue::chunk(&a, 2), read_back);
+        assert_eq!(read_back, MapValue::from(bytes.clone()));
         assert_ne!(read_back, MapValue::chunk(&a, 1));
+        assert_eq!(MapValue::from(bytes.clone()), MapValue::chunk(&a, 2), "as bytes, too");
         assert_ne!(MapValue::from(vec![0; 8]), MapValue::chunk(&a, 2), "another size is never a chunk");
-        let mut flipped = read_back.bytes().into_owned();
+        let mut flipped = bytes.clone();
         flipped[100] ^= 1;
+        assert_ne!(MapValue::read_back(BpfMap::Maglev, flipped.clone()), MapValue::chunk(&a, 2));
         assert_ne!(MapValue::from(flipped), MapValue::chunk(&a, 2));
+        // Other maps' values are kept whole, whatever their size.
+        assert_eq!(MapValue::read_back(BpfMap::Mesh, bytes.clone()).as_bytes(), Some(&bytes[..]));
     }
 
     #[test]
@@ -230,7 +268,7 @@ mod tests {
     fn bytes_stay_bytes() {
         let v = MapValue::from(vec![1, 2, 3]);
         assert_eq!(v.as_bytes(), Some(&[1u8, 2, 3][..]));
-        assert_eq!(v.bytes().as_ref(), [1, 2, 3]);
+        assert_eq!(v.bytes().unwrap().as_ref(), [1, 2, 3]);
         assert_eq!(serde_json::to_string(&v).unwrap(), "[1,2,3]");
     }
 }

@@ -32,7 +32,7 @@ fn entries(d: &Desired, map: BpfMap) -> BTreeMap<Vec<u8>, Vec<u8>> {
     d.map_entries
         .iter()
         .filter(|(k, _)| k.map == map)
-        .map(|(k, v)| (k.key.to_vec(), v.spec.bytes().into_owned()))
+        .map(|(k, v)| (k.key.to_vec(), v.spec.bytes().unwrap().into_owned()))
         .collect()
 }
 

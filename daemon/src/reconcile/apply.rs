@@ -118,7 +118,14 @@ fn apply_one(b: &mut Backends, step: &Step, originals: &mut SysctlOriginals) -> 
             b.sysctl.set(path, value)
         }
         Step::ReplaceNeighbour(k, s) => b.net.replace_neighbour(k, s),
-        Step::PutMapEntry(k, v) => b.bpf.put_map_entry(k, &v.bytes()),
+        Step::PutMapEntry(k, v) => match v.bytes() {
+            Some(bytes) => b.bpf.put_map_entry(k, &bytes),
+            // The plan writes desired values only; a read-back one is a bug.
+            None => Err(crate::backends::BackendError::Bpf {
+                op: format!("update {}", k.map.name()),
+                detail: "a value read back from the kernel holds no bytes to write".to_string(),
+            }),
+        },
         Step::Attach(a) => b.bpf.attach(a),
         Step::ReplaceNftTable(rules) => b.nft.replace_mesh_table(rules),
         Step::DeleteNftTable => b.nft.delete_mesh_table(),

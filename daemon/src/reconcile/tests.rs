@@ -349,7 +349,12 @@ fn services_added_and_removed_by_a_patch_leave_the_kernel_as_a_full_sync_would()
     assert_eq!(removed.steps.len(), 11, "{:?}", removed.steps);
     let check = r.sync(&config(&many_services(N, Some(5))), true).unwrap();
     assert!(check.steps.is_empty(), "{:?}", check.steps);
-    let want: BTreeMap<_, _> =
-        r.desired().unwrap().map_entries.iter().map(|(k, v)| (k.clone(), v.spec.bytes().into_owned())).collect();
+    let want: BTreeMap<_, _> = r
+        .desired()
+        .unwrap()
+        .map_entries
+        .iter()
+        .map(|(k, v)| (k.clone(), v.spec.bytes().unwrap().into_owned()))
+        .collect();
     assert!(want == k.state().maps, "the kernel's map entries are the desired ones");
 }
