@@ -26,6 +26,9 @@ impl fmt::Display for ConfigError {
 pub struct Source<'a> {
     pub path: &'a Path,
     pub text: &'a str,
+    /// The file's line number of `text`'s first line: 1, or more for a
+    /// part of a file (`part`).
+    first_line: usize,
     /// Byte offset of each line's start, computed on first use: every
     /// lookup is then a binary search, not a scan from the top (a file of
     /// 30,000 services asks 60,000 times).
@@ -34,7 +37,14 @@ pub struct Source<'a> {
 
 impl<'a> Source<'a> {
     pub fn new(path: &'a Path, text: &'a str) -> Self {
-        Source { path, text, line_starts: std::cell::OnceCell::new() }
+        Source { path, text, first_line: 1, line_starts: std::cell::OnceCell::new() }
+    }
+
+    /// The lines of `range` (which starts a line) as a source of their
+    /// own, whose positions are still the file's.
+    pub fn part(&self, range: std::ops::Range<usize>) -> Source<'a> {
+        let (line, _) = self.line_col(range.start);
+        Source { path: self.path, text: &self.text[range], first_line: line, line_starts: std::cell::OnceCell::new() }
     }
 
     /// 1-based (line, column); the column counts characters, not bytes.
@@ -46,7 +56,7 @@ impl<'a> Source<'a> {
         let line = starts.partition_point(|&s| s <= offset);
         let line_start = starts[line - 1];
         let column = self.text[line_start..offset].chars().count() + 1;
-        (line, column)
+        (line + self.first_line - 1, column)
     }
 
     pub fn error(&self, span: &std::ops::Range<usize>, key: Option<&str>, message: String) -> ConfigError {

@@ -1,7 +1,7 @@
 //! Configuration: TOML drop-ins in the config dir -> `Config`.
 //!
 //! `schema` is the file format as written, `validate` checks one file on
-//! its own, `merge` enforces what must be unique across files, and `store`
+//! its own (a large one in the parts `split` finds), `merge` enforces what must be unique across files, and `store`
 //! reads the dir and keeps each file's last good version.
 
 mod capacity;
@@ -10,6 +10,7 @@ mod error;
 mod merge;
 mod read;
 mod schema;
+mod split;
 mod store;
 mod types;
 mod validate;

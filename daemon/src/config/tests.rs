@@ -162,6 +162,63 @@ fn a_parsed_file_holds_no_more_than_its_services() {
     assert!(raw < 2000 * 200, "{raw} bytes of service slots");
 }
 
+/// A file of `n` services with the constructs a cut must respect:
+/// comments, multi-line arrays, inline tables, strings holding brackets.
+fn fleet_file(n: usize) -> String {
+    let mut text = String::from("# fleet\n\n[daemon]\nconnect_time_lb = \"all\"\n\n");
+    for i in 0..n {
+        text += &format!(
+            "[[service]] # {i}\nname = \"s{i}\"\nvip = \"10.0.{}.{}\"\nport = 80\nbackends = [\n  \"10.1.0.1:80\", # [[service]]\n  {{ address = \"10.1.0.2:80\", weight = 2 }},\n]\n\n",
+            i / 250,
+            i % 250 + 1
+        );
+        if i % 50 == 0 {
+            text += &format!(
+                "[[mesh]]\nname = \"m{i}\"\nvip = \"10.9.0.{}\"\nport = 0\nredirect_port = 15001\n\n",
+                i / 50 + 1
+            );
+        }
+    }
+    text
+}
+
+#[test]
+fn a_file_parsed_in_parts_means_what_it_means_whole() {
+    let text = fleet_file(300);
+    let src = Source::new(Path::new("t.toml"), &text);
+    let parts = split::parts_of(&text, 2000).expect("cut");
+    assert!(parts.len() > 10, "{} parts", parts.len());
+    let whole = validate::parse_whole(&src).expect("valid");
+    assert_eq!(whole.services.len(), 300);
+    let joined = validate::parse_parts(&src, parts).expect("every part valid");
+    // Origins included: every position is still the file's.
+    assert_eq!(joined, whole);
+    assert_eq!(joined.services[299].origin.line, whole.services[299].origin.line);
+
+    // Any error, and the parts give up: the whole parse reports it.
+    let bad = text.replace("name = \"s200\"", "name = \"s200\"\nbogus = 1");
+    let src = Source::new(Path::new("t.toml"), &bad);
+    assert_eq!(validate::parse_parts(&src, split::parts_of(&bad, 2000).unwrap()), None);
+    // [daemon] twice, in two parts: only the whole parse sees the clash.
+    let twice = text.clone() + "[daemon]\nconnect_time_lb = \"tcp\"\n";
+    let src = Source::new(Path::new("t.toml"), &twice);
+    assert_eq!(validate::parse_parts(&src, split::parts_of(&twice, 2000).unwrap()), None);
+    assert!(validate::parse_whole(&src).is_err());
+}
+
+#[test]
+fn a_large_file_gives_what_the_whole_parse_gives_with_or_without_errors() {
+    let text = fleet_file(2000);
+    assert!(text.len() > 2 * split::PART_BYTES, "{} bytes: large enough to be cut", text.len());
+    let src = Source::new(Path::new("t.toml"), &text);
+    assert_eq!(parse_file(&src), validate::parse_whole(&src));
+    let bad = text.replace("port = 80\n", "port = 0\n");
+    let src = Source::new(Path::new("t.toml"), &bad);
+    let errors = parse_file(&src).expect_err("port 0");
+    assert_eq!(Err(errors.clone()), validate::parse_whole(&src));
+    assert_eq!(errors[0].line, 9, "{:?}", errors[0]);
+}
+
 #[test]
 fn syntax_error_names_line_column_and_key() {
     let text = "[[service]]\nname = \"web\"\nvip = 10.96.0.10\n";

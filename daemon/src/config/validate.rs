@@ -13,6 +13,7 @@ use super::capacity::{Capacity, SIZE_KEYS};
 use super::duration::parse_duration;
 use super::error::{ConfigError, Origin, Source};
 use super::schema::*;
+use super::split;
 use super::types::*;
 use crate::model::maglev::{is_prime, MAX_TABLE_SIZE, MIN_TABLE_SIZE};
 
@@ -20,8 +21,37 @@ pub const MAX_NAME_LEN: usize = 63;
 pub const MAX_WEIGHT: i64 = 1000;
 pub const MAX_VNI: i64 = (1 << 24) - 1;
 
-/// Parses and validates one file's text.
+/// Parses and validates one file's text: a large one in parts
+/// (`split.rs`), and whole when a part fails, so that errors are always
+/// the whole file's.
 pub fn parse_file(src: &Source<'_>) -> Result<FileConfig, Vec<ConfigError>> {
+    match split::parts(src.text).and_then(|parts| parse_parts(src, parts)) {
+        Some(file) => Ok(file),
+        None => parse_whole(src),
+    }
+}
+
+/// The file's parts parsed and validated one by one and joined; `None` if
+/// any part has an error or two parts hold `[daemon]` or `[gateway]`.
+pub(super) fn parse_parts(src: &Source<'_>, parts: Vec<Range<usize>>) -> Option<FileConfig> {
+    let mut file = FileConfig::default();
+    for range in parts {
+        let part = parse_whole(&src.part(range)).ok()?;
+        if (part.daemon.is_some() && file.daemon.is_some()) || (part.gateway.is_some() && file.gateway.is_some()) {
+            return None;
+        }
+        file.daemon = file.daemon.or(part.daemon);
+        file.gateway = file.gateway.or(part.gateway);
+        file.services.extend(part.services);
+        file.meshes.extend(part.meshes);
+        file.peers.extend(part.peers);
+        file.members.extend(part.members);
+    }
+    file.services.shrink_to_fit();
+    Some(file)
+}
+
+pub(super) fn parse_whole(src: &Source<'_>) -> Result<FileConfig, Vec<ConfigError>> {
     let raw = parse_raw(src)?;
     let mut check = Check { src, errors: Vec::new() };
     let file = check.file(raw);

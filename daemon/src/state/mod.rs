@@ -74,10 +74,20 @@ pub fn prepare_state_dir(dir: &Path) -> Result<(), StateDirError> {
 /// exclusively, so no planted link is followed) and a rename, so readers
 /// never see a partial file.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_atomic_with(path, |w| w.write_all(bytes))
+}
+
+/// `write_atomic`, the contents written by `fill` through a buffer: a
+/// large file (the status of 100,000 services, ~30 MB of JSON) is never
+/// held in memory whole.
+pub fn write_atomic_with(path: &Path, fill: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("state");
-    let mut tmp = tempfile::Builder::new().prefix(&format!(".{name}.")).suffix(".tmp").tempfile_in(dir)?;
-    tmp.write_all(bytes)?;
+    let tmp = tempfile::Builder::new().prefix(&format!(".{name}.")).suffix(".tmp").tempfile_in(dir)?;
+    let mut out = io::BufWriter::with_capacity(64 * 1024, tmp.as_file());
+    fill(&mut out)?;
+    out.flush()?;
+    drop(out);
     tmp.as_file().sync_data()?;
     // The temp file is 0600; the status is for everyone to read.
     fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o644))?;

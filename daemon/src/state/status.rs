@@ -144,8 +144,9 @@ impl Status {
     }
 
     pub fn write(&self, state_dir: &Path) -> io::Result<()> {
-        let json = serde_json::to_vec_pretty(self).expect("status serialises");
-        super::write_atomic(&Self::path(state_dir), &json)
+        super::write_atomic_with(&Self::path(state_dir), |w| {
+            serde_json::to_writer_pretty(w, self).map_err(io::Error::other)
+        })
     }
 
     pub fn read(state_dir: &Path) -> io::Result<Status> {
