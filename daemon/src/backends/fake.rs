@@ -208,8 +208,8 @@ impl BpfBackend for FakeKernel {
         }
     }
 
-    fn map_entries(&mut self) -> Result<BTreeMap<MapEntryKey, Vec<u8>>> {
-        Ok(self.state().maps.clone())
+    fn map_entries(&mut self) -> Result<BTreeMap<MapEntryKey, MapValue>> {
+        Ok(self.state().maps.iter().map(|(k, v)| (k.clone(), MapValue::read_back(k.map, v.clone()))).collect())
     }
 
     fn put_map_entry(&mut self, key: &MapEntryKey, value: &[u8]) -> Result<()> {

@@ -87,7 +87,9 @@ pub trait BpfBackend {
     fn take_notes(&mut self) -> Vec<String> {
         Vec::new()
     }
-    fn map_entries(&mut self) -> Result<BTreeMap<MapEntryKey, Vec<u8>>>;
+    /// Every configuration map entry (`BpfMap`), as `MapValue::read_back`
+    /// keeps it.
+    fn map_entries(&mut self) -> Result<BTreeMap<MapEntryKey, MapValue>>;
     fn put_map_entry(&mut self, key: &MapEntryKey, value: &[u8]) -> Result<()>;
     fn delete_map_entry(&mut self, key: &MapEntryKey) -> Result<()>;
     fn attachments(&mut self) -> Result<BTreeMap<Attachment, AttachStatus>>;

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::backends::{Backends, Result};
-use crate::model::{MapValue, Observed};
+use crate::model::Observed;
 
 /// Reads owned links, routes, neighbours, map entries and attachments.
 /// Sysctls are read separately: which ones matter depends on what is
@@ -13,15 +13,7 @@ pub fn observe(b: &mut Backends) -> Result<Observed> {
         links: b.net.links()?,
         sysctls: BTreeMap::new(),
         neighbours: b.net.neighbours()?,
-        map_entries: b
-            .bpf
-            .map_entries()?
-            .into_iter()
-            .map(|(k, v)| {
-                let v = MapValue::read_back(k.map, v);
-                (k, v)
-            })
-            .collect(),
+        map_entries: b.bpf.map_entries()?,
         attachments: b.bpf.attachments()?,
         routes: b.net.routes()?,
         nft_table: b.nft.mesh_table()?,

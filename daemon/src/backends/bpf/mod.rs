@@ -405,7 +405,7 @@ impl BpfBackend for PinnedBpf {
         std::mem::take(&mut self.notes)
     }
 
-    fn map_entries(&mut self) -> Result<BTreeMap<MapEntryKey, Vec<u8>>> {
+    fn map_entries(&mut self) -> Result<BTreeMap<MapEntryKey, MapValue>> {
         let mut out = BTreeMap::new();
         if self.loaded.is_none() && !self.has_pins() {
             return Ok(out);
@@ -414,15 +414,14 @@ impl BpfBackend for PinnedBpf {
         for map in BpfMap::ALL {
             let def = def_of(map, &self.sizes);
             let fd = self.map_fd(def.name)?;
-            let entries = sys::map_dump(fd.as_fd(), def.key_size as usize, def.value_size as usize)
-                .map_err(|e| bpf_err(format!("read map {}", def.name), e))?;
-            for (key, value) in entries {
+            sys::map_for_each(fd.as_fd(), def.key_size as usize, def.value_size as usize, |key, value| {
                 // An array always has every key; all-zero values are unset.
                 if def.map_type == BPF_MAP_TYPE_ARRAY && value.iter().all(|b| *b == 0) {
-                    continue;
+                    return;
                 }
-                out.insert(MapEntryKey { map, key: key.into() }, value);
-            }
+                out.insert(MapEntryKey { map, key: key.into() }, MapValue::read_back(map, value.to_vec()));
+            })
+            .map_err(|e| bpf_err(format!("read map {}", def.name), e))?;
         }
         Ok(out)
     }
