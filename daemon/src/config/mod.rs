@@ -1,8 +1,9 @@
 //! Configuration: TOML drop-ins in the config dir -> `Config`.
 //!
 //! `schema` is the file format as written, `validate` checks one file on
-//! its own (a large one in the parts `split` finds), `merge` enforces what must be unique across files, and `store`
-//! reads the dir and keeps each file's last good version.
+//! its own (a large one in the parts `split` finds), `merge` enforces what
+//! must be unique across files, and `store` reads the dir and keeps each
+//! file's last good version.
 
 mod capacity;
 mod duration;

@@ -65,15 +65,21 @@ impl MaglevTable {
 
     /// How many HM_MAGLEV chunks the table fills.
     pub fn chunks(&self) -> u32 {
-        if self.backends.is_empty() {
-            0
-        } else {
-            (self.size as usize).div_ceil(MAGLEV_CHUNK) as u32
-        }
+        chunks_for(self.backends.len(), self.size) as u32
     }
 
     fn slots(&self) -> Vec<u32> {
         maglev::build(&self.backends, self.size)
+    }
+}
+
+/// The HM_MAGLEV chunks a table of `size` slots over `backends` backends
+/// fills: none without backends.
+pub(super) fn chunks_for(backends: usize, size: u32) -> usize {
+    if backends == 0 {
+        0
+    } else {
+        (size as usize).div_ceil(MAGLEV_CHUNK)
     }
 }
 

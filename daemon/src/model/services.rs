@@ -140,11 +140,7 @@ pub fn maglev_chunks(s: &Service, default: Option<u32>) -> usize {
 /// The HM_MAGLEV chunks the service takes from the shared capacity (none
 /// without backends).
 pub(super) fn chunks_of(s: &Service, table_size: u32) -> usize {
-    if s.backends.is_empty() {
-        0
-    } else {
-        (table_size as usize).div_ceil(MAGLEV_CHUNK)
-    }
+    super::map_value::chunks_for(s.backends.len(), table_size)
 }
 
 /// The keys of one service's entries in HM_BACKENDS, HM_MAGLEV and

@@ -86,8 +86,7 @@ pub fn write_atomic_with(path: &Path, fill: impl FnOnce(&mut dyn Write) -> io::R
     let tmp = tempfile::Builder::new().prefix(&format!(".{name}.")).suffix(".tmp").tempfile_in(dir)?;
     let mut out = io::BufWriter::with_capacity(64 * 1024, tmp.as_file());
     fill(&mut out)?;
-    out.flush()?;
-    drop(out);
+    out.into_inner().map_err(io::IntoInnerError::into_error)?;
     tmp.as_file().sync_data()?;
     // The temp file is 0600; the status is for everyone to read.
     fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
