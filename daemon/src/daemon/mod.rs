@@ -1,6 +1,6 @@
 //! `hostmesh run`: the daemon. One sync loop does all the work; file
-//! events, SIGHUP and the resync timer only wake it (DESIGN.md, "The
-//! pipeline"). Bursts of file events are coalesced: the loop waits for the
+//! events, SIGHUP and the resync timer only wake it (docs/design.md,
+//! "The pipeline"). Bursts of file events are coalesced: the loop waits for the
 //! config dir to be quiet for a moment, so 1,000 drop-ins written at once
 //! cost one sync.
 
@@ -547,10 +547,14 @@ impl Daemon {
     /// Writes the status file from the last sync and the sidecar
     /// registrations; returns the one-line STATUS=.
     fn write_status(&self) -> String {
+        let started = Instant::now();
         let status = self.status(self.last_outcome.as_ref(), false);
         if let Err(e) = status.write(&self.paths.state_dir) {
             warn!(self.log, "cannot write the status file"; "path" => Status::path(&self.paths.state_dir).display().to_string(), "error" => e.to_string());
         }
+        // bench/scale reads this (HOSTMESH_DEBUG=1): the status of every
+        // object is part of an edit's cost.
+        slog::debug!(self.log, "status written"; "duration_ms" => started.elapsed().as_millis() as u64);
         report::status_line(&status)
     }
 
@@ -575,7 +579,9 @@ impl Daemon {
         }
         info!(self.log, "sync done"; "generation" => self.generation, "full" => o.full, "patched" => o.patched, "steps" => o.step_count,
             "errors" => o.errors.len(), "duration_ms" => o.duration.as_millis() as u64,
-            "config_read_ms" => self.load_time.as_millis() as u64,
+            "config_read_ms" => self.load_time.as_millis() as u64, "observe_ms" => o.phases.observe.as_millis() as u64,
+            "compile_ms" => o.phases.compile.as_millis() as u64, "plan_ms" => o.phases.plan.as_millis() as u64,
+            "apply_ms" => o.phases.apply.as_millis() as u64, "record_ms" => o.phases.record.as_millis() as u64,
             "services" => self.loaded.config.services.len(), "rejected_files" => self.loaded.rejected().count(),
             "parsed_files" => self.loaded.parsed_files);
     }

@@ -11,7 +11,7 @@ pub use apply::StepError;
 pub use observe::{observe, observe_sysctls};
 pub use originals::SysctlOriginals;
 pub use plan::{plan, PlannedStep, Step};
-pub use reconciler::{Reconciler, SyncOutcome};
+pub use reconciler::{Phases, Reconciler, SyncOutcome};
 
 #[cfg(test)]
 mod tests;

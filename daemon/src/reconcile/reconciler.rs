@@ -63,6 +63,27 @@ pub struct SyncOutcome {
     /// What the backends repaired or replaced on the way, for the log.
     pub notes: Vec<String>,
     pub duration: Duration,
+    pub phases: Phases,
+}
+
+/// Where a sync's time went (logged with "sync done"; `bench/scale` reports
+/// it): reading the kernel, compiling, diffing, writing, and recording what
+/// was written as the next baseline.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Phases {
+    pub observe: Duration,
+    pub compile: Duration,
+    pub plan: Duration,
+    pub apply: Duration,
+    pub record: Duration,
+}
+
+/// The time since `mark`, moving `mark` to now.
+fn lap(mark: &mut Instant) -> Duration {
+    let now = Instant::now();
+    let d = now - *mark;
+    *mark = now;
+    d
 }
 
 impl Reconciler {
@@ -124,6 +145,8 @@ impl Reconciler {
     }
 
     fn sync_inner(&mut self, config: &Config, full: bool, started: Instant) -> Result<SyncOutcome, BackendError> {
+        let mut phases = Phases::default();
+        let mut mark = started;
         let mut facts = self.backends.host.facts()?;
         if !config.meshes.is_empty() && config.daemon.mesh_backend == MeshBackend::Auto {
             facts.sk_lookup_unavailable = self.backends.bpf.sk_lookup_unavailable();
@@ -144,7 +167,9 @@ impl Reconciler {
                 )),
             },
             _ => {
+                phases.compile += lap(&mut mark);
                 let mut have = observe(&mut self.backends)?;
+                phases.observe = lap(&mut mark);
                 // A full sync starts from the kernel: the last compile and
                 // baseline are not needed, and holding them beside the new
                 // ones doubled a resync's memory (100,000 services).
@@ -158,7 +183,9 @@ impl Reconciler {
                 );
                 let paths: BTreeSet<String> =
                     want.sysctls.keys().chain(self.originals.values().keys()).cloned().collect();
+                phases.compile += lap(&mut mark);
                 observe_sysctls(&mut self.backends, &paths, &mut have)?;
+                phases.observe += lap(&mut mark);
                 observed = Some(have);
                 Want::Compiled(want)
             }
@@ -177,10 +204,12 @@ impl Reconciler {
                     stopped: true,
                     notes: self.backends.bpf.take_notes(),
                     duration: started.elapsed(),
+                    phases,
                 });
             }
             Want::Compiled(desired) => (Compiled::new(desired, config, &facts), None),
         };
+        phases.compile += lap(&mut mark);
         let Some(have) = observed.as_ref().or(self.last_applied.as_ref()) else {
             unreachable!("an incremental sync has a last applied state, a full one observed");
         };
@@ -190,8 +219,10 @@ impl Reconciler {
         };
         // What observe read is planned against and no longer needed.
         drop(observed);
+        phases.plan = lap(&mut mark);
         let Applied { errors, bpf_unavailable, stopped } =
             apply(&mut self.backends, &steps, &mut self.originals, &self.stopping);
+        phases.apply = lap(&mut mark);
         let step_count = steps.len();
         let described = steps.iter().take(DESCRIBED_STEPS).map(|s| s.step.to_string()).collect();
         // Freed before the baseline is built: a cold start's plan (600,000
@@ -216,6 +247,7 @@ impl Reconciler {
                 Err(e) => notes.push(format!("finishing a map resize: {e}")),
             }
         }
+        phases.record = lap(&mut mark);
         Ok(SyncOutcome {
             full,
             patched: touched.is_some(),
@@ -226,6 +258,7 @@ impl Reconciler {
             stopped,
             notes,
             duration: started.elapsed(),
+            phases,
         })
     }
 
