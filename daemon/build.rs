@@ -1,6 +1,6 @@
 //! Compiles every eBPF probe under `probes/` with clang into `OUT_DIR`, where
 //! `src/backends/bpf/objects.rs` embeds them with `include_bytes_aligned!`.
-//! The probes are C (DESIGN.md, "Fixed choices"); clang and libbpf's headers
+//! The probes are C (docs/design.md, "Fixed choices"); clang and libbpf's headers
 //! come from Debian (`apt-get install -y clang libbpf-dev`).
 
 use std::{

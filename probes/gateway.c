@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 OR GPL-2.0
 /*
- * Gateway peers (DESIGN.md, Gateway peers): TC programs on the flow-based
+ * Gateway peers (README.md, "Gateway peers"): TC programs on the flow-based
  * VXLAN device hm-tun0 choose each packet's tunnel destination and check
  * what arrives.
  *

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 OR GPL-2.0
 /*
- * Mesh redirects (DESIGN.md, Mesh redirects): an sk_lookup program on the
+ * Mesh redirects (README.md, "Mesh redirects"): an sk_lookup program on the
  * daemon's network namespace hands connections (and datagrams) for a
  * VIP:port to the local sidecar's listener, with no NAT and no conntrack:
  * the sidecar's socket sees the VIP:port as its local address.

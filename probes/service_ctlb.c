@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 OR GPL-2.0
 /*
- * Connect-time load balancing (DESIGN.md, Service IPs): cgroup sock_addr
+ * Connect-time load balancing (README.md, "Service IPs"): cgroup sock_addr
  * programs rewrite a socket's destination from a VIP to a backend at
  * connect() (TCP, connected UDP) or sendmsg() (unconnected UDP), so every
  * packet goes straight to the backend with no NAT at all.

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 OR GPL-2.0
 /*
- * Service NAT on the bpfnat veth (DESIGN.md, Service IPs).
+ * Service NAT on the bpfnat veth (README.md, "Service IPs").
  *
  * Every VIP has a host route via hm-natin, so host-originated packets to a
  * VIP leave through hm-natin and arrive at hm-natout's TC ingress, where

@@ -1,5 +1,5 @@
 //! hostmesh: service IPs, mesh redirects and gateway peers for VMs and
-//! bare-metal hosts. The pipeline (DESIGN.md):
+//! bare-metal hosts. The pipeline (docs/design.md):
 //!
 //! config (TOML drop-ins) -> model (Desired) -> reconcile (observe, plan,
 //! apply) -> backends (BPF, netlink, sysctl), driven by `daemon`.

@@ -29,7 +29,7 @@ pub struct KernelState {
 }
 
 /// Cheap to clone: every clone sees the same state, so a test keeps one
-/// and hands the others to the reconciler as its three backends.
+/// and hands the others to the reconciler as each of its backends.
 #[derive(Debug, Clone, Default)]
 pub struct FakeKernel(pub Arc<Mutex<KernelState>>);
 

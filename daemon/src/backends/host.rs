@@ -85,7 +85,7 @@ pub fn netns_cookie() -> io::Result<u64> {
 }
 
 /// Where cgroup2 is mounted. When nothing is, mounts it under the state dir
-/// (DESIGN.md: "mount cgroup2 when the host has none").
+/// (docs/design.md, "Attach modes").
 pub fn ensure_cgroup2(state_dir: &Path) -> io::Result<Option<PathBuf>> {
     if let Some(root) = cgroup2_mount()? {
         return Ok(Some(root));

@@ -1,5 +1,5 @@
-//! The TOML schema of one drop-in file, exactly as written (DESIGN.md,
-//! "Configuration contract"). Every value keeps its span so validation can
+//! The TOML schema of one drop-in file, exactly as written (README.md,
+//! "Configuration"). Every value keeps its span so validation can
 //! point at file:line:column. Nothing here interprets values; `validate`
 //! turns these into typed configuration.
 

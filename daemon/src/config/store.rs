@@ -1,7 +1,7 @@
 //! The config dir as the daemon sees it over time: every `*.toml` read in
 //! lexical order, each parsed on its own, and the last good version of each
 //! file kept so that a broken edit never takes away what the file declared
-//! before (DESIGN.md, "Configuration contract").
+//! before (README.md, "Configuration").
 
 use std::collections::BTreeMap;
 use std::fs;

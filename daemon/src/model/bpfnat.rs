@@ -1,4 +1,4 @@
-//! The bpfnat veth path for `[[service]]` VIPs (DESIGN.md, Service IPs):
+//! The bpfnat veth path for `[[service]]` VIPs (README.md, "Service IPs"):
 //! the `hm-natin`/`hm-natout` pair, one host route per VIP via a link-local
 //! gateway on `hm-natin`, a permanent neighbour for that gateway, the RPF
 //! and forwarding sysctls, the NAT program on `hm-natout` and the reply

@@ -1,5 +1,5 @@
-//! `[gateway]`, `[[peer]]`, `[[member]]` -> gateway peers (DESIGN.md,
-//! Gateway peers): the flow-based VXLAN device `hm-tun0`, routes for remote
+//! `[gateway]`, `[[peer]]`, `[[member]]` -> gateway peers (README.md,
+//! "Gateway peers"): the flow-based VXLAN device `hm-tun0`, routes for remote
 //! CIDRs through it with an MTU reduced by the encapsulation, and the maps
 //! its TC programs read (who is a peer, which CIDR is behind which
 //! endpoint).

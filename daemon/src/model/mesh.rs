@@ -1,4 +1,4 @@
-//! `[[mesh]]` -> mesh redirects (DESIGN.md, Mesh redirects): a `local` route
+//! `[[mesh]]` -> mesh redirects (README.md, "Mesh redirects"): a `local` route
 //! per VIP so the kernel delivers it to this host, and either HM_MESH
 //! entries for the sk_lookup program on this namespace, or — when
 //! sk_lookup is unavailable or not wanted — tproxy rules in

@@ -1,6 +1,6 @@
 //! `[[service]]` -> the service maps every path reads (HM_CONFIG,
 //! HM_BACKENDS, HM_MAGLEV, HM_SERVICES) and the connect-time programs on
-//! the configured cgroup (DESIGN.md, Service IPs). The bpfnat veth is
+//! the configured cgroup (README.md, "Service IPs"). The bpfnat veth is
 //! `bpfnat.rs`.
 
 use std::collections::BTreeSet;

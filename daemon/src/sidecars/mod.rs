@@ -1,4 +1,5 @@
-//! Sidecar listeners for mesh redirects (DESIGN.md, Corrections 1).
+//! Sidecar listeners for mesh redirects (docs/design.md, "Facts the seeds got
+//! wrong", 1).
 //!
 //! For every redirect port in use, the registrar finds the socket the
 //! sidecar listens on (sock_diag), takes it from its owner (pidfd_getfd),
