@@ -67,8 +67,8 @@ pub struct SyncOutcome {
 }
 
 /// Where a sync's time went (logged with "sync done"; `bench/scale` reports
-/// it): reading the kernel, compiling, diffing, writing, and recording what
-/// was written as the next baseline.
+/// it): reading the kernel, compiling (with the host facts it needs),
+/// diffing, writing, and recording what was written as the next baseline.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Phases {
     pub observe: Duration,
