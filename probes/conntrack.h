@@ -21,8 +21,6 @@
 #include "packet.h"
 #include "service_maps.h"
 
-#define NS_PER_S 1000000000ULL
-
 static __always_inline void ct_key(struct hm_ct_key *k, const __u8 src[16], const __u8 dst[16], __be16 sport,
 				   __be16 dport, __u8 proto, __u8 dir)
 {

@@ -21,7 +21,6 @@
 #include "hostmesh_abi.h"
 #include "packet.h"
 
-#define NS_PER_S 1000000000ULL
 /* Learned paths expire after seconds idle; a finer timestamp is waste. */
 #define REFRESH_NS NS_PER_S
 

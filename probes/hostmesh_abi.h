@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 OR GPL-2.0 */
 /*
  * The ABI between hostmesh's probes and the daemon: map key/value layouts
- * and constants. daemon/src/abi.rs mirrors every struct here with
- * #[repr(C)] types; both sides assert the sizes so a mismatch fails the
- * build instead of corrupting a map.
+ * and constants. daemon/src/abi/mod.rs mirrors every struct and every
+ * HM_ constant here; its layout test reads the BTF of the compiled objects
+ * and fails when a size, a field's offset or a constant differs. Every
+ * struct has explicit padding fields: no byte of a key is left to the
+ * compiler (the test checks that too).
  *
  * Addresses are always 16 bytes: IPv4 is stored IPv4-mapped (::ffff:a.b.c.d)
  * so one key type serves both families. Ports are in network byte order.
@@ -161,10 +163,14 @@ _Static_assert(sizeof(struct hm_mesh_value) == 4, "hm_mesh_value layout");
 /* HM_MESH_SOCKETS (a SOCKHASH): the sidecar listener for a redirect port. */
 struct hm_sock_key {
 	__u16 port;  /* host byte order */
-	__u8 family; /* AF_INET or AF_INET6 */
+	__u8 family; /* HM_AF_INET or HM_AF_INET6 */
 	__u8 proto;  /* IPPROTO_TCP or IPPROTO_UDP */
 };
 _Static_assert(sizeof(struct hm_sock_key) == 4, "hm_sock_key layout");
+
+/* The kernel's address families (the probes include no libc header). */
+#define HM_AF_INET 2
+#define HM_AF_INET6 10
 
 /* Default capacity of the mesh maps; [daemon] mesh_map_size overrides it. */
 #define HM_MESH_MAP_SIZE 16384

@@ -19,9 +19,6 @@
 
 #include "hostmesh_abi.h"
 
-#define AF_INET 2
-#define AF_INET6 10
-
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, HM_MESH_MAP_SIZE);
@@ -47,13 +44,13 @@ int hm_mesh(struct bpf_sk_lookup *ctx)
 
 	if (ctx->protocol != IPPROTO_TCP && ctx->protocol != IPPROTO_UDP)
 		return SK_PASS;
-	if (ctx->family == AF_INET) {
+	if (ctx->family == HM_AF_INET) {
 		__u32 ip = ctx->local_ip4;
 
 		key.addr[10] = 0xff;
 		key.addr[11] = 0xff;
 		__builtin_memcpy(&key.addr[12], &ip, 4);
-	} else if (ctx->family == AF_INET6) {
+	} else if (ctx->family == HM_AF_INET6) {
 		__u32 w[4];
 
 		w[0] = ctx->local_ip6[0];

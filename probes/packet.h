@@ -18,6 +18,7 @@
 #include <bpf/bpf_helpers.h>
 
 #define ETH_HLEN 14
+#define NS_PER_S 1000000000ULL
 #define OFF(type, field) __builtin_offsetof(type, field)
 
 #define TCP_FIN 0x01

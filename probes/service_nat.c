@@ -32,9 +32,6 @@
 #include "packet.h"
 #include "service_maps.h"
 
-#define AF_INET 2
-#define AF_INET6 10
-
 /* Rewrites the source or destination address and port, fixing checksums. */
 static __always_inline int rewrite(struct __sk_buff *skb, const struct flow *f, int dst, const __u8 addr[16], __be16 port)
 {
@@ -91,11 +88,11 @@ static __always_inline int forward(struct __sk_buff *skb, const struct flow *f, 
 	/* tot_len 0: let the kernel check the MTU, GSO packets included. */
 	fib.tot_len = 0;
 	if (!f->v6) {
-		fib.family = AF_INET;
+		fib.family = HM_AF_INET;
 		__builtin_memcpy(&fib.ipv4_src, f->src + 12, 4);
 		__builtin_memcpy(&fib.ipv4_dst, dst + 12, 4);
 	} else {
-		fib.family = AF_INET6;
+		fib.family = HM_AF_INET6;
 		__builtin_memcpy(fib.ipv6_src, f->src, 16);
 		__builtin_memcpy(fib.ipv6_dst, dst, 16);
 	}

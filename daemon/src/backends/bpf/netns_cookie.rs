@@ -20,7 +20,8 @@ use aya::EbpfLoader;
 
 use crate::abi::{NETNS_COOKIE_ADDR, NETNS_COOKIE_PORT};
 
-static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/netns_cookie.o"));
+/// probes/netns_cookie.c.
+pub(crate) static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/netns_cookie.o"));
 
 const SO_COOKIE: libc::c_int = 57;
 

@@ -1,6 +1,7 @@
 //! The probes this binary carries (compiled by build.rs) and the layout of
 //! every map they declare. The table is checked against the compiled
-//! objects by a kernel test, and against pinned maps before adopting them.
+//! objects' BTF by abi's layout test, and against pinned maps before
+//! adopting them.
 
 use crate::abi;
 use crate::backends::MapSizes;
@@ -92,7 +93,14 @@ pub const MAPS: &[MapDef] = &[
         abi::CONNTRACK_SIZE,
         0,
     ),
-    def("HM_REVERSE_SOCK", BPF_MAP_TYPE_LRU_HASH, 32, 20, abi::MAX_REVERSE_SOCK, 0),
+    def(
+        "HM_REVERSE_SOCK",
+        BPF_MAP_TYPE_LRU_HASH,
+        size_of::<abi::RevSkKey>(),
+        size_of::<abi::RevSkValue>(),
+        abi::MAX_REVERSE_SOCK,
+        0,
+    ),
     def(
         "HM_MESH",
         BPF_MAP_TYPE_HASH,

@@ -1,6 +1,13 @@
 //! The Rust mirror of `probes/hostmesh_abi.h`: map keys and values exactly
-//! as the probes read them. Sizes are asserted here and in the header
-//! (`_Static_assert`), so a change on one side only fails the build.
+//! as the probes read them, and the header's constants. `layout_tests`
+//! compares every struct (size, each field's offset and size) and every
+//! constant with the BTF of the compiled probes, so a change on one side
+//! only fails `cargo test`, without root.
+
+#[cfg(test)]
+mod btf;
+#[cfg(test)]
+mod layout_tests;
 
 use std::net::{IpAddr, Ipv6Addr};
 
@@ -124,6 +131,29 @@ pub struct MeshValue {
     pub pad: u16,
 }
 
+/// `HM_REVERSE_SOCK` key: what connect-time LB rewrote a socket to.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RevSkKey {
+    /// The socket's cookie.
+    pub cookie: u64,
+    /// The backend it was sent to.
+    pub addr: [u8; 16],
+    /// Network byte order.
+    pub port_be: u16,
+    pub pad: [u16; 3],
+}
+
+/// `HM_REVERSE_SOCK` value: the VIP the socket asked for.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RevSkValue {
+    pub addr: [u8; 16],
+    /// Network byte order.
+    pub port_be: u16,
+    pub pad: u16,
+}
+
 /// `HM_MESH_SOCKETS` key: the sidecar listener for a redirect port.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -186,22 +216,6 @@ pub struct GwCtValue {
 
 pub const MAX_GW_ROUTES: u32 = 16384;
 pub const MAX_GW_CONNTRACK: u32 = 131072;
-
-const _: () = assert!(std::mem::size_of::<GwConfig>() == 48);
-const _: () = assert!(std::mem::size_of::<LpmKey>() == 20);
-const _: () = assert!(std::mem::size_of::<Endpoint>() == 20);
-const _: () = assert!(std::mem::size_of::<GwCtValue>() == 24);
-const _: () = assert!(std::mem::size_of::<MeshValue>() == 4);
-const _: () = assert!(std::mem::size_of::<SockKey>() == 4);
-const _: () = assert!(std::mem::size_of::<SvcKey>() == 20);
-const _: () = assert!(std::mem::size_of::<SvcValue>() == 16);
-const _: () = assert!(std::mem::size_of::<SvcStats>() == 16);
-const _: () = assert!(std::mem::size_of::<HmConfig>() == 24);
-const _: () = assert!(std::mem::size_of::<BackendValue>() == 20);
-const _: () = assert!(std::mem::size_of::<MaglevKey>() == 8);
-const _: () = assert!(std::mem::size_of::<MaglevChunk>() == 256);
-const _: () = assert!(std::mem::size_of::<CtKey>() == 40);
-const _: () = assert!(std::mem::size_of::<CtValue>() == 32);
 
 /// Map capacities the probes declare (`HM_MAX_*` in the header); the
 /// defaults of the `[daemon]` size keys (config/capacity.rs), which the
@@ -294,6 +308,8 @@ impl Pod for LpmKey {}
 impl Pod for Endpoint {}
 impl Pod for GwCtValue {}
 impl Pod for SockKey {}
+impl Pod for RevSkKey {}
+impl Pod for RevSkValue {}
 
 #[cfg(test)]
 mod tests {
