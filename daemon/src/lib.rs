@@ -7,6 +7,7 @@
 pub mod abi;
 pub mod backends;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod log;
@@ -16,4 +17,6 @@ pub mod peer_health;
 pub mod reconcile;
 pub mod sidecars;
 pub mod state;
+pub mod table_size;
 pub mod teardown;
+pub mod trust;

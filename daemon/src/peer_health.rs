@@ -8,15 +8,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::clock::now_unix;
 use crate::config::{Config, GatewayRole};
-use crate::daemon::report::now_unix;
 
 /// What the monitor probes, and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,8 +76,9 @@ pub struct PeerHealth {
 }
 
 impl PeerHealth {
-    /// Starts probing; `changed` is sent when a peer goes down or up.
-    pub fn start(settings: Settings, changed: Sender<crate::daemon::Event>) -> PeerHealth {
+    /// Starts probing; `changed` is called when a peer goes down or up,
+    /// and probing ends when it returns false (nobody is listening).
+    pub fn start(settings: Settings, changed: impl Fn() -> bool + Send + 'static) -> PeerHealth {
         let now = now_unix();
         let peers = settings
             .peers
@@ -121,7 +121,7 @@ impl Drop for PeerHealth {
     }
 }
 
-fn run(settings: &Settings, shared: &Mutex<Shared>, stop: &AtomicBool, changed: &Sender<crate::daemon::Event>) {
+fn run(settings: &Settings, shared: &Mutex<Shared>, stop: &AtomicBool, changed: &dyn Fn() -> bool) {
     let sock = match UdpSocket::bind((settings.local, settings.port)) {
         Ok(s) => s,
         Err(e) => {
@@ -192,7 +192,7 @@ fn run(settings: &Settings, shared: &Mutex<Shared>, stop: &AtomicBool, changed: 
                 _ => {}
             }
         }
-        if news && changed.send(crate::daemon::Event::PeersChanged).is_err() {
+        if news && !changed() {
             return;
         }
     }

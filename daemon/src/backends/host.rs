@@ -4,15 +4,12 @@
 
 use std::fs;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use super::bpf::netns_cookie;
 use super::netlink::Rtnetlink;
 use super::{BackendError, HostBackend, Result};
 use crate::model::{Feature, HostFacts, KernelFeatures};
-
-const SO_NETNS_COOKIE: libc::c_int = 71;
 
 pub struct LiveHost {
     net: Rtnetlink,
@@ -34,7 +31,8 @@ impl LiveHost {
             return Ok(c);
         }
         let cookie = if self.features.has(Feature::NetnsCookieSockopt) {
-            netns_cookie().map_err(|source| BackendError::Netlink { op: "read the netns cookie".into(), source })?
+            netns_cookie::read_with_sockopt()
+                .map_err(|source| BackendError::Netlink { op: "read the netns cookie".into(), source })?
         } else {
             let read = |root: &Path| netns_cookie::read_with_bpf(&netns_cookie::own_cgroup(root)?);
             let root = self.cgroup2_root.as_deref().ok_or_else(|| io::Error::other("no cgroup2 mount"));
@@ -59,28 +57,6 @@ impl HostBackend for LiveHost {
 
     fn path_mtus(&mut self, to: &[std::net::IpAddr]) -> Result<std::collections::BTreeMap<std::net::IpAddr, u32>> {
         self.net.path_mtus(to)
-    }
-}
-
-/// The cookie of the calling thread's network namespace.
-pub fn netns_cookie() -> io::Result<u64> {
-    let sock = std::net::UdpSocket::bind("127.0.0.1:0").or_else(|_| std::net::UdpSocket::bind("[::1]:0"))?;
-    let mut cookie: u64 = 0;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: a valid socket, and a buffer of the size we pass.
-    let rc = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            SO_NETNS_COOKIE,
-            &mut cookie as *mut u64 as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    if rc == 0 {
-        Ok(cookie)
-    } else {
-        Err(io::Error::last_os_error())
     }
 }
 

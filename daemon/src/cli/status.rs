@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use crate::daemon::report::now_unix;
+use crate::clock::now_unix;
 use crate::state::Status;
 
 /// Exit codes: 0 running and everything applied; 1 something rejected or

@@ -17,7 +17,7 @@ use super::capacity::{Capacity, MapSizes};
 use super::error::{ConfigError, Origin};
 use super::types::*;
 use crate::abi::MAGLEV_CHUNK;
-use crate::model::maglev_chunks;
+use crate::table_size::service_chunks;
 
 /// The outcome for one file: which of its offered versions is in force
 /// (if any), and why the preferred one was not.
@@ -180,7 +180,10 @@ impl<'a> Registry<'a> {
 
     /// The HM_MAGLEV chunks a file's services take.
     fn chunks_of(&self, f: &FileConfig) -> usize {
-        f.services.iter().map(|s| maglev_chunks(s, self.limits.maglev_table_size)).sum()
+        f.services
+            .iter()
+            .map(|s| service_chunks(s.maglev_table_size, self.limits.maglev_table_size, s.backends.len()))
+            .sum()
     }
 
     fn check_and_insert(&mut self, claim: &Claim<'a>) -> Result<(), ConfigError> {

@@ -1,6 +1,6 @@
 //! Reading one drop-in as the daemon may trust it: a regular file, owned
 //! by root (or the daemon's uid), writable by nobody else (the rule is
-//! `state::check_trusted`), and whole: a file some process still has open
+//! `trust::check_trusted`), and whole: a file some process still has open
 //! for writing is not read now — its writer's close (IN_CLOSE_WRITE)
 //! brings another sync. Whether anyone has it open for writing is asked
 //! of the kernel with a read lease (fcntl F_SETLEASE), which the kernel
@@ -21,7 +21,7 @@ pub enum Unread {
     /// Not a regular file (a FIFO, a dir, a device named `*.toml`).
     NotAFile(&'static str),
     /// Others could have written it: rejected.
-    Unsafe(crate::state::Unsafe),
+    Unsafe(crate::trust::Unsafe),
     Io(io::Error),
 }
 
@@ -37,7 +37,7 @@ pub fn read_drop_in(path: &Path) -> Result<Vec<u8>, Unread> {
     if !meta.is_file() {
         return Err(Unread::NotAFile(kind_of(&meta)));
     }
-    crate::state::check_trusted(path, meta.uid(), meta.mode()).map_err(Unread::Unsafe)?;
+    crate::trust::check_trusted(path, meta.uid(), meta.mode()).map_err(Unread::Unsafe)?;
     let leased = take_read_lease(&f)?;
     let mut bytes = Vec::with_capacity(meta.len() as usize);
     let read = f.read_to_end(&mut bytes);

@@ -233,10 +233,10 @@ impl ConfigStore {
     }
 }
 
-fn dir_trust(dir: &Path) -> Result<(), crate::state::Unsafe> {
+fn dir_trust(dir: &Path) -> Result<(), crate::trust::Unsafe> {
     use std::os::unix::fs::MetadataExt;
     match fs::metadata(dir) {
-        Ok(m) => crate::state::check_trusted(dir, m.uid(), m.mode()),
+        Ok(m) => crate::trust::check_trusted(dir, m.uid(), m.mode()),
         Err(_) => Ok(()), // listing it already worked or failed
     }
 }
@@ -327,7 +327,7 @@ impl ConfigStore {
         let stamp = fs::metadata(path).ok().filter(|m| m.is_file()).map(|m| (Stamp::of(&m), m));
         if let (Reread::Changed, Some((stamp, meta)), Some(p)) = (reread, &stamp, self.parsed.get(path)) {
             use std::os::unix::fs::MetadataExt;
-            if p.stamp == *stamp && crate::state::check_trusted(path, meta.uid(), meta.mode()).is_ok() {
+            if p.stamp == *stamp && crate::trust::check_trusted(path, meta.uid(), meta.mode()).is_ok() {
                 return Ok(p.result.clone());
             }
         }

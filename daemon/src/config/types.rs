@@ -95,7 +95,7 @@ pub struct DaemonSettings {
     pub mesh_backend: MeshBackend,
     pub resync_interval: Duration,
     /// Maglev table size for services that do not set their own; `None`:
-    /// sized from each service's backend count (`maglev::table_size_for`).
+    /// sized from each service's backend count (`table_size::table_size_for`).
     pub maglev_table_size: Option<u32>,
     pub conntrack_tcp_timeout: Duration,
     pub conntrack_udp_timeout: Duration,

@@ -15,7 +15,7 @@ use super::error::{ConfigError, Origin, Source};
 use super::schema::*;
 use super::split;
 use super::types::*;
-use crate::model::maglev::{is_prime, MAX_TABLE_SIZE, MIN_TABLE_SIZE};
+use crate::table_size::{is_prime, MAX_TABLE_SIZE, MIN_TABLE_SIZE};
 
 pub const MAX_NAME_LEN: usize = 63;
 pub const MAX_WEIGHT: i64 = 1000;

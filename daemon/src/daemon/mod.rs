@@ -173,7 +173,7 @@ pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
         loaded: Loaded { config: Default::default(), files: vec![], skipped: vec![], parsed_files: 0 },
         notifier: Notifier::from_env(),
         generation: 0,
-        started_at: report::now_unix(),
+        started_at: crate::clock::now_unix(),
         ready: false,
         last_summary: SyncSummary::default(),
         load_time: Duration::ZERO,
@@ -427,7 +427,7 @@ impl Daemon {
                 ok: o.errors.is_empty(),
                 full: o.full,
                 patched: o.patched,
-                at: report::now_unix(),
+                at: crate::clock::now_unix(),
                 duration_ms: o.duration.as_millis() as u64,
                 steps: o.step_count,
                 errors: report::step_errors(o.errors.iter(), LOGGED_ERRORS),
@@ -435,7 +435,7 @@ impl Daemon {
             Err(e) => SyncSummary {
                 ok: false,
                 full,
-                at: report::now_unix(),
+                at: crate::clock::now_unix(),
                 errors: vec![e.to_string()],
                 ..Default::default()
             },
@@ -492,7 +492,8 @@ impl Daemon {
             if let Some(settings) = want {
                 info!(self.log, "probing peer gateways"; "peers" => settings.peers.len(), "port" => settings.port,
                     "interval_ms" => settings.interval.as_millis() as u64, "loss" => settings.loss);
-                self.health = Some(PeerHealth::start(settings, self.events.clone()));
+                let events = self.events.clone();
+                self.health = Some(PeerHealth::start(settings, move || events.send(Event::PeersChanged).is_ok()));
             }
         }
         let down = self.health.as_ref().map(|h| h.down()).unwrap_or_default();
@@ -593,7 +594,7 @@ impl Daemon {
             version: STATUS_VERSION,
             pid: std::process::id(),
             started_at: self.started_at,
-            updated_at: report::now_unix(),
+            updated_at: crate::clock::now_unix(),
             config_dir: self.paths.config_dir.clone(),
             bpffs: self.paths.bpffs.clone(),
             generation: self.generation,
@@ -623,7 +624,7 @@ impl Daemon {
         info!(self.log, "stopping; programs, maps, routes and links stay in place"; "generation" => self.generation);
         if let Ok(mut status) = Status::read(&self.paths.state_dir) {
             status.stopped = true;
-            status.updated_at = report::now_unix();
+            status.updated_at = crate::clock::now_unix();
             let _ = status.write(&self.paths.state_dir);
         }
         Ok(())

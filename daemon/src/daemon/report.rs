@@ -1,8 +1,6 @@
 //! Turns a sync's results into the status file and systemd's one-line
 //! STATUS=.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use crate::config::{ConfigError, CtlbMode, FileState, GatewayRole, Loaded, TcAttachPref};
 use crate::model::{
     gateway, Desired, Hook, KernelFeatures, MeshPath, Program, RouteKey, RouteSpec, TcAttach, NATIN, RT_TABLE_MAIN,
@@ -34,10 +32,6 @@ pub fn kernel(features: &KernelFeatures, tc_attach: TcAttachPref) -> KernelStatu
             })
             .collect(),
     }
-}
-
-pub fn now_unix() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 fn entry(e: &ConfigError) -> ErrorEntry {

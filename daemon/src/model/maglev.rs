@@ -12,37 +12,7 @@
 
 use std::net::SocketAddr;
 
-pub const MIN_TABLE_SIZE: u32 = 7;
-pub const MAX_TABLE_SIZE: u32 = 65521;
-/// The sizes chosen when the configuration names none: primes about four
-/// times apart, so a service changes size only when its backend count
-/// crosses a step, not at every added backend.
-pub const AUTO_TABLE_SIZES: [u32; 5] = [251, 1021, 4093, 16381, MAX_TABLE_SIZE];
-/// Maglev's guidance: a table over 100 times the backends keeps the split
-/// even and a backend's removal moving little more than its share.
-pub const SLOTS_PER_BACKEND: u32 = 100;
-
-/// The table size for `backends` backends when the configuration names
-/// none: the smallest of AUTO_TABLE_SIZES over SLOTS_PER_BACKEND × backends
-/// (251 slots, four 256-byte chunks, for up to two backends).
-pub fn table_size_for(backends: usize) -> u32 {
-    let want = (backends as u64).saturating_mul(u64::from(SLOTS_PER_BACKEND));
-    AUTO_TABLE_SIZES.into_iter().find(|&m| u64::from(m) > want).unwrap_or(MAX_TABLE_SIZE)
-}
-
-pub fn is_prime(n: u32) -> bool {
-    if n < 2 {
-        return false;
-    }
-    let mut d = 2u32;
-    while d.saturating_mul(d) <= n {
-        if n.is_multiple_of(d) {
-            return false;
-        }
-        d += 1;
-    }
-    true
-}
+use crate::table_size::is_prime;
 
 /// FNV-1a, 64-bit, with a seed mixed into the offset basis: stable across
 /// runs and hosts, so every host builds the same table for the same config.
@@ -133,13 +103,6 @@ mod tests {
     }
 
     #[test]
-    fn primes() {
-        let primes: Vec<u32> = (0..30).filter(|&n| is_prime(n)).collect();
-        assert_eq!(primes, [2, 3, 5, 7, 11, 13, 17, 19, 23, 29]);
-        assert!(AUTO_TABLE_SIZES.iter().all(|m| is_prime(*m)) && is_prime(MIN_TABLE_SIZE));
-    }
-
-    #[test]
     fn every_slot_is_filled_and_the_split_is_even() {
         for n in [1, 2, 3, 7, 10, 50] {
             let b = backends(n);
@@ -206,23 +169,5 @@ mod tests {
     #[test]
     fn no_backends_no_table() {
         assert!(build(&[], 1021).is_empty());
-    }
-}
-
-#[cfg(test)]
-mod sizing {
-    use super::*;
-
-    #[test]
-    fn the_automatic_size_stays_over_a_hundred_slots_per_backend() {
-        assert_eq!(table_size_for(0), 251);
-        assert_eq!(table_size_for(2), 251);
-        assert_eq!(table_size_for(3), 1021);
-        assert_eq!(table_size_for(10), 1021);
-        assert_eq!(table_size_for(11), 4093);
-        assert_eq!(table_size_for(1000), MAX_TABLE_SIZE);
-        for n in 1..=655 {
-            assert!(table_size_for(n) > n as u32 * SLOTS_PER_BACKEND, "{n} backends");
-        }
     }
 }

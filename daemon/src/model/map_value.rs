@@ -21,8 +21,9 @@ use serde::{Serialize, Serializer};
 
 use crate::abi::{MaglevChunk, Pod, MAGLEV_CHUNK};
 
+use super::bpf_map::BpfMap;
 use super::maglev::{self, Entry};
-use super::state::BpfMap;
+use crate::table_size::chunks_for;
 
 #[derive(Clone)]
 pub struct MapValue(Repr);
@@ -70,16 +71,6 @@ impl MaglevTable {
 
     fn slots(&self) -> Vec<u32> {
         maglev::build(&self.backends, self.size)
-    }
-}
-
-/// The HM_MAGLEV chunks a table of `size` slots over `backends` backends
-/// fills: none without backends.
-pub(super) fn chunks_for(backends: usize, size: u32) -> usize {
-    if backends == 0 {
-        0
-    } else {
-        (size as usize).div_ceil(MAGLEV_CHUNK)
     }
 }
 

@@ -2,6 +2,7 @@
 //! sides of the reconciler speak. No I/O here; facts about the host that
 //! compile needs (which interfaces exist) are passed in.
 
+mod bpf_map;
 mod bpfnat;
 pub mod gateway;
 pub mod ids;
@@ -12,7 +13,6 @@ mod map_value;
 mod mesh;
 mod owners;
 mod services;
-pub use services::maglev_chunks;
 mod state;
 
 use std::collections::BTreeSet;

@@ -10,7 +10,7 @@ use crate::abi::{self, BackendValue, HmConfig, MaglevKey, Pod, SvcKey, SvcValue,
 use crate::config::{Config, CtlbMode, DaemonSettings, Mesh, Service};
 
 use super::ids::{self, Prior};
-use super::maglev::{self, Entry};
+use super::maglev::Entry;
 use super::mesh;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -122,25 +122,13 @@ pub(super) fn owner_of(s: &Service) -> Owner {
 /// The service's Maglev table size: its own, `[daemon]`'s, or sized from
 /// its backend count.
 pub(super) fn table_size_of(s: &Service, d: &DaemonSettings) -> u32 {
-    table_size(s, d.maglev_table_size)
-}
-
-/// A service's Maglev table size: its own, else `[daemon]`'s, else sized
-/// from its backends.
-fn table_size(s: &Service, default: Option<u32>) -> u32 {
-    s.maglev_table_size.or(default).unwrap_or_else(|| maglev::table_size_for(s.backends.len()))
-}
-
-/// The HM_MAGLEV chunks a service takes with `[daemon] maglev_table_size`
-/// `default` (the merge's capacity check counts them file by file).
-pub fn maglev_chunks(s: &Service, default: Option<u32>) -> usize {
-    chunks_of(s, table_size(s, default))
+    crate::table_size::resolve(s.maglev_table_size, d.maglev_table_size, s.backends.len())
 }
 
 /// The HM_MAGLEV chunks the service takes from the shared capacity (none
 /// without backends).
 pub(super) fn chunks_of(s: &Service, table_size: u32) -> usize {
-    super::map_value::chunks_for(s.backends.len(), table_size)
+    crate::table_size::chunks_for(s.backends.len(), table_size)
 }
 
 /// The keys of one service's entries in HM_BACKENDS, HM_MAGLEV and

@@ -85,54 +85,7 @@ impl RouteSpec {
 
 pub const RT_TABLE_LOCAL: u32 = 255;
 
-/// The BPF maps whose contents are configuration (reconciled). Runtime
-/// maps (counters, conntrack) are not listed: the probes own those.
-///
-/// The order is the order entries are written in: what an entry refers to
-/// (a backend, a Maglev chunk) exists before the entry that refers to it
-/// (the service); deletions go the other way.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-pub enum BpfMap {
-    Config,
-    Backends,
-    Maglev,
-    Services,
-    Mesh,
-    GwConfig,
-    PeerEndpoints,
-    Members,
-    Peers,
-}
-
-impl BpfMap {
-    pub const ALL: [BpfMap; 9] = [
-        BpfMap::Config,
-        BpfMap::Backends,
-        BpfMap::Maglev,
-        BpfMap::Services,
-        BpfMap::Mesh,
-        BpfMap::GwConfig,
-        BpfMap::PeerEndpoints,
-        BpfMap::Members,
-        BpfMap::Peers,
-    ];
-
-    /// The map's name in the probe objects, which is also its pin name.
-    pub fn name(self) -> &'static str {
-        match self {
-            BpfMap::Config => "HM_CONFIG",
-            BpfMap::Backends => "HM_BACKENDS",
-            BpfMap::Maglev => "HM_MAGLEV",
-            BpfMap::Services => "HM_SERVICES",
-            BpfMap::Mesh => "HM_MESH",
-            BpfMap::GwConfig => "HM_GW_CONFIG",
-            BpfMap::PeerEndpoints => "HM_PEER_ENDPOINTS",
-            BpfMap::Members => "HM_MEMBERS",
-            BpfMap::Peers => "HM_PEERS",
-        }
-    }
-}
-
+pub use super::bpf_map::BpfMap;
 pub use super::map_value::{MaglevTable, MapValue};
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]

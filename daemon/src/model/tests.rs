@@ -76,7 +76,7 @@ fn services_fill_the_service_maps() {
     let services = entries(&d, BpfMap::Services);
     let web = SvcValue::from_bytes(&services[&SvcKey::new("10.96.0.10".parse().unwrap(), 80, 6).to_bytes()]).unwrap();
     // Sized from its two backends: 251 slots, over 100 per backend.
-    assert_eq!((web.backend_count, web.table_size), (2, maglev::table_size_for(2)));
+    assert_eq!((web.backend_count, web.table_size), (2, crate::table_size::table_size_for(2)));
     assert_eq!(web.table_size, 251);
 
     // Three backend entries for three distinct addresses... two here: .11:8080,

@@ -95,7 +95,7 @@ fn has(feature: Feature) -> bool {
                 Err(e) if e.raw_os_error() == Some(libc::ENODEV)
             )
         }
-        Feature::NetnsCookieSockopt => crate::backends::host::netns_cookie().is_ok(),
+        Feature::NetnsCookieSockopt => super::netns_cookie::read_with_sockopt().is_ok(),
         // bpf_set_retval(0); return 1;
         Feature::SetRetval => loads(
             BPF_PROG_TYPE_CGROUP_SOCK_ADDR,

@@ -1,6 +1,6 @@
-//! The daemon's network namespace cookie on kernels without
-//! SO_NETNS_COOKIE (before 5.14): the connect-time programs compare
-//! `bpf_get_netns_cookie()` with it so they act only in this namespace.
+//! The daemon's network namespace cookie: the connect-time programs
+//! compare `bpf_get_netns_cookie()` with it so they act only in this
+//! namespace. SO_NETNS_COOKIE gives it (5.14+); before that a probe does.
 //!
 //! probes/netns_cookie.c is attached for a moment to the cgroup the daemon
 //! runs in (a bpf link next to whatever else is there; it changes no
@@ -24,6 +24,30 @@ use crate::abi::{NETNS_COOKIE_ADDR, NETNS_COOKIE_PORT};
 pub(crate) static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/netns_cookie.o"));
 
 const SO_COOKIE: libc::c_int = 57;
+const SO_NETNS_COOKIE: libc::c_int = 71;
+
+/// The cookie of the calling thread's network namespace, from
+/// SO_NETNS_COOKIE (5.14+).
+pub fn read_with_sockopt() -> io::Result<u64> {
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").or_else(|_| std::net::UdpSocket::bind("[::1]:0"))?;
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: a valid socket, and a buffer of the size we pass.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            &mut cookie as *mut u64 as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        Ok(cookie)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
 
 /// The cgroup2 dir of the calling process (`0::/path` in /proc/self/cgroup).
 pub fn own_cgroup(cgroup2_root: &Path) -> io::Result<PathBuf> {
