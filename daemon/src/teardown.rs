@@ -5,9 +5,7 @@
 
 use std::fs;
 use std::io;
-use std::path::Path;
 
-use crate::backends::bpf::pins::is_bpffs;
 use crate::backends::bpf::PinnedBpf;
 use crate::backends::netlink::{owned_links, Rtnetlink};
 use crate::backends::nft::NftCli;
@@ -40,10 +38,8 @@ pub fn teardown(paths: &Paths) -> Result<Vec<String>, TeardownError> {
     // clsact filters are found on the qdiscs, pin dir or not. (Teardown
     // removes TCX links and filters alike, whatever this kernel has.)
     let mut bpf = PinnedBpf::new(&paths.bpffs, KernelFeatures::complete());
+    // With the pins goes the pin dir (and the bpffs hostmesh mounted there).
     done.extend(bpf.remove_all()?);
-    if paths.bpffs.exists() {
-        remove_pin_dir(&paths.bpffs, &mut done)?;
-    }
 
     let mut nft = NftCli::new();
     if nft.mesh_table()?.is_some() {
@@ -89,26 +85,4 @@ pub fn teardown(paths: &Paths) -> Result<Vec<String>, TeardownError> {
         }
     }
     Ok(done)
-}
-
-/// Removes the pin dir; if hostmesh mounted a bpffs on it, unmounts it.
-fn remove_pin_dir(dir: &Path, done: &mut Vec<String>) -> Result<(), TeardownError> {
-    for sub in ["maps", "links", "progs", "qdiscs"] {
-        let p = dir.join(sub);
-        if p.exists() {
-            fs::remove_dir(&p).map_err(io_err(format!("remove {}", p.display())))?;
-        }
-    }
-    let own_mount = is_bpffs(dir).unwrap_or(false) && !dir.parent().is_some_and(|p| is_bpffs(p).unwrap_or(false));
-    if own_mount {
-        nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH)
-            .map_err(|e| TeardownError::Io { what: format!("unmount {}", dir.display()), source: e.into() })?;
-        done.push(format!("unmounted bpffs {}", dir.display()));
-    }
-    match fs::remove_dir(dir) {
-        Ok(()) => done.push(format!("removed {}", dir.display())),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(TeardownError::Io { what: format!("remove {}", dir.display()), source: e }),
-    }
-    Ok(())
 }

@@ -5,24 +5,31 @@
 //! - `NetBackend`: links, routes, neighbours (rtnetlink);
 //! - `SysctlBackend`: /proc/sys, read-compare-write;
 //! - `BpfBackend`: pinned maps and attached programs (aya);
-//! - `NftBackend`: hostmesh's own nftables table (the mesh fallback).
+//! - `NftBackend`: hostmesh's own nftables table (the mesh fallback);
+//! - `SidecarBackend`: mesh sidecar listeners and `HM_MESH_SOCKETS`, for
+//!   the registrar (`sidecars/`), which is tested with `fake::FakeSidecars`.
 //!
 //! Observation returns only what hostmesh owns: links named `hm-*`, routes
 //! with hostmesh's route protocol, neighbours on `hm-*` links, maps and
 //! links pinned under hostmesh's bpffs dir.
 
 pub mod bpf;
+#[cfg(test)]
 pub mod fake;
+#[cfg(test)]
+pub mod fake_sidecars;
 pub mod host;
 pub mod ifaces;
 pub mod netlink;
 pub mod nft;
+pub mod sidecar;
 pub mod sockopt;
 pub mod sysctl;
 
 use std::collections::BTreeMap;
 use std::io;
 
+use crate::abi;
 use crate::model::*;
 
 #[derive(Debug, thiserror::Error)]
@@ -142,6 +149,62 @@ pub trait NftBackend {
     /// Replaces the whole table in one transaction.
     fn replace_mesh_table(&mut self, rules: &std::collections::BTreeSet<NftRule>) -> Result<()>;
     fn delete_mesh_table(&mut self) -> Result<()>;
+}
+
+/// A socket found listening on a redirect port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listener {
+    pub addr: std::net::SocketAddr,
+    pub inode: u32,
+    /// The kernel's socket cookie: what HM_MESH_SOCKETS reports back.
+    pub cookie: u64,
+}
+
+/// The process holding a socket, and the descriptor it holds it as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    pub pid: u32,
+    pub fd: i32,
+    pub comm: String,
+}
+
+/// How a taken listener is put to work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Install {
+    /// Into HM_MESH_SOCKETS under its key, for the sk_lookup program.
+    SockMap,
+    /// Marked IP_TRANSPARENT, so the nftables fallback's tproxy may hand
+    /// it traffic for other addresses.
+    Transparent,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    /// pidfd_open / pidfd_getfd refused (no CAP_SYS_PTRACE over the holder).
+    #[error("{0}")]
+    Take(io::Error),
+    #[error("{0}")]
+    Install(io::Error),
+}
+
+/// The kernel side of registering sidecar listeners. The live one is the
+/// only writer of `HM_MESH_SOCKETS`.
+pub trait SidecarBackend {
+    /// The socket bound to the key's redirect port on loopback (preferred)
+    /// or the wildcard address in this namespace, listening (TCP) or
+    /// unconnected (UDP).
+    fn find_listener(&mut self, key: &abi::SockKey) -> io::Result<Option<Listener>>;
+    /// The first process other than this one that holds the socket.
+    fn holder(&mut self, inode: u32) -> Option<Holder>;
+    /// `HM_MESH_SOCKETS`: every key with its socket's cookie; `None` while
+    /// the map is not loaded.
+    fn registered(&mut self) -> Option<BTreeMap<abi::SockKey, u64>>;
+    /// Takes the holder's descriptor (a duplicate, closed on return) and
+    /// installs it for `key`.
+    fn register(&mut self, key: &abi::SockKey, holder: &Holder, how: Install)
+        -> std::result::Result<(), RegisterError>;
+    /// Takes `key` out of `HM_MESH_SOCKETS`; a missing key is not an error.
+    fn unregister(&mut self, key: &abi::SockKey);
 }
 
 /// The backends together, as the reconciler uses them.

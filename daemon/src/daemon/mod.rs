@@ -21,6 +21,7 @@ use crate::backends::bpf::{features, PinnedBpf};
 use crate::backends::host::LiveHost;
 use crate::backends::netlink::{monitor, Rtnetlink};
 use crate::backends::nft::NftCli;
+use crate::backends::sidecar::LiveSidecars;
 use crate::backends::sysctl::ProcSys;
 use crate::backends::Backends;
 use crate::config::{ConfigStore, Loaded};
@@ -102,7 +103,7 @@ struct Daemon {
     /// How long the last sync took to read and merge the config dir.
     load_time: Duration,
     last_outcome: Option<SyncOutcome>,
-    registrar: Registrar,
+    registrar: Registrar<LiveSidecars>,
     /// Probes peer gateways (gateways with peers only).
     health: Option<PeerHealth>,
     /// For threads started later (peer health) to wake the loop.
@@ -178,7 +179,7 @@ pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
         last_summary: SyncSummary::default(),
         load_time: Duration::ZERO,
         last_outcome: None,
-        registrar: Registrar::new(&paths.bpffs),
+        registrar: Registrar::new(LiveSidecars::new(&paths.bpffs)),
         health: None,
         events: tx,
         features,

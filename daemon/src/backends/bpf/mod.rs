@@ -316,13 +316,16 @@ impl PinnedBpf {
     }
 
     /// Removes hostmesh's clsact filters (and the qdiscs it added, when
-    /// nothing else is on them), unpins everything and drops loaded
-    /// objects: `hostmesh teardown`.
+    /// nothing else is on them), unpins everything, removes the pin dir
+    /// and drops loaded objects: `hostmesh teardown`.
     pub fn remove_all(&mut self) -> Result<Vec<String>> {
         self.loaded = None;
         let mut removed = self.remove_all_filters()?;
         let root = self.pins.root.display().to_string();
         removed.extend(self.unpin_all().map_err(|e| bpf_err(format!("remove pins in {root}"), e))?);
+        if self.pins.root.exists() {
+            removed.extend(self.pins.remove().map_err(|e| bpf_err("remove the pin dir", e))?);
+        }
         Ok(removed)
     }
 

@@ -50,6 +50,32 @@ impl PinDir {
         PinDir { root: root.to_path_buf() }
     }
 
+    /// Removes the (emptied) pin dir; when hostmesh mounted the bpffs on
+    /// it, unmounts that first. Says what it did, a line each.
+    pub fn remove(&self) -> io::Result<Vec<String>> {
+        let ctx = |what: String| move |e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
+        let mut done = Vec::new();
+        for sub in ["maps", "links", "progs", "qdiscs"] {
+            let p = self.root.join(sub);
+            if p.exists() {
+                fs::remove_dir(&p).map_err(ctx(format!("remove {}", p.display())))?;
+            }
+        }
+        let dir = &self.root;
+        let own_mount = is_bpffs(dir).unwrap_or(false) && !dir.parent().is_some_and(|p| is_bpffs(p).unwrap_or(false));
+        if own_mount {
+            nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH)
+                .map_err(|e| ctx(format!("unmount {}", dir.display()))(e.into()))?;
+            done.push(format!("unmounted bpffs {}", dir.display()));
+        }
+        match fs::remove_dir(dir) {
+            Ok(()) => done.push(format!("removed {}", dir.display())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(ctx(format!("remove {}", dir.display()))(e)),
+        }
+        Ok(done)
+    }
+
     pub fn maps(&self) -> PathBuf {
         self.root.join("maps")
     }

@@ -7,15 +7,10 @@ use std::fs;
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Owner {
-    pub pid: u32,
-    pub fd: RawFd,
-    pub comm: String,
-}
+use crate::backends::Holder;
 
 /// The first process (other than this one) with the socket open.
-pub fn find_owner(inode: u32) -> Option<Owner> {
+pub fn find_holder(inode: u32) -> Option<Holder> {
     let target = format!("socket:[{inode}]");
     let me = std::process::id();
     for entry in fs::read_dir("/proc").ok()?.flatten() {
@@ -28,7 +23,7 @@ pub fn find_owner(inode: u32) -> Option<Owner> {
             if fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == target.as_str()) {
                 let Ok(fd_num) = fd.file_name().to_string_lossy().parse::<RawFd>() else { continue };
                 let comm = fs::read_to_string(entry.path().join("comm")).unwrap_or_default().trim().to_string();
-                return Some(Owner { pid, fd: fd_num, comm });
+                return Some(Holder { pid, fd: fd_num, comm });
             }
         }
     }
@@ -36,7 +31,7 @@ pub fn find_owner(inode: u32) -> Option<Owner> {
 }
 
 /// A duplicate of `owner`'s descriptor in this process.
-pub fn take(owner: &Owner) -> io::Result<OwnedFd> {
+pub fn take(owner: &Holder) -> io::Result<OwnedFd> {
     // SAFETY: plain syscalls; each returned fd is owned exactly once below.
     unsafe {
         let pidfd = libc::syscall(libc::SYS_pidfd_open, owner.pid as libc::c_int, 0);

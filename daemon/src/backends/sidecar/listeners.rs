@@ -3,7 +3,7 @@
 //! in this network namespace, listening (TCP) or unconnected (UDP).
 
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 
 use netlink_packet_sock_diag::constants::{AF_INET, AF_INET6, IPPROTO_TCP};
 use netlink_packet_sock_diag::inet::{ExtensionFlags, InetRequest, SocketId, StateFlags};
@@ -12,15 +12,9 @@ use netlink_sys::protocols::NETLINK_SOCK_DIAG;
 
 use crate::abi::{self, SockKey};
 use crate::backends::netlink::NetlinkSocket;
+use crate::backends::Listener;
 
 const TCP_LISTEN: u8 = 10;
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Listener {
-    pub addr: SocketAddr,
-    pub inode: u32,
-    pub cookie: u64,
-}
 
 /// The listener a mesh redirect port should reach, if one exists.
 pub fn find(key: &SockKey) -> io::Result<Option<Listener>> {
@@ -54,10 +48,4 @@ pub fn find(key: &SockKey) -> io::Result<Option<Listener>> {
     // Loopback first: that is where sidecars are told to listen.
     candidates.sort_by_key(|l| !l.addr.ip().is_loopback());
     Ok(candidates.into_iter().next())
-}
-
-/// Where the sidecar for a key is expected: 127.0.0.1 or [::1].
-pub fn expected_addr(key: &SockKey) -> SocketAddr {
-    let ip: IpAddr = if key.family == abi::AF_INET6 { "::1".parse().unwrap() } else { "127.0.0.1".parse().unwrap() };
-    SocketAddr::new(ip, key.port)
 }
