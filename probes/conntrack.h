@@ -37,10 +37,10 @@ static __always_inline __u64 ct_timeout_ns(const struct hm_ct_value *ct, __u8 pr
 	if (ct->flags & HM_CT_F_CLOSING)
 		return HM_CT_CLOSING_TIMEOUT_S * NS_PER_S;
 	if (proto == IPPROTO_UDP)
-		return (cfg ? cfg->udp_timeout_s : 60) * NS_PER_S;
+		return (cfg ? cfg->udp_timeout_s : HM_CT_UDP_TIMEOUT_DEFAULT_S) * NS_PER_S;
 	if (!(ct->flags & HM_CT_F_REPLIED))
 		return HM_CT_SYN_TIMEOUT_S * NS_PER_S;
-	return (__u64)(cfg ? cfg->tcp_timeout_s : 86400) * NS_PER_S;
+	return (__u64)(cfg ? cfg->tcp_timeout_s : HM_CT_TCP_TIMEOUT_DEFAULT_S) * NS_PER_S;
 }
 
 static __always_inline int ct_live(const struct hm_ct_value *ct, __u8 proto, __u64 now, const struct hm_config *cfg)

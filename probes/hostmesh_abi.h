@@ -42,6 +42,10 @@ _Static_assert(sizeof(struct hm_config) == 24, "hm_config layout");
 /* Conntrack timeouts that are not configurable. */
 #define HM_CT_SYN_TIMEOUT_S 60
 #define HM_CT_CLOSING_TIMEOUT_S 10
+/* The defaults of [daemon] conntrack_tcp_timeout and conntrack_udp_timeout,
+ * which HM_CONFIG carries; also what applies if it cannot be read. */
+#define HM_CT_TCP_TIMEOUT_DEFAULT_S 86400
+#define HM_CT_UDP_TIMEOUT_DEFAULT_S 60
 
 /* (VIP, port, protocol) -> service. */
 struct hm_svc_key {

@@ -1,12 +1,8 @@
-//! The two sites, built either way:
+//! The two sites of the test kit (`hm_testkit::sites`, IPv4 underlay),
+//! carried either way:
 //!
-//! ```text
-//!  member A            gateway A                       gateway B            member B
-//!  eth0 192.0.2.20 --- a0 192.0.2.1   wan 198.51.100.1 --- .2 wan   b0 203.0.113.1 --- eth0 203.0.113.20
-//!  lo 10.10.1.1                                                                        lo 10.20.1.1
-//! ```
-//!
-//! - hostmesh: every host runs hostmesh (members and gateways of VNI 7001);
+//! - hostmesh: every host runs hostmesh with the kit's configs (members
+//!   and gateways of VNI 7001);
 //! - kernel VXLAN: point-to-point VXLAN devices per hop (VNIs 7001-7003,
 //!   172.16.x.0/30 inside) and routes, forwarding on the gateways.
 
@@ -14,15 +10,14 @@ use std::time::Duration;
 
 use hm_bench::load::EchoServers;
 use hm_bench::options::Options;
+use hm_testkit::sites::{self, UNDERLAY_V4, VXLAN_PORT};
 use hm_testkit::{Daemon, DaemonOptions, Netns, TempDir};
 
 use crate::sink::Sink;
 
-pub const MA_WORKLOAD: &str = "10.10.1.1";
-pub const MB_WORKLOAD: &str = "10.20.1.1";
+pub use hm_testkit::sites::{MA_WORKLOAD, MB_WORKLOAD};
 pub const ECHO_PORT: u16 = 8080;
 pub const SINK_PORT: u16 = 9000;
-const VXLAN_PORT: u16 = 8472;
 
 #[derive(Clone, Copy, PartialEq)]
 pub enum Way {
@@ -54,14 +49,7 @@ pub struct Sites {
 impl Sites {
     pub fn build(way: Way, o: &Options) -> Sites {
         let (ma, ga, gb, mb) = (Netns::new(), Netns::new(), Netns::new(), Netns::new());
-        ma.veth_to(&ga, ("eth0", "192.0.2.20/24"), ("a0", "192.0.2.1/24"));
-        ga.veth_to(&gb, ("wan", "198.51.100.1/24"), ("wan", "198.51.100.2/24"));
-        gb.veth_to(&mb, ("b0", "203.0.113.1/24"), ("eth0", "203.0.113.20/24"));
-        for ns in [&ma, &ga, &gb, &mb] {
-            ns.ip(&["link", "set", "lo", "up"]);
-        }
-        ma.ip(&["addr", "add", &format!("{MA_WORKLOAD}/32"), "dev", "lo"]);
-        mb.ip(&["addr", "add", &format!("{MB_WORKLOAD}/32"), "dev", "lo"]);
+        sites::wire(&UNDERLAY_V4, [&ma, &ga, &gb, &mb]);
         let (daemons, dirs) = match way {
             Way::Hostmesh => hostmesh(o, [&ma, &ga, &gb, &mb]),
             Way::KernelVxlan => {
@@ -78,26 +66,8 @@ impl Sites {
     }
 }
 
-fn hostmesh(o: &Options, [ma, ga, gb, mb]: [&Netns; 4]) -> (Vec<Daemon>, Vec<TempDir>) {
-    let member = |local: &str, gw: &str, peer_cidr: &str| {
-        format!(
-            "[gateway]\nrole = \"member\"\nlocal_ip = \"{local}\"\ngateway_ip = \"{gw}\"\nvni = 7001\nudp_port = {VXLAN_PORT}\n\n\
-             [[peer]]\nname = \"remote\"\ncidrs = [\"{peer_cidr}\"]\n"
-        )
-    };
-    let gateway = |local: &str, peer: &str, peer_cidr: &str, member: &str, member_cidr: &str| {
-        format!(
-            "[gateway]\nrole = \"gateway\"\nlocal_ip = \"{local}\"\nvni = 7001\nudp_port = {VXLAN_PORT}\n\n\
-             [[peer]]\nname = \"remote\"\nendpoint = \"{peer}\"\ncidrs = [\"{peer_cidr}\"]\n\n\
-             [[member]]\nname = \"m\"\nendpoint = \"{member}\"\ncidrs = [\"{member_cidr}\"]\n"
-        )
-    };
-    let configs = [
-        (ma, member("192.0.2.20", "192.0.2.1", "10.20.0.0/16")),
-        (ga, gateway("198.51.100.1", "198.51.100.2", "10.20.0.0/16", "192.0.2.20", "10.10.1.0/24")),
-        (gb, gateway("198.51.100.2", "198.51.100.1", "10.10.0.0/16", "203.0.113.20", "10.20.1.0/24")),
-        (mb, member("203.0.113.20", "203.0.113.1", "10.10.0.0/16")),
-    ];
+fn hostmesh(o: &Options, hosts: [&Netns; 4]) -> (Vec<Daemon>, Vec<TempDir>) {
+    let configs = hosts.into_iter().zip(sites::configs(&UNDERLAY_V4, ""));
     let mut daemons = Vec::new();
     let mut dirs = Vec::new();
     for (ns, config) in configs {

@@ -7,7 +7,8 @@
 //! - `Cgroup`: a cgroup v2 dir of the test's own;
 //! - `NotifyListener`: an sd_notify socket recording what a daemon says;
 //! - `Daemon`: a hostmesh process in a namespace, ended by PID;
-//! - `Servers`: echo servers naming themselves, stopped on drop.
+//! - `Servers`: echo servers naming themselves, stopped on drop;
+//! - `sites`: the two-site gateway topology (wiring and configs).
 //!
 //! Tests must run as root: nothing here skips when it is not.
 
@@ -16,6 +17,7 @@ mod daemon;
 mod netns;
 mod notify;
 mod servers;
+pub mod sites;
 mod tempdir;
 mod wait;
 

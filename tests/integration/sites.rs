@@ -1,22 +1,7 @@
-//! Two sites joined by their gateways, for the gateway-peer tests:
-//!
-//! ```text
-//!  site A                                             site B
-//!  member "ma"              gateway "ga"   WAN   gateway "gb"              member "mb"
-//!  eth0 192.0.2.20/24 --- a0 192.0.2.1   wan ---- wan   b0 203.0.113.1 --- eth0 203.0.113.20/24
-//!  lo 10.10.1.1/32                198.51.100.1/24  198.51.100.2/24       lo 10.20.1.1/32
-//!  lo 10.10.9.1/32 (in no [[member]] CIDR)   198.51.100.11/32 (A's local_ip)
-//!  lo fd10:1::1/128                                                      lo fd20:1::1/128
-//! ```
-//!
-//! Site A is 10.10.0.0/16 and fd10::/16, site B 10.20.0.0/16 and fd20::/16:
-//! IPv6 workloads cross the same IPv4 underlay.
-//!
-//! A's gateway is known to its peer by a secondary address, so the tunnel
-//! and the probes must leave from `local_ip`, not the kernel's choice.
-//!
-//! Workload addresses live on the members' loopback; nothing in the
-//! underlay routes them. Every host runs its own hostmesh.
+//! Two sites joined by their gateways, for the gateway-peer tests: the
+//! topology is the test kit's (`hm_testkit::sites`, drawn there); here
+//! each host gets a hostmesh of its own, echo servers on the workloads,
+//! and the helpers the tests exchange traffic with.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
@@ -28,99 +13,14 @@ use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, SockaddrStorage}
 
 use crate::fixtures::*;
 
-pub const VNI: u32 = 7001;
-/// Not the IANA default, to show the configured port is the one used.
-pub const VXLAN_PORT: u16 = 8472;
+pub use hm_testkit::sites::{
+    Underlay, MA_UNLISTED, MA_WORKLOAD, MA_WORKLOAD6, MB_WORKLOAD, MB_WORKLOAD6, UNDERLAY_V4, UNDERLAY_V6, VNI,
+    VXLAN_PORT,
+};
+
 pub const PROBE_INTERVAL_MS: u64 = 200;
 pub const PROBE_LOSS: u32 = 5;
-
-pub const MA_WORKLOAD: &str = "10.10.1.1";
-/// On A's member, but outside every `[[member]]` CIDR on A's gateway:
-/// replies to it find their way back only through the learned path.
-pub const MA_UNLISTED: &str = "10.10.9.1";
-pub const MB_WORKLOAD: &str = "10.20.1.1";
-pub const MA_WORKLOAD6: &str = "fd10:1::1";
-pub const MB_WORKLOAD6: &str = "fd20:1::1";
 pub const ECHO_PORT: u16 = 8080;
-
-/// The underlay addresses of the four hosts (one prefix length for all
-/// three links); `wan_local` is an extra address on A's gateway's WAN
-/// link, its `local_ip`.
-pub struct Underlay {
-    pub ma: &'static str,
-    pub ga_lan: &'static str,
-    pub ga_wan: &'static str,
-    pub wan_local: &'static str,
-    pub gb_wan: &'static str,
-    pub gb_lan: &'static str,
-    pub mb: &'static str,
-    pub prefix: u8,
-}
-
-pub const UNDERLAY_V4: Underlay = Underlay {
-    ma: "192.0.2.20",
-    ga_lan: "192.0.2.1",
-    ga_wan: "198.51.100.1",
-    wan_local: "198.51.100.11",
-    gb_wan: "198.51.100.2",
-    gb_lan: "203.0.113.1",
-    mb: "203.0.113.20",
-    prefix: 24,
-};
-
-pub const UNDERLAY_V6: Underlay = Underlay {
-    ma: "2001:db8:a::20",
-    ga_lan: "2001:db8:a::1",
-    ga_wan: "2001:db8:f::1",
-    wan_local: "2001:db8:f::11",
-    gb_wan: "2001:db8:f::2",
-    gb_lan: "2001:db8:b::1",
-    mb: "2001:db8:b::20",
-    prefix: 64,
-};
-
-/// A site's addresses, and the member host it has.
-struct Site {
-    name: &'static str,
-    cidrs: &'static str,
-    member: &'static str,
-    member_cidrs: &'static str,
-}
-
-const SITE_A: Site = Site {
-    name: "site-a",
-    cidrs: r#""10.10.0.0/16", "fd10::/16""#,
-    member: "ma",
-    member_cidrs: r#""10.10.1.0/24", "fd10:1::/64""#,
-};
-
-const SITE_B: Site = Site {
-    name: "site-b",
-    cidrs: r#""10.20.0.0/16", "fd20::/16""#,
-    member: "mb",
-    member_cidrs: r#""10.20.1.0/24", "fd20:1::/64""#,
-};
-
-/// A gateway at `local` of site `own` (its member at `member_ip`), peered
-/// with the gateway of site `remote` at `remote_ip`.
-fn gateway(local: &str, own: &Site, member_ip: &str, remote: &Site, remote_ip: &str) -> String {
-    format!(
-        "[gateway]\nrole = \"gateway\"\nlocal_ip = \"{local}\"\nvni = {VNI}\nudp_port = {VXLAN_PORT}\n\
-         probe_interval = \"{PROBE_INTERVAL_MS}ms\"\nprobe_loss = {PROBE_LOSS}\n\
-         [[peer]]\nname = \"{}\"\nendpoint = \"{remote_ip}\"\ncidrs = [{}]\n\
-         [[member]]\nname = \"{}\"\nendpoint = \"{member_ip}\"\ncidrs = [{}]\n",
-        remote.name, remote.cidrs, own.member, own.member_cidrs
-    )
-}
-
-/// A member at `local` behind the gateway at `gateway_ip`, reaching `remote`.
-fn member(local: &str, gateway_ip: &str, remote: &Site) -> String {
-    format!(
-        "[gateway]\nrole = \"member\"\nlocal_ip = \"{local}\"\ngateway_ip = \"{gateway_ip}\"\nvni = {VNI}\n\
-         udp_port = {VXLAN_PORT}\n[[peer]]\nname = \"{}\"\ncidrs = [{}]\n",
-        remote.name, remote.cidrs
-    )
-}
 
 /// Field order is drop order: echo servers and daemons first, then hosts.
 pub struct Sites {
@@ -142,35 +42,13 @@ impl Sites {
     /// As `start`, over `u`, with `[daemon]` lines for A's gateway.
     pub fn start_with(u: &Underlay, extra_ma: &str, ga_daemon: &str) -> Sites {
         let (ma, ga, gb, mb) = (Host::new(), Host::with_daemon_config(ga_daemon), Host::new(), Host::new());
-        if u.wan_local.contains(':') {
-            // No duplicate address detection: an address is usable at once;
-            // and a link that goes down keeps its addresses (as IPv4 does),
-            // so the tests can cut the WAN and restore it.
-            for host in [&ma, &ga, &gb, &mb] {
-                host.ns.set_sysctl("net/ipv6/conf/default/accept_dad", "0");
-                host.ns.set_sysctl("net/ipv6/conf/default/keep_addr_on_down", "1");
-            }
-        }
-        let lan = |ip: &str| format!("{ip}/{}", u.prefix);
-        ma.ns.veth_to(&ga.ns, ("eth0", &lan(u.ma)), ("a0", &lan(u.ga_lan)));
-        ga.ns.veth_to(&gb.ns, ("wan", &lan(u.ga_wan)), ("wan", &lan(u.gb_wan)));
-        gb.ns.veth_to(&mb.ns, ("b0", &lan(u.gb_lan)), ("eth0", &lan(u.mb)));
-        for host in [&ma, &ga, &gb, &mb] {
-            host.ns.ip(&["link", "set", "lo", "up"]);
-        }
-        let host_prefix = if u.wan_local.contains(':') { 128 } else { 32 };
-        ga.ns.ip(&["addr", "add", &format!("{}/{host_prefix}", u.wan_local), "dev", "wan"]);
-        for addr in [MA_WORKLOAD, MA_UNLISTED] {
-            ma.ns.ip(&["addr", "add", &format!("{addr}/32"), "dev", "lo"]);
-        }
-        mb.ns.ip(&["addr", "add", &format!("{MB_WORKLOAD}/32"), "dev", "lo"]);
-        ma.ns.ip(&["addr", "add", &format!("{MA_WORKLOAD6}/128"), "dev", "lo", "nodad"]);
-        mb.ns.ip(&["addr", "add", &format!("{MB_WORKLOAD6}/128"), "dev", "lo", "nodad"]);
-
-        ma.write("gateway.toml", &format!("{}{extra_ma}", member(u.ma, u.ga_lan, &SITE_B)));
-        mb.write("gateway.toml", &member(u.mb, u.gb_lan, &SITE_A));
-        ga.write("gateway.toml", &gateway(u.wan_local, &SITE_A, u.ma, &SITE_B, u.gb_wan));
-        gb.write("gateway.toml", &gateway(u.gb_wan, &SITE_B, u.mb, &SITE_A, u.wan_local));
+        hm_testkit::sites::wire(u, [&ma.ns, &ga.ns, &gb.ns, &mb.ns]);
+        let probes = format!("probe_interval = \"{PROBE_INTERVAL_MS}ms\"\nprobe_loss = {PROBE_LOSS}");
+        let [c_ma, c_ga, c_gb, c_mb] = hm_testkit::sites::configs(u, &probes);
+        ma.write("gateway.toml", &format!("{c_ma}{extra_ma}"));
+        ga.write("gateway.toml", &c_ga);
+        gb.write("gateway.toml", &c_gb);
+        mb.write("gateway.toml", &c_mb);
         let at = |ip: &str| SocketAddr::new(ip.parse().expect("workload address"), ECHO_PORT);
         let echo = Servers::echo(&mb.ns, &[at(MB_WORKLOAD), at(MB_WORKLOAD6)])
             .join(Servers::echo(&ma.ns, &[at(MA_WORKLOAD), at(MA_WORKLOAD6)]));

@@ -169,6 +169,8 @@ fn rust_constants() -> BTreeMap<&'static str, i64> {
         ("HM_CFG_CTLB_UDP", i64::from(CFG_CTLB_UDP)),
         ("HM_CT_SYN_TIMEOUT_S", CT_SYN_TIMEOUT_S as i64),
         ("HM_CT_CLOSING_TIMEOUT_S", CT_CLOSING_TIMEOUT_S as i64),
+        ("HM_CT_TCP_TIMEOUT_DEFAULT_S", CT_TCP_TIMEOUT_DEFAULT_S as i64),
+        ("HM_CT_UDP_TIMEOUT_DEFAULT_S", CT_UDP_TIMEOUT_DEFAULT_S as i64),
         ("HM_SVC_F_MESH", i64::from(SVC_F_MESH)),
         ("HM_CT_FORWARD", i64::from(CT_FORWARD)),
         ("HM_CT_REVERSE", i64::from(CT_REVERSE)),

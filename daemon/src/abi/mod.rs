@@ -119,6 +119,9 @@ pub const CT_F_RESET: u8 = 1 << 4;
 /// Conntrack timeouts fixed in the probes.
 pub const CT_SYN_TIMEOUT_S: u64 = 60;
 pub const CT_CLOSING_TIMEOUT_S: u64 = 10;
+/// The defaults of `[daemon] conntrack_tcp_timeout` / `conntrack_udp_timeout`.
+pub const CT_TCP_TIMEOUT_DEFAULT_S: u64 = 86_400;
+pub const CT_UDP_TIMEOUT_DEFAULT_S: u64 = 60;
 
 /// `HM_MESH` keys have the layout of service keys; port 0 means every port.
 pub type MeshKey = SvcKey;

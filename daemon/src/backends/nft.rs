@@ -74,7 +74,7 @@ fn rule_text(r: &NftRule) -> String {
         IpAddr::V4(_) => ("ip", "127.0.0.1".to_string()),
         IpAddr::V6(_) => ("ip6", "[::1]".to_string()),
     };
-    let proto = if r.proto == 17 { "udp" } else { "tcp" };
+    let proto = crate::config::Protocol::name_of(r.proto);
     let port = if r.port == 0 { format!("meta l4proto {proto}") } else { format!("{proto} dport {}", r.port) };
     // tproxy is not a verdict: accept, or a later whole-VIP rule would
     // override an exact port's socket.

@@ -20,12 +20,25 @@ pub enum Protocol {
 }
 
 impl Protocol {
+    pub const ALL: [Protocol; 2] = [Protocol::Tcp, Protocol::Udp];
+
     /// The IP protocol number (IPPROTO_TCP, IPPROTO_UDP).
     pub fn number(self) -> u8 {
         match self {
             Protocol::Tcp => 6,
             Protocol::Udp => 17,
         }
+    }
+
+    /// The protocol of a number as the probes store it, if it is one of
+    /// these.
+    pub fn from_number(n: u8) -> Option<Protocol> {
+        Protocol::ALL.into_iter().find(|p| p.number() == n)
+    }
+
+    /// The name of a stored protocol number: "tcp", "udp", or the number.
+    pub fn name_of(n: u8) -> String {
+        Protocol::from_number(n).map_or_else(|| n.to_string(), |p| p.to_string())
     }
 }
 
@@ -50,14 +63,39 @@ pub enum CtlbMode {
 }
 
 impl CtlbMode {
+    pub const ALL: [CtlbMode; 3] = [CtlbMode::All, CtlbMode::Tcp, CtlbMode::Off];
+
     /// Whether connect-time load balancing handles this protocol (the rest
-    /// takes the bpfnat veth).
+    /// takes the bpfnat veth): the one statement of the rule.
     pub fn handles(self, protocol: Protocol) -> bool {
         match self {
             CtlbMode::All => true,
             CtlbMode::Tcp => protocol == Protocol::Tcp,
             CtlbMode::Off => false,
         }
+    }
+
+    /// The protocols it handles.
+    pub fn protocols(self) -> impl Iterator<Item = Protocol> {
+        Protocol::ALL.into_iter().filter(move |p| self.handles(*p))
+    }
+
+    /// Whether some protocol is left to the bpfnat veth.
+    pub fn leaves_some(self) -> bool {
+        Protocol::ALL.into_iter().any(|p| !self.handles(p))
+    }
+
+    /// Its value in `[daemon] connect_time_lb`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CtlbMode::All => "all",
+            CtlbMode::Tcp => "tcp",
+            CtlbMode::Off => "off",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<CtlbMode> {
+        CtlbMode::ALL.into_iter().find(|m| m.name() == s)
     }
 }
 
@@ -82,8 +120,9 @@ pub enum MeshBackend {
 }
 
 pub const DEFAULT_RESYNC_INTERVAL: Duration = Duration::from_secs(30);
-pub const DEFAULT_CONNTRACK_TCP_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
-pub const DEFAULT_CONNTRACK_UDP_TIMEOUT: Duration = Duration::from_secs(60);
+/// The probes' defaults (`HM_CT_*_TIMEOUT_DEFAULT_S` in hostmesh_abi.h).
+pub const DEFAULT_CONNTRACK_TCP_TIMEOUT: Duration = Duration::from_secs(crate::abi::CT_TCP_TIMEOUT_DEFAULT_S);
+pub const DEFAULT_CONNTRACK_UDP_TIMEOUT: Duration = Duration::from_secs(crate::abi::CT_UDP_TIMEOUT_DEFAULT_S);
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DaemonSettings {

@@ -157,14 +157,12 @@ impl Check<'_, '_> {
         let mut out = DaemonSettings { origin: Some(origin), ..DaemonSettings::default() };
         let raw_sizes: Vec<_> = SIZE_KEYS.iter().map(|k| (k, raw_size(&d, k.capacity).cloned())).collect();
         if let Some(v) = d.connect_time_lb {
-            match v.get_ref().as_str() {
-                "all" => out.connect_time_lb = CtlbMode::All,
-                "tcp" => out.connect_time_lb = CtlbMode::Tcp,
-                "off" => out.connect_time_lb = CtlbMode::Off,
-                other => self.fail(
+            match CtlbMode::parse(v.get_ref()) {
+                Some(mode) => out.connect_time_lb = mode,
+                None => self.fail(
                     &v.span(),
                     "connect_time_lb",
-                    format!("{ctx}: connect_time_lb \"{other}\" is not one of \"all\", \"tcp\" or \"off\""),
+                    format!("{ctx}: connect_time_lb \"{}\" is not one of \"all\", \"tcp\" or \"off\"", v.get_ref()),
                 ),
             }
         }

@@ -536,7 +536,7 @@ impl Daemon {
             }
             match (&reg.listener, &reg.problem) {
                 (Some(l), _) => info!(self.log, "sidecar listener registered"; "listener" => l.addr.to_string(),
-                    "protocol" => if key.proto == 17 { "udp" } else { "tcp" }, "pid" => l.pid, "process" => l.comm.clone()),
+                    "protocol" => crate::config::Protocol::name_of(key.proto), "pid" => l.pid, "process" => l.comm.clone()),
                 (None, Some(p)) => {
                     warn!(self.log, "sidecar listener missing"; "redirect_port" => key.port, "reason" => p.clone())
                 }

@@ -1,9 +1,10 @@
 //! Turns a sync's results into the status file and systemd's one-line
 //! STATUS=.
 
-use crate::config::{ConfigError, CtlbMode, FileState, GatewayRole, Loaded, TcAttachPref};
+use crate::config::{ConfigError, FileState, GatewayRole, Loaded, TcAttachPref};
 use crate::model::{
-    gateway, Desired, Hook, KernelFeatures, MeshPath, Program, RouteKey, RouteSpec, TcAttach, NATIN, RT_TABLE_MAIN,
+    gateway, Desired, Hook, KernelFeatures, MeshPath, Object, Program, RouteKey, RouteSpec, TcAttach, NATIN,
+    RT_TABLE_MAIN,
 };
 use crate::peer_health::PeerHealth;
 use crate::reconcile::{StepError, SyncOutcome};
@@ -80,7 +81,8 @@ impl<'a> ErrorIndex<'a> {
 
     /// The errors charged to any of `owners`, in plan order, at most
     /// ERRORS_PER_OBJECT of them and then how many more.
-    fn for_owners(&self, owners: &[String]) -> Vec<String> {
+    fn for_owners(&self, owners: &[Object]) -> Vec<String> {
+        let owners: Vec<String> = owners.iter().map(Object::to_string).collect();
         let mut idx: Vec<usize> =
             owners.iter().filter_map(|o| self.by_owner.get(o.as_str())).flatten().copied().collect();
         idx.sort_unstable();
@@ -140,9 +142,9 @@ pub fn objects(
             format!(
                 "{} programs on cgroup {cgroup} (for {})",
                 Program::CONNECT_TIME.len(),
-                if mode == CtlbMode::All { "TCP and UDP" } else { "TCP" }
+                mode.protocols().map(|p| p.to_string().to_uppercase()).collect::<Vec<_>>().join(" and ")
             ),
-            index.for_owners(&["services".to_string()]),
+            index.for_owners(&[Object::Services]),
         ));
     }
     if veth {
@@ -158,13 +160,13 @@ pub fn objects(
                     .filter(|a| matches!(a.program, Program::NatOut | Program::Reply | Program::Direct))
                     .count()
             ),
-            index.for_owners(&["bpfnat".to_string()]),
+            index.for_owners(&[Object::Bpfnat]),
         ));
     }
     for s in &loaded.config.services {
-        let mut owners = vec![format!("service/{}", s.name), "services".to_string()];
+        let mut owners = vec![Object::Service(&s.name), Object::Services];
         if veth {
-            owners.push("bpfnat".into());
+            owners.push(Object::Bpfnat);
         }
         let path = if mode.handles(s.protocol) { "connect-time" } else { "bpfnat veth" };
         let backends: Vec<String> = s
@@ -201,7 +203,7 @@ pub fn objects(
             Some(Registration { problem: Some(p), .. }) => p.clone(),
             _ => "sidecar not checked yet".to_string(),
         };
-        let errors = index.for_owners(&[format!("mesh/{}", m.name), "mesh".to_string()]);
+        let errors = index.for_owners(&[Object::Mesh(&m.name), Object::Meshes]);
         let detail = format!("{vip}:{port}/{} -> {sidecar} ({how})", m.protocol);
         let mut o = object("mesh", &m.name, Some(m.origin.to_string()), detail, errors);
         if o.state == "applied" && reg.is_none_or(|r| r.listener.is_none()) {
@@ -231,7 +233,7 @@ fn gateway_objects(
         gateway::TUN,
         Some(g.origin.to_string()),
         format!("{role}, VNI {}, UDP port {}, local {}{gw}", g.vni, g.udp_port, g.local_ip),
-        index.for_owners(&["gateway".to_string()]),
+        index.for_owners(&[Object::Gateway]),
     );
     if let Some(e) = health.and_then(|h| h.error()) {
         tun.errors.push(e);
@@ -259,7 +261,7 @@ fn gateway_objects(
     let list = |cidrs: &[ipnet::IpNet]| cidrs.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
     let peers = health.map(|h| h.report()).unwrap_or_default();
     for p in &loaded.config.peers {
-        let errors = index.for_owners(&[format!("peer/{}", p.name), "gateway".to_string()]);
+        let errors = index.for_owners(&[Object::Peer(&p.name), Object::Gateway]);
         let via = match (g.role, p.endpoint) {
             (GatewayRole::Member, _) => {
                 format!("via gateway {}", g.gateway_ip.map(|ip| ip.to_string()).unwrap_or_default())
@@ -291,7 +293,7 @@ fn gateway_objects(
         out.push(o);
     }
     for m in &loaded.config.members {
-        let errors = index.for_owners(&[format!("member/{}", m.name), "gateway".to_string()]);
+        let errors = index.for_owners(&[Object::Member(&m.name), Object::Gateway]);
         let detail = if g.role == GatewayRole::Gateway {
             format!("{} via member {}{}", list(&m.cidrs), m.endpoint, mtu(&m.cidrs))
         } else {

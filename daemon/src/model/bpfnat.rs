@@ -24,7 +24,7 @@ pub const NATOUT_MAC: [u8; 6] = [0x02, 0x68, 0x6d, 0x00, 0x00, 0x02];
 pub const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 pub const GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1);
 
-const OWNER: &str = "bpfnat";
+const OWNER: Object<'static> = Object::Bpfnat;
 
 pub fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
     // With connect-time LB for every protocol, nothing needs the veth.
@@ -114,7 +114,7 @@ pub fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
 /// Whether the veth path carries a service: everything but connect-time
 /// LB for every protocol, when there are services at all.
 pub(super) fn carries_services(config: &Config, connect_time: CtlbMode) -> bool {
-    !config.services.is_empty() && connect_time != CtlbMode::All
+    !config.services.is_empty() && connect_time.leaves_some()
 }
 
 /// A service's host route into hm-natin (when the veth path carries

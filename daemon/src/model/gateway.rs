@@ -29,7 +29,7 @@ pub const OVERHEAD_V6: u32 = 70;
 /// Assumed when the underlay's MTU cannot be learned.
 pub const DEFAULT_UNDERLAY_MTU: u32 = 1500;
 
-const OWNER: &str = "gateway";
+const OWNER: Object<'static> = Object::Gateway;
 
 pub fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
     let Some(g) = &config.gateway else {
@@ -127,7 +127,7 @@ fn member(config: &Config, g: &Gateway, facts: &HostFacts, out: &mut Desired) {
 fn gateway(config: &Config, g: &Gateway, facts: &HostFacts, out: &mut Desired) {
     let family = |ip: IpAddr| if ip.is_ipv4() { "IPv4" } else { "IPv6" };
     for p in &config.peers {
-        let owner = format!("peer/{}", p.name);
+        let owner = Object::Peer(&p.name).into_owner();
         let Some(endpoint) = p.endpoint else {
             out.warnings.push(format!(
                 "peer \"{}\" has no endpoint; a gateway needs the remote gateway's address: not applied",
@@ -167,7 +167,7 @@ fn gateway(config: &Config, g: &Gateway, facts: &HostFacts, out: &mut Desired) {
         }
     }
     for m in &config.members {
-        let owner = format!("member/{}", m.name);
+        let owner = Object::Member(&m.name).into_owner();
         if m.endpoint.is_ipv4() != g.local_ip.is_ipv4() {
             out.warnings.push(format!(
                 "member \"{}\": endpoint {} is {} but local_ip {} is {}; the tunnel runs from local_ip: not applied",

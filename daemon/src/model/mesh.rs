@@ -28,7 +28,7 @@ pub fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
         },
     };
     for m in &config.meshes {
-        let owner = format!("mesh/{}", m.name);
+        let owner = Object::Mesh(&m.name).into_owner();
         // Local clients of the VIP send from loopback, not from the VIP
         // itself (the kernel's choice for a local destination): replies to
         // them must not match a whole-VIP entry and go to the sidecar.
@@ -60,7 +60,7 @@ pub fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
         }
     }
     if path == MeshPath::SkLookup {
-        want(&mut out.attachments, Attachment { program: Program::Mesh, hook: Hook::Netns }, (), "mesh");
+        want(&mut out.attachments, Attachment { program: Program::Mesh, hook: Hook::Netns }, (), Object::Meshes);
     }
     out.mesh_path = Some(path);
 }

@@ -62,11 +62,7 @@ pub fn ctlb_mode(config: &Config, facts: &HostFacts, warnings: &mut Vec<String>)
     if wanted != forced && !config.services.is_empty() {
         warnings.push(format!(
             "connect_time_lb = \"{}\" cannot be honoured: this kernel lacks {} ({}), so {}",
-            match wanted {
-                CtlbMode::All => "all",
-                CtlbMode::Tcp => "tcp",
-                CtlbMode::Off => "off",
-            },
+            wanted.name(),
             missing.what(),
             missing.name(),
             missing.without()

@@ -44,6 +44,50 @@ impl IntoOwner for &String {
     }
 }
 
+/// The config objects kernel state exists for: the one table of their
+/// names (`service/web`), which compile tags items with and the status
+/// report looks errors up by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Object<'a> {
+    /// A `[[service]]`: its map entries and routes.
+    Service(&'a str),
+    /// What all services share: HM_CONFIG and the connect-time programs.
+    Services,
+    /// The bpfnat veth path: its links, sysctls, neighbours and programs.
+    Bpfnat,
+    /// A `[[mesh]]` entry.
+    Mesh(&'a str),
+    /// What all mesh entries share: the sk_lookup program.
+    Meshes,
+    /// `[gateway]`: the tunnel and its programs.
+    Gateway,
+    /// A gateway's `[[peer]]`.
+    Peer(&'a str),
+    /// A member of this site, as the gateway sees it.
+    Member(&'a str),
+}
+
+impl fmt::Display for Object<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Object::Service(name) => write!(f, "service/{name}"),
+            Object::Services => f.write_str("services"),
+            Object::Bpfnat => f.write_str("bpfnat"),
+            Object::Mesh(name) => write!(f, "mesh/{name}"),
+            Object::Meshes => f.write_str("mesh"),
+            Object::Gateway => f.write_str("gateway"),
+            Object::Peer(name) => write!(f, "peer/{name}"),
+            Object::Member(name) => write!(f, "member/{name}"),
+        }
+    }
+}
+
+impl IntoOwner for Object<'_> {
+    fn into_owner(self) -> Owner {
+        self.to_string().into()
+    }
+}
+
 /// A set of owners, sorted, without repeats.
 #[derive(Clone, Default, PartialEq, Eq, Hash)]
 pub struct Owners(Set);

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 
 use crate::abi::{self, BackendValue, HmConfig, MaglevKey, Pod, SvcKey, SvcValue, MAGLEV_CHUNK};
-use crate::config::{Config, CtlbMode, DaemonSettings, Mesh, Service};
+use crate::config::{Config, CtlbMode, DaemonSettings, Mesh, Protocol, Service};
 
 use super::ids::{self, Prior};
 use super::maglev::Entry;
@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use super::state::*;
 use super::HostFacts;
 
-const OWNER: &str = "services";
+const OWNER: Object<'static> = Object::Services;
 
 /// How many services are compiled between looks at the stop flag.
 const STOP_CHECK_EVERY: usize = 256;
@@ -52,11 +52,13 @@ pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &mut Desi
         }
     };
 
-    let flags = match out.connect_time {
-        CtlbMode::All => abi::CFG_CTLB_TCP | abi::CFG_CTLB_UDP,
-        CtlbMode::Tcp => abi::CFG_CTLB_TCP,
-        CtlbMode::Off => 0,
-    };
+    let flags = out.connect_time.protocols().fold(0, |flags, p| {
+        flags
+            | match p {
+                Protocol::Tcp => abi::CFG_CTLB_TCP,
+                Protocol::Udp => abi::CFG_CTLB_UDP,
+            }
+    });
     let cfg = HmConfig {
         netns_cookie: facts.netns_cookie,
         flags,
@@ -116,7 +118,7 @@ pub(super) fn key_of(s: &Service) -> SvcKey {
 
 /// The owner tag of everything a service needs.
 pub(super) fn owner_of(s: &Service) -> Owner {
-    format!("service/{}", s.name).into()
+    Object::Service(&s.name).into_owner()
 }
 
 /// The service's Maglev table size: its own, `[daemon]`'s, or sized from

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use ipnet::IpNet;
 use serde::Serialize;
 
-pub use super::owners::{IntoOwner, Owner, Owners};
+pub use super::owners::{IntoOwner, Object, Owner, Owners};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Owned<T> {

@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use crate::abi::{self, SockKey};
 use crate::backends::{Install, Listener, RegisterError, SidecarBackend};
-use crate::config::{Config, Mesh};
+use crate::config::{Config, Mesh, Protocol};
 use crate::model::MeshPath;
 
 /// What the registrar knows about one redirect port.
@@ -67,12 +67,8 @@ pub fn expected_addr(key: &SockKey) -> SocketAddr {
     SocketAddr::new(ip, key.port)
 }
 
-fn proto_name(key: &SockKey) -> &'static str {
-    if key.proto == 17 {
-        "udp"
-    } else {
-        "tcp"
-    }
+fn proto_name(key: &SockKey) -> String {
+    Protocol::name_of(key.proto)
 }
 
 impl<S: SidecarBackend> Registrar<S> {

@@ -8,6 +8,7 @@ use std::io;
 use std::os::fd::BorrowedFd;
 
 use crate::abi::*;
+use crate::config::Protocol;
 
 use super::sys;
 
@@ -20,12 +21,12 @@ pub fn now_ns() -> u64 {
 pub fn timeout_s(v: &CtValue, proto: u8, cfg: Option<HmConfig>) -> u64 {
     if v.flags & CT_F_CLOSING != 0 {
         CT_CLOSING_TIMEOUT_S
-    } else if proto == 17 {
-        cfg.map_or(60, |c| u64::from(c.udp_timeout_s))
+    } else if Protocol::from_number(proto) == Some(Protocol::Udp) {
+        cfg.map_or(CT_UDP_TIMEOUT_DEFAULT_S, |c| u64::from(c.udp_timeout_s))
     } else if v.flags & CT_F_REPLIED == 0 {
         CT_SYN_TIMEOUT_S
     } else {
-        cfg.map_or(86_400, |c| u64::from(c.tcp_timeout_s))
+        cfg.map_or(CT_TCP_TIMEOUT_DEFAULT_S, |c| u64::from(c.tcp_timeout_s))
     }
 }
 
@@ -39,7 +40,8 @@ pub fn expire(fd: BorrowedFd<'_>, cfg: Option<HmConfig>, now: u64) -> io::Result
 /// UDP timeout in `cfg`; returns how many, and how many are left.
 pub fn expire_gateway(fd: BorrowedFd<'_>, cfg: GwConfig, now: u64) -> io::Result<(usize, usize)> {
     expire_where(fd, |key: &CtKey, value: &GwCtValue| {
-        let timeout = if key.proto == 17 { cfg.udp_timeout_s } else { cfg.tcp_timeout_s };
+        let udp = Protocol::from_number(key.proto) == Some(Protocol::Udp);
+        let timeout = if udp { cfg.udp_timeout_s } else { cfg.tcp_timeout_s };
         idle_s(now, value.last_seen_ns) >= u64::from(timeout)
     })
 }
