@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use hostmesh::backends::bpf::sys;
 use hostmesh::config::{Capacity, MapSizes};
+use hostmesh::state::FileState;
 
 use crate::fixtures::*;
 use crate::topology::*;
@@ -204,7 +205,7 @@ fn a_file_past_the_service_capacity_is_rejected_alone_and_check_says_so() {
     let _d = t.host.start_ready();
     let s = t.host.status();
     assert_eq!(s.counts.services, 1024, "the files before the overflowing one apply");
-    let rejected: Vec<_> = s.files.iter().filter(|f| f.state != "applied").collect();
+    let rejected: Vec<_> = s.files.iter().filter(|f| f.state != FileState::Applied).collect();
     assert_eq!(rejected.len(), 1, "{rejected:?}");
     assert!(rejected[0].path.ends_with("zz-added.toml"), "{rejected:?}");
     let message: Vec<&str> = rejected[0].errors.iter().map(|e| e.text.as_str()).collect();

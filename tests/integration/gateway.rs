@@ -126,7 +126,11 @@ fn members_of_two_sites_talk_through_their_gateways() {
     let route = sites.ma.ns.ip(&["route", "show", "10.20.0.0/16"]);
     assert!(route.contains("dev hm-tun0") && route.contains("mtu 1450"), "{route}");
     // A gateway-only host has no bpfnat veth, and status does not claim one.
-    assert!(sites.ga.status().objects.iter().all(|o| o.kind != "bpfnat"), "{:?}", sites.ga.status().objects);
+    assert!(
+        sites.ga.status().objects.iter().all(|o| o.kind != hostmesh::state::ObjectKind::Bpfnat),
+        "{:?}",
+        sites.ga.status().objects
+    );
     let big = tcp_exchange(&sites.ma.ns, MA_WORKLOAD, &echo_at(MB_WORKLOAD), 50, 1400)
         .unwrap_or_else(|e| panic!("1400-byte writes A -> B: {e}\n{}", logs()));
     assert_eq!(big.echoed, 50 * 1400);
@@ -158,7 +162,11 @@ fn members_of_two_sites_talk_through_their_gateways() {
 }
 
 fn peer_state(host: &Host, name: &str) -> Option<String> {
-    host.status().objects.iter().find(|o| o.kind == "peer" && o.name == name).map(|o| o.state.clone())
+    host.status()
+        .objects
+        .iter()
+        .find(|o| o.kind == hostmesh::state::ObjectKind::Peer && o.name == name)
+        .map(|o| o.state.to_string())
 }
 
 #[test]

@@ -96,7 +96,7 @@ fn a_broken_drop_in_keeps_its_last_good_version_and_everything_else() {
     assert_eq!(code, 1, "status exits 1 while a file is rejected");
     let status = host.status();
     let file = status.files.iter().find(|f| f.path == bad).unwrap();
-    assert_eq!(file.state, "rejected_keeping_last_good");
+    assert_eq!(file.state, hostmesh::state::FileState::RejectedKeepingLastGood);
     assert_eq!((file.errors[0].line, file.errors[0].column), (3, 18));
     let last = d.notify.messages().into_iter().rev().find(|m| m.contains("STATUS=")).unwrap();
     assert!(last.contains("1 file rejected: b-api.toml:3:18"), "{last}");

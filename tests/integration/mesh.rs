@@ -7,6 +7,7 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use hm_testkit::wait_until;
+use hostmesh::state::{ObjectKind, ObjectState};
 
 use crate::fixtures::*;
 use crate::topology::{Topology, CLIENT};
@@ -138,7 +139,7 @@ fn check_interception(backend: &str) {
     let _b = Sidecar::start(&host, "sb", 15002);
     let _d = host.start_ready();
     wait_until("sidecars registered", Duration::from_secs(3), || {
-        host.status().objects.iter().filter(|o| o.kind == "mesh").all(|o| o.state == "applied")
+        host.status().objects.iter().filter(|o| o.kind == ObjectKind::Mesh).all(|o| o.state == ObjectState::Applied)
     })
     .unwrap_or_else(|e| panic!("{e}: {:?}", host.status().objects));
 
@@ -253,7 +254,7 @@ fn a_vip_port_that_is_also_a_service_goes_to_the_sidecar() {
         let _s = Sidecar::start(&t.host, "sidecar", 15001);
         let _d = t.host.start_ready();
         wait_until("the sidecar registered", Duration::from_secs(3), || {
-            t.host.status().objects.iter().any(|o| o.kind == "mesh" && o.state == "applied")
+            t.host.status().objects.iter().any(|o| o.kind == ObjectKind::Mesh && o.state == ObjectState::Applied)
         })
         .unwrap();
         let (answers, peers, errors) = t.requests("tcp", "10.96.0.10", 80, 6);

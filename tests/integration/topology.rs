@@ -179,7 +179,8 @@ impl Topology {
             s.generation > generation && s.last_sync.ok
         })
         .unwrap_or_else(|e| panic!("{e}: {:?}", self.host.status().last_sync));
-        let rejected: Vec<_> = self.host.status().files.into_iter().filter(|f| f.state != "applied").collect();
+        let rejected: Vec<_> =
+            self.host.status().files.into_iter().filter(|f| f.state != hostmesh::state::FileState::Applied).collect();
         assert!(rejected.is_empty(), "the test wrote a config hostmesh rejected: {rejected:?}");
     }
 

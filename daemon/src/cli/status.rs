@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use crate::clock::now_unix;
-use crate::state::Status;
+use crate::state::{FileState, Status};
 
 /// Exit codes: 0 running and everything applied; 1 something rejected or
 /// failed; 3 not running (what is shown is the last state it wrote).
@@ -29,7 +29,7 @@ pub fn run(state_dir: &Path, json: bool) -> ExitCode {
     } else {
         print!("{}", render(&status, &liveness));
     }
-    let problems = !status.last_sync.ok || status.files.iter().any(|f| f.state != "applied");
+    let problems = !status.last_sync.ok || status.files.iter().any(|f| f.state != FileState::Applied);
     match liveness {
         Liveness::Running => {
             if problems {
@@ -137,10 +137,10 @@ pub fn render(s: &Status, liveness: &Liveness) -> String {
             out.push_str(&format!("  missing {} ({}, Linux {}): {}\n", m.feature, m.what, m.since, m.without));
         }
     }
-    let rejected = s.files.iter().filter(|f| f.state != "applied").count();
+    let rejected = s.files.iter().filter(|f| f.state != FileState::Applied).count();
     out.push_str(&format!("config: {} ({} file(s), {} rejected)\n", s.config_dir.display(), s.files.len(), rejected));
-    for f in s.files.iter().filter(|f| f.state != "applied") {
-        let kept = if f.state == "rejected_keeping_last_good" {
+    for f in s.files.iter().filter(|f| f.state != FileState::Applied) {
+        let kept = if f.state == FileState::RejectedKeepingLastGood {
             "its last good version stays in force"
         } else {
             "nothing from it is in force"
@@ -155,7 +155,7 @@ pub fn render(s: &Status, liveness: &Liveness) -> String {
     }
     if !s.objects.is_empty() {
         out.push_str("objects:\n");
-        let w_kind = s.objects.iter().map(|o| o.kind.len()).max().unwrap_or(0);
+        let w_kind = s.objects.iter().map(|o| o.kind.to_string().len()).max().unwrap_or(0);
         let w_name = s.objects.iter().map(|o| o.name.len()).max().unwrap_or(0);
         for o in &s.objects {
             let origin = o.origin.as_deref().map(|x| format!("  [{x}]")).unwrap_or_default();

@@ -16,7 +16,9 @@ use super::merge::merge;
 use super::types::{Config, FileConfig};
 use super::validate::parse_file;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// A file's state, as the status file stores it (`applied`,
+/// `rejected_keeping_last_good`, `rejected`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FileState {
     /// The file as it is now is in force.

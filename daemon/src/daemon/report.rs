@@ -43,16 +43,7 @@ pub fn files(loaded: &Loaded) -> Vec<FileStatus> {
     loaded
         .files
         .iter()
-        .map(|f| FileStatus {
-            path: f.path.clone(),
-            state: match f.state {
-                FileState::Applied => "applied",
-                FileState::RejectedKeepingLastGood => "rejected_keeping_last_good",
-                FileState::Rejected => "rejected",
-            }
-            .to_string(),
-            errors: f.errors.iter().map(entry).collect(),
-        })
+        .map(|f| FileStatus { path: f.path.clone(), state: f.state, errors: f.errors.iter().map(entry).collect() })
         .collect()
 }
 
@@ -101,12 +92,12 @@ pub fn step_errors<'a>(errors: impl ExactSizeIterator<Item = &'a StepError>, max
     out
 }
 
-fn object(kind: &str, name: &str, origin: Option<String>, detail: String, errors: Vec<String>) -> ObjectStatus {
+fn object(kind: ObjectKind, name: &str, origin: Option<String>, detail: String, errors: Vec<String>) -> ObjectStatus {
     ObjectStatus {
-        kind: kind.into(),
+        kind,
         name: name.into(),
         origin,
-        state: if errors.is_empty() { "applied" } else { "error" }.into(),
+        state: if errors.is_empty() { ObjectState::Applied } else { ObjectState::Error },
         detail,
         errors,
         since: None,
@@ -136,7 +127,7 @@ pub fn objects(
     let mut out = Vec::new();
     if let Some(cgroup) = cgroups.first() {
         out.push(object(
-            "connect-time",
+            ObjectKind::ConnectTime,
             cgroup,
             None,
             format!(
@@ -149,7 +140,7 @@ pub fn objects(
     }
     if veth {
         out.push(object(
-            "bpfnat",
+            ObjectKind::Bpfnat,
             "hm-natin/hm-natout",
             None,
             format!(
@@ -184,7 +175,7 @@ pub fn objects(
             s.protocol,
             if backends.is_empty() { "no backends".to_string() } else { backends.join(", ") }
         );
-        out.push(object("service", &s.name, Some(s.origin.to_string()), detail, index.for_owners(&owners)));
+        out.push(object(ObjectKind::Service, &s.name, Some(s.origin.to_string()), detail, index.for_owners(&owners)));
     }
     let how = match &d.mesh_path {
         Some(MeshPath::SkLookup) => "sk_lookup".to_string(),
@@ -205,9 +196,9 @@ pub fn objects(
         };
         let errors = index.for_owners(&[Object::Mesh(&m.name), Object::Meshes]);
         let detail = format!("{vip}:{port}/{} -> {sidecar} ({how})", m.protocol);
-        let mut o = object("mesh", &m.name, Some(m.origin.to_string()), detail, errors);
-        if o.state == "applied" && reg.is_none_or(|r| r.listener.is_none()) {
-            o.state = "no_sidecar".into();
+        let mut o = object(ObjectKind::Mesh, &m.name, Some(m.origin.to_string()), detail, errors);
+        if o.state == ObjectState::Applied && reg.is_none_or(|r| r.listener.is_none()) {
+            o.state = ObjectState::NoSidecar;
         }
         out.push(o);
     }
@@ -229,7 +220,7 @@ fn gateway_objects(
     let role = if g.role == GatewayRole::Gateway { "gateway" } else { "member" };
     let gw = g.gateway_ip.map(|ip| format!(", gateway {ip}")).unwrap_or_default();
     let mut tun = object(
-        "gateway",
+        ObjectKind::Gateway,
         gateway::TUN,
         Some(g.origin.to_string()),
         format!("{role}, VNI {}, UDP port {}, local {}{gw}", g.vni, g.udp_port, g.local_ip),
@@ -237,7 +228,7 @@ fn gateway_objects(
     );
     if let Some(e) = health.and_then(|h| h.error()) {
         tun.errors.push(e);
-        tun.state = "error".into();
+        tun.state = ObjectState::Error;
     }
     out.push(tun);
     let mtu = |cidrs: &[ipnet::IpNet]| {
@@ -270,7 +261,7 @@ fn gateway_objects(
             (GatewayRole::Gateway, None) => "no endpoint: not applied".to_string(),
         };
         let mut o = object(
-            "peer",
+            ObjectKind::Peer,
             &p.name,
             Some(p.origin.to_string()),
             format!("{} {via}{}", list(&p.cidrs), mtu(&p.cidrs)),
@@ -278,8 +269,8 @@ fn gateway_objects(
         );
         if let Some(st) = peers.get(&p.name) {
             o.since = Some(st.since);
-            if o.state == "applied" {
-                o.state = if st.up { "up" } else { "down" }.into();
+            if o.state == ObjectState::Applied {
+                o.state = if st.up { ObjectState::Up } else { ObjectState::Down };
             }
             if !st.up {
                 o.detail = format!(
@@ -299,7 +290,7 @@ fn gateway_objects(
         } else {
             "for gateways; this host is a member: not applied".to_string()
         };
-        out.push(object("member", &m.name, Some(m.origin.to_string()), detail, errors));
+        out.push(object(ObjectKind::Member, &m.name, Some(m.origin.to_string()), detail, errors));
     }
 }
 
@@ -342,7 +333,7 @@ pub fn status_line(s: &Status) -> String {
         let down: Vec<String> = s
             .objects
             .iter()
-            .filter(|o| o.kind == "peer" && o.state == "down")
+            .filter(|o| o.kind == ObjectKind::Peer && o.state == ObjectState::Down)
             .map(|o| match o.since {
                 Some(t) => format!("{} since {}", o.name, utc(t)),
                 None => o.name.clone(),
@@ -351,7 +342,7 @@ pub fn status_line(s: &Status) -> String {
         let more = if down.len() > 3 { ", and others" } else { "" };
         line.push_str(&format!(" ({} down: {}{more})", c.peers_down, down[..down.len().min(3)].join(", ")));
     }
-    let rejected: Vec<&FileStatus> = s.files.iter().filter(|f| f.state != "applied").collect();
+    let rejected: Vec<&FileStatus> = s.files.iter().filter(|f| f.state != FileState::Applied).collect();
     if let Some(first) = rejected.first() {
         let name = first.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let at = first.errors.first().map(|e| format!(":{}:{}", e.line, e.column)).unwrap_or_default();

@@ -1,11 +1,14 @@
 //! `status.json`: what the daemon has applied, per object, with errors.
 //! Written after every sync; read by `hostmesh status`.
 
+use std::fmt;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+pub use crate::config::FileState;
 
 pub const STATUS_FILE: &str = "status.json";
 pub const STATUS_VERSION: u32 = 1;
@@ -100,8 +103,7 @@ pub struct Counts {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileStatus {
     pub path: PathBuf,
-    /// "applied", "rejected_keeping_last_good" or "rejected".
-    pub state: String,
+    pub state: FileState,
     pub errors: Vec<ErrorEntry>,
 }
 
@@ -121,15 +123,58 @@ pub struct ErrorEntry {
     pub text: String,
 }
 
+/// What an object of the status report is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ObjectKind {
+    Service,
+    Mesh,
+    Peer,
+    Member,
+    Gateway,
+    Bpfnat,
+    /// The connect-time programs on one cgroup.
+    ConnectTime,
+}
+
+/// An object's state in the status report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ObjectState {
+    /// Every kernel item it needs is in place.
+    Applied,
+    /// A step it needs failed (its `errors` say which).
+    Error,
+    /// A mesh entry in place, with no sidecar listening.
+    NoSidecar,
+    /// A gateway peer answering its probes, or not.
+    Up,
+    Down,
+}
+
+/// One table of the names, shared by `Display` and the JSON (serde).
+macro_rules! display_as_serde {
+    ($($t:ty),*) => {$(
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                match serde_json::to_value(self) {
+                    // pad: `hostmesh status` aligns columns with widths.
+                    Ok(serde_json::Value::String(s)) => f.pad(&s),
+                    _ => write!(f, "{self:?}"),
+                }
+            }
+        }
+    )*};
+}
+display_as_serde!(ObjectKind, ObjectState);
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectStatus {
-    /// "service", "mesh", "peer", "member", "gateway", "bpfnat".
-    pub kind: String,
+    pub kind: ObjectKind,
     pub name: String,
     /// `file:line:col` where it is declared, if it comes from a file.
     pub origin: Option<String>,
-    /// "applied", "error" or "not_applied".
-    pub state: String,
+    pub state: ObjectState,
     pub detail: String,
     pub errors: Vec<String>,
     /// Unix seconds of the last change of `state`, for states that change
@@ -154,5 +199,39 @@ impl Status {
         let bytes = fs::read(&path)?;
         serde_json::from_slice(&bytes)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_and_states_keep_their_names_in_json_and_text() {
+        let names = |v: Vec<String>| v.join(" ");
+        let kinds = [
+            ObjectKind::Service,
+            ObjectKind::Mesh,
+            ObjectKind::Peer,
+            ObjectKind::Member,
+            ObjectKind::Gateway,
+            ObjectKind::Bpfnat,
+            ObjectKind::ConnectTime,
+        ];
+        assert_eq!(
+            names(kinds.iter().map(|k| serde_json::to_string(k).unwrap()).collect()),
+            r#""service" "mesh" "peer" "member" "gateway" "bpfnat" "connect-time""#
+        );
+        let states =
+            [ObjectState::Applied, ObjectState::Error, ObjectState::NoSidecar, ObjectState::Up, ObjectState::Down];
+        assert_eq!(names(states.iter().map(|s| s.to_string()).collect()), "applied error no_sidecar up down");
+        assert_eq!(
+            serde_json::to_string(&FileState::RejectedKeepingLastGood).unwrap(),
+            r#""rejected_keeping_last_good""#
+        );
+        // Columns of `hostmesh status` line up: Display honours widths.
+        assert_eq!(format!("[{:8}]", ObjectKind::Mesh), "[mesh    ]");
+        let back: ObjectState = serde_json::from_str(r#""no_sidecar""#).unwrap();
+        assert_eq!(back, ObjectState::NoSidecar);
     }
 }
