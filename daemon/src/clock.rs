@@ -5,6 +5,6 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Seconds since the epoch; 0 on a clock set before 1970.
-pub fn now_unix() -> u64 {
+pub(crate) fn now_unix() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }

@@ -4,19 +4,28 @@
 //! config (TOML drop-ins) -> model (Desired) -> reconcile (observe, plan,
 //! apply) -> backends (BPF, netlink, sysctl), driven by `daemon`.
 
+// Internals are crate-private, so the compiler sees unused code; the
+// public face is what the integration tests and `main` use: the map ABI,
+// the status file, the bpf syscalls and netlink helpers the tests read the
+// kernel with, and the CLI.
+#![warn(unreachable_pub, dead_code)]
+
 pub mod abi;
 pub mod backends;
 pub mod cli;
-pub mod clock;
-pub mod config;
-pub mod daemon;
-pub mod log;
-pub mod model;
-pub mod paths;
-pub mod peer_health;
-pub mod reconcile;
-pub mod sidecars;
+mod clock;
+mod config;
+mod daemon;
+mod log;
+mod model;
+mod paths;
+mod peer_health;
+mod reconcile;
+mod sidecars;
 pub mod state;
-pub mod table_size;
-pub mod teardown;
-pub mod trust;
+mod table_size;
+mod teardown;
+mod trust;
+
+pub use config::{Capacity, MapSizes, SizeKey, SIZE_KEYS};
+pub use model::{Feature, TcAttach};

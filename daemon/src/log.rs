@@ -8,16 +8,16 @@ use std::sync::Mutex;
 
 use slog::{Drain, Key, Level, OwnedKVList, Record, Serializer, KV};
 
-pub use slog::Logger;
+pub(crate) use slog::Logger;
 
 /// A drain writing logfmt lines to any writer (stderr in production).
-pub struct LogfmtDrain<W: Write + Send> {
+pub(crate) struct LogfmtDrain<W: Write + Send> {
     out: Mutex<W>,
     min: Level,
 }
 
 impl<W: Write + Send> LogfmtDrain<W> {
-    pub fn new(out: W, min: Level) -> Self {
+    pub(crate) fn new(out: W, min: Level) -> Self {
         LogfmtDrain { out: Mutex::new(out), min }
     }
 }
@@ -65,7 +65,7 @@ impl Serializer for LineSerializer<'_> {
 
 /// Quotes a value when it has spaces, quotes, `=` or is empty; newlines
 /// become `\n` so one event stays one line.
-pub fn quote(v: &str) -> String {
+pub(crate) fn quote(v: &str) -> String {
     let plain = !v.is_empty() && !v.contains(|c: char| c.is_whitespace() || c == '"' || c == '=' || c == '\\');
     if plain {
         return v.to_string();
@@ -85,7 +85,7 @@ pub fn quote(v: &str) -> String {
 }
 
 /// The daemon's logger: stderr, info and above (debug with HOSTMESH_DEBUG=1).
-pub fn stderr_logger() -> Logger {
+pub(crate) fn stderr_logger() -> Logger {
     let min = if std::env::var_os("HOSTMESH_DEBUG").is_some() { Level::Debug } else { Level::Info };
     Logger::root(LogfmtDrain::new(io::stderr(), min).fuse(), slog::o!())
 }

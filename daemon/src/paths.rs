@@ -3,12 +3,12 @@
 
 use std::path::PathBuf;
 
-pub const DEFAULT_CONFIG_DIR: &str = "/etc/hostmesh";
-pub const DEFAULT_STATE_DIR: &str = "/run/hostmesh";
-pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf/hostmesh";
+pub(crate) const DEFAULT_CONFIG_DIR: &str = "/etc/hostmesh";
+pub(crate) const DEFAULT_STATE_DIR: &str = "/run/hostmesh";
+pub(crate) const DEFAULT_BPFFS: &str = "/sys/fs/bpf/hostmesh";
 
 #[derive(Debug, Clone)]
-pub struct Paths {
+pub(crate) struct Paths {
     pub config_dir: PathBuf,
     pub state_dir: PathBuf,
     pub bpffs: PathBuf,

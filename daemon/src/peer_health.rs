@@ -19,7 +19,7 @@ use crate::config::{Config, GatewayRole};
 
 /// What the monitor probes, and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// Probes are sent from and answered on `local_ip`, the address peers
     /// know this gateway by.
     pub local: IpAddr,
@@ -32,7 +32,7 @@ pub struct Settings {
 
 impl Settings {
     /// Gateways probe their peers; members and hosts without peers do not.
-    pub fn from_config(config: &Config) -> Option<Settings> {
+    pub(crate) fn from_config(config: &Config) -> Option<Settings> {
         let g = config.gateway.as_ref().filter(|g| g.role == GatewayRole::Gateway)?;
         // Peers of the other family are not applied (model/gateway.rs).
         let peers: Vec<(String, IpAddr)> = config
@@ -53,7 +53,7 @@ impl Settings {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct PeerStatus {
+pub(crate) struct PeerStatus {
     pub endpoint: IpAddr,
     pub up: bool,
     /// Unix seconds of the last change (or of the start).
@@ -68,7 +68,7 @@ struct Shared {
     error: Option<String>,
 }
 
-pub struct PeerHealth {
+pub(crate) struct PeerHealth {
     pub settings: Settings,
     shared: Arc<Mutex<Shared>>,
     stop: Arc<AtomicBool>,
@@ -78,7 +78,7 @@ pub struct PeerHealth {
 impl PeerHealth {
     /// Starts probing; `changed` is called when a peer goes down or up,
     /// and probing ends when it returns false (nobody is listening).
-    pub fn start(settings: Settings, changed: impl Fn() -> bool + Send + 'static) -> PeerHealth {
+    pub(crate) fn start(settings: Settings, changed: impl Fn() -> bool + Send + 'static) -> PeerHealth {
         let now = now_unix();
         let peers = settings
             .peers
@@ -97,17 +97,17 @@ impl PeerHealth {
         PeerHealth { settings, shared, stop, thread: Some(thread) }
     }
 
-    pub fn down(&self) -> BTreeSet<String> {
+    pub(crate) fn down(&self) -> BTreeSet<String> {
         let s = self.shared.lock().expect("health state");
         s.peers.iter().filter(|(_, p)| !p.up).map(|(n, _)| n.clone()).collect()
     }
 
-    pub fn report(&self) -> BTreeMap<String, PeerStatus> {
+    pub(crate) fn report(&self) -> BTreeMap<String, PeerStatus> {
         self.shared.lock().expect("health state").peers.clone()
     }
 
     /// Why probes cannot run, if they cannot.
-    pub fn error(&self) -> Option<String> {
+    pub(crate) fn error(&self) -> Option<String> {
         self.shared.lock().expect("health state").error.clone()
     }
 }

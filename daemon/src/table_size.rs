@@ -5,25 +5,25 @@
 
 use crate::abi::MAGLEV_CHUNK;
 
-pub const MIN_TABLE_SIZE: u32 = 7;
-pub const MAX_TABLE_SIZE: u32 = 65521;
+pub(crate) const MIN_TABLE_SIZE: u32 = 7;
+pub(crate) const MAX_TABLE_SIZE: u32 = 65521;
 /// The sizes chosen when the configuration names none: primes about four
 /// times apart, so a service changes size only when its backend count
 /// crosses a step, not at every added backend.
-pub const AUTO_TABLE_SIZES: [u32; 5] = [251, 1021, 4093, 16381, MAX_TABLE_SIZE];
+pub(crate) const AUTO_TABLE_SIZES: [u32; 5] = [251, 1021, 4093, 16381, MAX_TABLE_SIZE];
 /// Maglev's guidance: a table over 100 times the backends keeps the split
 /// even and a backend's removal moving little more than its share.
-pub const SLOTS_PER_BACKEND: u32 = 100;
+pub(crate) const SLOTS_PER_BACKEND: u32 = 100;
 
 /// The table size for `backends` backends when the configuration names
 /// none: the smallest of AUTO_TABLE_SIZES over SLOTS_PER_BACKEND × backends
 /// (251 slots, four 256-byte chunks, for up to two backends).
-pub fn table_size_for(backends: usize) -> u32 {
+pub(crate) fn table_size_for(backends: usize) -> u32 {
     let want = (backends as u64).saturating_mul(u64::from(SLOTS_PER_BACKEND));
     AUTO_TABLE_SIZES.into_iter().find(|&m| u64::from(m) > want).unwrap_or(MAX_TABLE_SIZE)
 }
 
-pub fn is_prime(n: u32) -> bool {
+pub(crate) fn is_prime(n: u32) -> bool {
     if n < 2 {
         return false;
     }
@@ -39,13 +39,13 @@ pub fn is_prime(n: u32) -> bool {
 
 /// A service's table size: its own, else `[daemon] maglev_table_size`,
 /// else sized from its backends.
-pub fn resolve(own: Option<u32>, default: Option<u32>, backends: usize) -> u32 {
+pub(crate) fn resolve(own: Option<u32>, default: Option<u32>, backends: usize) -> u32 {
     own.or(default).unwrap_or_else(|| table_size_for(backends))
 }
 
 /// The HM_MAGLEV chunks a table of `size` slots over `backends` backends
 /// fills: none without backends.
-pub fn chunks_for(backends: usize, size: u32) -> usize {
+pub(crate) fn chunks_for(backends: usize, size: u32) -> usize {
     if backends == 0 {
         0
     } else {
@@ -55,7 +55,7 @@ pub fn chunks_for(backends: usize, size: u32) -> usize {
 
 /// The HM_MAGLEV chunks a service takes: `resolve`'s size, `chunks_for`'s
 /// count (the merge's capacity check counts them file by file).
-pub fn service_chunks(own: Option<u32>, default: Option<u32>, backends: usize) -> usize {
+pub(crate) fn service_chunks(own: Option<u32>, default: Option<u32>, backends: usize) -> usize {
     chunks_for(backends, resolve(own, default, backends))
 }
 

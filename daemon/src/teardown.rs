@@ -17,7 +17,7 @@ use crate::reconcile::SysctlOriginals;
 use crate::state::STATUS_FILE;
 
 #[derive(Debug, thiserror::Error)]
-pub enum TeardownError {
+pub(crate) enum TeardownError {
     #[error("{0}")]
     Backend(#[from] BackendError),
     #[error("{what}: {source}")]
@@ -30,7 +30,7 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> TeardownError {
 }
 
 /// Removes everything; returns one line per thing removed or restored.
-pub fn teardown(paths: &Paths) -> Result<Vec<String>, TeardownError> {
+pub(crate) fn teardown(paths: &Paths) -> Result<Vec<String>, TeardownError> {
     let mut done = Vec::new();
 
     // Programs first: unpinning a link detaches its program, so nothing

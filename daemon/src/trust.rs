@@ -15,7 +15,7 @@ pub enum Unsafe {
 
 /// The one rule for what hostmesh trusts: owned by root (or the uid the
 /// daemon runs as) and writable by no group and no other user.
-pub fn check_trusted(path: &Path, uid: u32, mode: u32) -> Result<(), Unsafe> {
+pub(crate) fn check_trusted(path: &Path, uid: u32, mode: u32) -> Result<(), Unsafe> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
     if uid != 0 && uid != me {

@@ -6,8 +6,8 @@ use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use hostmesh::backends::bpf::sys;
-use hostmesh::config::{Capacity, MapSizes};
 use hostmesh::state::FileState;
+use hostmesh::{Capacity, MapSizes};
 
 use crate::fixtures::*;
 use crate::topology::*;
@@ -29,7 +29,7 @@ const SIZED: [(&str, Capacity); 9] = [
 fn sizes_config(n: u32) -> (String, MapSizes) {
     let mut sizes = MapSizes::default();
     let mut text = String::new();
-    for k in &hostmesh::config::SIZE_KEYS {
+    for k in &hostmesh::SIZE_KEYS {
         sizes.set(k.capacity, k.min * n);
         text.push_str(&format!("{} = {}\n", k.key, k.min * n));
     }

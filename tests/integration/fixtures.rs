@@ -225,7 +225,7 @@ pub fn hostmesh_filters(ns: &hm_testkit::Netns) -> Vec<TcFilter> {
 
 impl Host {
     /// How the daemon attaches TC programs here (its status says).
-    pub fn tc_mode(&self) -> hostmesh::model::TcAttach {
+    pub fn tc_mode(&self) -> hostmesh::TcAttach {
         self.status().kernel.expect("the status has a kernel section").tc_attach
     }
 

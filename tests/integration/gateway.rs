@@ -53,7 +53,7 @@ table inet hmtest {{
 /// where it cannot (hostmesh status names the missing `tunnel_source`).
 fn vxlan(sites: &Sites, dir: &str) -> u64 {
     let missing = sites.ga.status().kernel.unwrap().missing;
-    let pinned = missing.iter().all(|m| m.feature != hostmesh::model::Feature::TunnelSource);
+    let pinned = missing.iter().all(|m| m.feature != hostmesh::Feature::TunnelSource);
     let at_local = counter(sites, &format!("vxlan_{dir}"));
     let elsewhere = counter(sites, &format!("vxlan_{dir}_elsewhere"));
     if pinned {

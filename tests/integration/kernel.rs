@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use hostmesh::model::{Feature, TcAttach};
+use hostmesh::{Feature, TcAttach};
 
 use crate::fixtures::*;
 use crate::topology::*;

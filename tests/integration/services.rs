@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use hm_testkit::wait_until;
-use hostmesh::model::Feature;
+use hostmesh::Feature;
 use nix::sys::signal::Signal;
 
 use crate::fixtures::*;

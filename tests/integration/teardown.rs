@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use hm_testkit::wait_until;
 use hostmesh::backends::bpf::sys;
-use hostmesh::model::TcAttach;
+use hostmesh::TcAttach;
 
 use crate::fixtures::*;
 

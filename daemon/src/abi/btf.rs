@@ -12,21 +12,21 @@ const MAGIC: u16 = 0xeb9f;
 
 /// One member of a struct, in bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Member {
+pub(super) struct Member {
     pub name: String,
     pub offset: u32,
     pub size: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Struct {
+pub(super) struct Struct {
     pub size: u32,
     pub members: Vec<Member>,
 }
 
 /// A map as its `SEC(".maps")` definition declares it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MapDecl {
+pub(super) struct MapDecl {
     pub name: String,
     pub map_type: u32,
     pub key_size: u32,
@@ -63,7 +63,7 @@ struct Type {
     kind: Kind,
 }
 
-pub struct Btf {
+pub(super) struct Btf {
     types: Vec<Type>,
 }
 
@@ -80,14 +80,14 @@ fn u32_at(b: &[u8], at: usize) -> Result<u32, String> {
 impl Btf {
     /// The `.BTF` section of a little-endian ELF object (clang -target bpf
     /// on x86-64 and arm64).
-    pub fn of_object(elf: &[u8]) -> Result<Btf, String> {
+    pub(super) fn of_object(elf: &[u8]) -> Result<Btf, String> {
         let file = object::File::parse(elf).map_err(|e| format!("not an ELF object: {e}"))?;
         let section = file.section_by_name(".BTF").ok_or("the object has no .BTF section (built without -g?)")?;
         let data = section.data().map_err(|e| format!(".BTF unreadable: {e}"))?;
         Btf::parse(data)
     }
 
-    pub fn parse(b: &[u8]) -> Result<Btf, String> {
+    pub(super) fn parse(b: &[u8]) -> Result<Btf, String> {
         if u16_at(b, 0)? != MAGIC {
             return Err("not BTF (bad magic, or big-endian)".into());
         }
@@ -207,7 +207,7 @@ impl Btf {
     }
 
     /// Every named struct, by name.
-    pub fn structs(&self) -> Result<BTreeMap<String, Struct>, String> {
+    pub(super) fn structs(&self) -> Result<BTreeMap<String, Struct>, String> {
         let mut out = BTreeMap::new();
         for t in &self.types {
             if let Kind::Struct { size, members } = &t.kind {
@@ -227,7 +227,7 @@ impl Btf {
     }
 
     /// The constants of every enum.
-    pub fn enum_constants(&self) -> BTreeMap<String, i64> {
+    pub(super) fn enum_constants(&self) -> BTreeMap<String, i64> {
         let mut out = BTreeMap::new();
         for t in &self.types {
             if let Kind::Enum { values, .. } = &t.kind {
@@ -239,7 +239,7 @@ impl Btf {
 
     /// The maps of the `.maps` section, as libbpf reads them: `__uint(f, n)`
     /// is a pointer to an array of n elements, `__type(f, T)` a pointer to T.
-    pub fn maps(&self) -> Result<Vec<MapDecl>, String> {
+    pub(super) fn maps(&self) -> Result<Vec<MapDecl>, String> {
         let mut out = Vec::new();
         for t in &self.types {
             let Kind::Datasec(vars) = &t.kind else { continue };

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use super::*;
 
 #[derive(Debug, Default)]
-pub struct KernelState {
+pub(crate) struct KernelState {
     pub links: BTreeMap<String, LinkSpec>,
     pub sysctls: BTreeMap<String, String>,
     pub neighbours: BTreeMap<NeighKey, NeighSpec>,
@@ -31,14 +31,14 @@ pub struct KernelState {
 /// Cheap to clone: every clone sees the same state, so a test keeps one
 /// and hands the others to the reconciler as each of its backends.
 #[derive(Debug, Clone, Default)]
-pub struct FakeKernel(pub Arc<Mutex<KernelState>>);
+pub(crate) struct FakeKernel(pub Arc<Mutex<KernelState>>);
 
 impl FakeKernel {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
-    pub fn backends(&self) -> Backends {
+    pub(crate) fn backends(&self) -> Backends {
         Backends {
             host: Box::new(self.clone()),
             net: Box::new(self.clone()),
@@ -48,7 +48,7 @@ impl FakeKernel {
         }
     }
 
-    pub fn state(&self) -> std::sync::MutexGuard<'_, KernelState> {
+    pub(crate) fn state(&self) -> std::sync::MutexGuard<'_, KernelState> {
         self.0.lock().unwrap()
     }
 

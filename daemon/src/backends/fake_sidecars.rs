@@ -9,7 +9,7 @@ use super::{Holder, Install, Listener, RegisterError, SidecarBackend};
 use crate::abi::SockKey;
 
 #[derive(Debug, Default)]
-pub struct FakeSidecars {
+pub(crate) struct FakeSidecars {
     /// What sock_diag would find, per key.
     pub listeners: BTreeMap<SockKey, Listener>,
     /// Who holds each socket inode.
@@ -28,20 +28,20 @@ pub struct FakeSidecars {
 
 impl FakeSidecars {
     /// A fake whose HM_MESH_SOCKETS is loaded and empty.
-    pub fn loaded() -> Self {
+    pub(crate) fn loaded() -> Self {
         FakeSidecars { map: Some(BTreeMap::new()), ..Self::default() }
     }
 
     /// A sidecar listening for `key`: socket `inode` (cookie = inode + 1000)
     /// held by `pid` as fd 3.
-    pub fn listen(&mut self, key: SockKey, inode: u32, pid: u32, comm: &str) {
+    pub(crate) fn listen(&mut self, key: SockKey, inode: u32, pid: u32, comm: &str) {
         let addr = crate::sidecars::expected_addr(&key);
         self.listeners.insert(key, Listener { addr, inode, cookie: u64::from(inode) + 1000 });
         self.holders.insert(inode, Holder { pid, fd: 3, comm: comm.to_string() });
     }
 
     /// The sidecar for `key` exits: its socket closes and leaves the map.
-    pub fn exit(&mut self, key: &SockKey) {
+    pub(crate) fn exit(&mut self, key: &SockKey) {
         if let Some(l) = self.listeners.remove(key) {
             self.holders.remove(&l.inode);
             if let Some(map) = &mut self.map {

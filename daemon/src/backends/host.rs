@@ -11,7 +11,7 @@ use super::netlink::Rtnetlink;
 use super::{BackendError, HostBackend, Result};
 use crate::model::{Feature, HostFacts, KernelFeatures};
 
-pub struct LiveHost {
+pub(crate) struct LiveHost {
     net: Rtnetlink,
     cgroup2_root: Option<PathBuf>,
     features: KernelFeatures,
@@ -22,7 +22,7 @@ pub struct LiveHost {
 
 impl LiveHost {
     /// `state_dir` is where cgroup2 gets mounted on a host that has none.
-    pub fn new(state_dir: &Path, features: KernelFeatures) -> io::Result<Self> {
+    pub(crate) fn new(state_dir: &Path, features: KernelFeatures) -> io::Result<Self> {
         Ok(LiveHost { net: Rtnetlink::open()?, cgroup2_root: ensure_cgroup2(state_dir)?, features, cookie: None })
     }
 
@@ -62,7 +62,7 @@ impl HostBackend for LiveHost {
 
 /// Where cgroup2 is mounted. When nothing is, mounts it under the state dir
 /// (docs/design.md, "Attach modes").
-pub fn ensure_cgroup2(state_dir: &Path) -> io::Result<Option<PathBuf>> {
+pub(crate) fn ensure_cgroup2(state_dir: &Path) -> io::Result<Option<PathBuf>> {
     if let Some(root) = cgroup2_mount()? {
         return Ok(Some(root));
     }

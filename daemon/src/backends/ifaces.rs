@@ -4,12 +4,12 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// A link's index; None when there is no such link.
-pub fn index(name: &str) -> Option<u32> {
+pub(crate) fn index(name: &str) -> Option<u32> {
     nix::net::if_::if_nametoindex(name).ok()
 }
 
 /// The name of the link with this index, if there is one.
-pub fn name(index: u32) -> Option<String> {
+pub(crate) fn name(index: u32) -> Option<String> {
     let mut buf = [0u8; libc::IF_NAMESIZE];
     // SAFETY: buf has the IF_NAMESIZE bytes if_indextoname writes at most.
     let p = unsafe { libc::if_indextoname(index, buf.as_mut_ptr() as *mut libc::c_char) };
@@ -22,7 +22,7 @@ pub fn name(index: u32) -> Option<String> {
 
 /// Whether the link is administratively up (SIOCGIFFLAGS); None when there
 /// is no such link.
-pub fn is_up(name: &str) -> Option<bool> {
+pub(crate) fn is_up(name: &str) -> Option<bool> {
     if name.len() >= libc::IF_NAMESIZE {
         return None;
     }

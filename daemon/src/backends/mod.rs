@@ -15,16 +15,16 @@
 
 pub mod bpf;
 #[cfg(test)]
-pub mod fake;
+pub(crate) mod fake;
 #[cfg(test)]
-pub mod fake_sidecars;
-pub mod host;
-pub mod ifaces;
+pub(crate) mod fake_sidecars;
+pub(crate) mod host;
+pub(crate) mod ifaces;
 pub mod netlink;
-pub mod nft;
-pub mod sidecar;
-pub mod sockopt;
-pub mod sysctl;
+pub(crate) mod nft;
+pub(crate) mod sidecar;
+pub(crate) mod sockopt;
+pub(crate) mod sysctl;
 
 use std::collections::BTreeMap;
 use std::io;

@@ -21,14 +21,14 @@ use serde_json::Value;
 use super::{BackendError, NftBackend, Result};
 use crate::model::NftRule;
 
-pub const TABLE: &str = "hostmesh";
+pub(crate) const TABLE: &str = "hostmesh";
 
-pub struct NftCli {
+pub(crate) struct NftCli {
     program: String,
 }
 
 impl NftCli {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         NftCli { program: "nft".into() }
     }
 
@@ -82,7 +82,7 @@ fn rule_text(r: &NftRule) -> String {
 }
 
 /// The table, exact ports before whole-VIP rules (first match wins).
-pub fn ruleset(rules: &BTreeSet<NftRule>) -> String {
+pub(crate) fn ruleset(rules: &BTreeSet<NftRule>) -> String {
     let mut ordered: Vec<&NftRule> = rules.iter().collect();
     ordered.sort_by_key(|r| (r.port == 0, *r));
     let body: Vec<String> = ordered.iter().map(|r| format!("    {}", rule_text(r))).collect();
@@ -94,7 +94,7 @@ pub fn ruleset(rules: &BTreeSet<NftRule>) -> String {
 
 /// Reads rules back from `nft -j list table inet hostmesh`: each rule is a
 /// daddr match, a protocol (or port) match and a tproxy statement.
-pub fn parse_rules(json: &str) -> Option<BTreeSet<NftRule>> {
+pub(crate) fn parse_rules(json: &str) -> Option<BTreeSet<NftRule>> {
     let v: Value = serde_json::from_str(json).ok()?;
     let mut out = BTreeSet::new();
     for item in v["nftables"].as_array()? {

@@ -5,7 +5,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 /// Sets option `name` at `level` to `value`.
-pub fn set<T>(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, value: &T) -> io::Result<()> {
+pub(crate) fn set<T>(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, value: &T) -> io::Result<()> {
     // SAFETY: a valid fd and a pointer to `size_of::<T>()` readable bytes.
     let rc = unsafe {
         libc::setsockopt(

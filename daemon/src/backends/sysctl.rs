@@ -11,12 +11,12 @@ use std::path::PathBuf;
 
 use super::{BackendError, Result, SysctlBackend};
 
-pub struct ProcSys {
+pub(crate) struct ProcSys {
     root: PathBuf,
 }
 
 impl ProcSys {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         ProcSys { root: PathBuf::from("/proc/sys") }
     }
 }
@@ -29,7 +29,7 @@ impl Default for ProcSys {
 
 /// The rule for a sysctl path hostmesh may touch: relative to /proc/sys,
 /// under `net/`, plain names only (no `.`, `..` or empty parts).
-pub fn check_path(path: &str) -> std::result::Result<(), String> {
+pub(crate) fn check_path(path: &str) -> std::result::Result<(), String> {
     let parts: Vec<&str> = path.split('/').collect();
     let plain =
         |p: &&str| !p.is_empty() && *p != "." && *p != ".." && p.chars().all(|c| !c.is_control() && !c.is_whitespace());

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use crate::config::check_dir;
 
-pub fn run(dir: &Path) -> ExitCode {
+pub(super) fn run(dir: &Path) -> ExitCode {
     let loaded = match check_dir(dir) {
         Ok(l) => l,
         Err(e) => {

@@ -9,7 +9,7 @@ use crate::state::{FileState, Status};
 
 /// Exit codes: 0 running and everything applied; 1 something rejected or
 /// failed; 3 not running (what is shown is the last state it wrote).
-pub fn run(state_dir: &Path, json: bool) -> ExitCode {
+pub(super) fn run(state_dir: &Path, json: bool) -> ExitCode {
     let status = match Status::read(state_dir) {
         Ok(s) => s,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -43,7 +43,7 @@ pub fn run(state_dir: &Path, json: bool) -> ExitCode {
     }
 }
 
-pub enum Liveness {
+pub(super) enum Liveness {
     Running,
     /// Running but the status has not been updated for this many seconds.
     Stale(u64),
@@ -66,7 +66,7 @@ fn pid_is_hostmesh(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "hostmesh")
 }
 
-pub fn liveness(s: &Status) -> Liveness {
+pub(super) fn liveness(s: &Status) -> Liveness {
     if s.stopped {
         return Liveness::Stopped;
     }
@@ -84,7 +84,7 @@ pub fn liveness(s: &Status) -> Liveness {
 }
 
 /// The pid of a hostmesh daemon that wrote this state dir and still runs.
-pub fn running_daemon(state_dir: &Path) -> Option<u32> {
+pub(super) fn running_daemon(state_dir: &Path) -> Option<u32> {
     let s = Status::read(state_dir).ok()?;
     (!s.stopped && pid_is_hostmesh(s.pid)).then_some(s.pid)
 }
@@ -98,7 +98,7 @@ fn ago(at: u64) -> String {
     }
 }
 
-pub fn render(s: &Status, liveness: &Liveness) -> String {
+pub(super) fn render(s: &Status, liveness: &Liveness) -> String {
     let mut out = String::new();
     let head = match liveness {
         Liveness::Running => format!("running (pid {}){}", s.pid, if s.ready { ", ready" } else { ", starting" }),

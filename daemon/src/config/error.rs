@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
-pub struct ConfigError {
+pub(crate) struct ConfigError {
     pub file: PathBuf,
     pub line: usize,
     pub column: usize,
@@ -23,7 +23,7 @@ impl fmt::Display for ConfigError {
 }
 
 /// Maps byte offsets in one file's text to 1-based line and column.
-pub struct Source<'a> {
+pub(crate) struct Source<'a> {
     pub path: &'a Path,
     pub text: &'a str,
     /// The file's line number of `text`'s first line: 1, or more for a
@@ -36,19 +36,19 @@ pub struct Source<'a> {
 }
 
 impl<'a> Source<'a> {
-    pub fn new(path: &'a Path, text: &'a str) -> Self {
+    pub(crate) fn new(path: &'a Path, text: &'a str) -> Self {
         Source { path, text, first_line: 1, line_starts: std::cell::OnceCell::new() }
     }
 
     /// The lines of `range` (which starts a line) as a source of their
     /// own, whose positions are still the file's.
-    pub fn part(&self, range: std::ops::Range<usize>) -> Source<'a> {
+    pub(crate) fn part(&self, range: std::ops::Range<usize>) -> Source<'a> {
         let (line, _) = self.line_col(range.start);
         Source { path: self.path, text: &self.text[range], first_line: line, line_starts: std::cell::OnceCell::new() }
     }
 
     /// 1-based (line, column); the column counts characters, not bytes.
-    pub fn line_col(&self, offset: usize) -> (usize, usize) {
+    pub(crate) fn line_col(&self, offset: usize) -> (usize, usize) {
         let offset = floor_char_boundary(self.text, offset.min(self.text.len()));
         let starts = self
             .line_starts
@@ -59,7 +59,7 @@ impl<'a> Source<'a> {
         (line + self.first_line - 1, column)
     }
 
-    pub fn error(&self, span: &std::ops::Range<usize>, key: Option<&str>, message: String) -> ConfigError {
+    pub(crate) fn error(&self, span: &std::ops::Range<usize>, key: Option<&str>, message: String) -> ConfigError {
         let (line, column) = self.line_col(span.start);
         ConfigError { file: self.path.to_path_buf(), line, column, key: key.map(str::to_string), message }
     }
@@ -67,7 +67,7 @@ impl<'a> Source<'a> {
     /// The key written at the start of the line holding `offset`
     /// (`port = 0` -> `port`), for errors from the TOML parser, which
     /// report a position but not the key.
-    pub fn key_on_line(&self, offset: usize) -> Option<String> {
+    pub(crate) fn key_on_line(&self, offset: usize) -> Option<String> {
         let offset = floor_char_boundary(self.text, offset.min(self.text.len()));
         let start = self.text[..offset].rfind('\n').map_or(0, |i| i + 1);
         let end = self.text[start..].find('\n').map_or(self.text.len(), |i| start + i);
@@ -88,14 +88,14 @@ fn floor_char_boundary(s: &str, mut i: usize) -> usize {
 
 /// Where a configuration object was declared, for status and errors.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-pub struct Origin {
+pub(crate) struct Origin {
     pub file: PathBuf,
     pub line: usize,
     pub column: usize,
 }
 
 impl Origin {
-    pub fn at(src: &Source<'_>, span: &std::ops::Range<usize>) -> Self {
+    pub(crate) fn at(src: &Source<'_>, span: &std::ops::Range<usize>) -> Self {
         let (line, column) = src.line_col(span.start);
         Origin { file: src.path.to_path_buf(), line, column }
     }
@@ -109,11 +109,11 @@ impl fmt::Display for Origin {
 }
 
 /// The longest a value quoted in a message may be, in characters.
-pub const QUOTE_MAX: usize = 80;
+pub(crate) const QUOTE_MAX: usize = 80;
 
 /// `s` cut to QUOTE_MAX characters (with "..." and the full length when
 /// cut), for quoting operator input in messages without echoing 200 KB.
-pub fn clip(s: &str) -> String {
+pub(crate) fn clip(s: &str) -> String {
     if s.chars().count() <= QUOTE_MAX {
         return s.to_string();
     }

@@ -22,7 +22,7 @@ use crate::table_size::service_chunks;
 /// The outcome for one file: which of its offered versions is in force
 /// (if any), and why the preferred one was not.
 #[derive(Debug)]
-pub struct MergedFile {
+pub(super) struct MergedFile {
     pub accepted: Option<usize>,
     pub conflicts: Vec<ConfigError>,
 }
@@ -268,7 +268,7 @@ impl<'a> Registry<'a> {
 /// Merges files (in the given order), each offering versions in order of
 /// preference. Returns the configuration in force and, per file, which
 /// version was used.
-pub fn merge<'a>(files: &'a [(PathBuf, Vec<&'a FileConfig>)]) -> (Config, Vec<MergedFile>) {
+pub(super) fn merge<'a>(files: &'a [(PathBuf, Vec<&'a FileConfig>)]) -> (Config, Vec<MergedFile>) {
     // The capacity checks need the [daemon] section in force, which only
     // the merge decides: start from the first one offered, and merge again
     // in the rare case that the section in force turned out to be another

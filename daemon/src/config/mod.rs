@@ -17,13 +17,15 @@ mod types;
 mod validate;
 
 pub use capacity::{Capacity, MapSizes, SizeKey, SIZE_KEYS};
-pub use duration::{format_duration, parse_duration};
-pub use error::{clip, ConfigError, Origin, Source, QUOTE_MAX};
-pub use store::{
-    check_dir, list_drop_ins, ConfigStore, DirError, FileReport, FileState, Loaded, Skipped, ERRORS_PER_FILE,
-};
-pub use types::*;
-pub use validate::{is_object_name, is_unicast, parse_file};
+pub(crate) use error::{clip, ConfigError};
+pub use store::FileState;
+pub(crate) use store::{check_dir, ConfigStore, Loaded};
+pub(crate) use types::*;
+// What the unit tests of other modules build configurations with.
+#[cfg(test)]
+pub(crate) use error::Source;
+#[cfg(test)]
+pub(crate) use validate::parse_file;
 
 #[cfg(test)]
 mod fuzz;
@@ -33,7 +35,7 @@ mod tests;
 /// One valid file's text as the whole configuration, for other modules'
 /// unit tests.
 #[cfg(test)]
-pub fn from_text(text: &str) -> Config {
+pub(crate) fn from_text(text: &str) -> Config {
     let f = parse_file(&Source::new(std::path::Path::new("t.toml"), text)).expect("valid config");
     Config {
         daemon: f.daemon.unwrap_or_default(),

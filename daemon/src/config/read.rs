@@ -15,7 +15,7 @@ use std::sync::Once;
 
 /// Why a drop-in was not read.
 #[derive(Debug)]
-pub enum Unread {
+pub(super) enum Unread {
     /// Some process has it open for writing; read it once it is closed.
     BeingWritten,
     /// Not a regular file (a FIFO, a dir, a device named `*.toml`).
@@ -26,7 +26,7 @@ pub enum Unread {
 }
 
 /// The whole text of `path` (following a symlink to its target).
-pub fn read_drop_in(path: &Path) -> Result<Vec<u8>, Unread> {
+pub(super) fn read_drop_in(path: &Path) -> Result<Vec<u8>, Unread> {
     // O_NONBLOCK: opening a FIFO put in place of a file must not hang.
     let mut f = OpenOptions::new()
         .read(true)
@@ -49,7 +49,7 @@ pub fn read_drop_in(path: &Path) -> Result<Vec<u8>, Unread> {
 }
 
 /// What kind of non-regular file this is, for the message.
-pub fn kind_of(meta: &std::fs::Metadata) -> &'static str {
+pub(super) fn kind_of(meta: &std::fs::Metadata) -> &'static str {
     use std::os::unix::fs::FileTypeExt;
     let t = meta.file_type();
     if t.is_dir() {

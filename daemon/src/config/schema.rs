@@ -7,11 +7,11 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use toml::Spanned;
 
-pub type S<T> = Spanned<T>;
+pub(super) type S<T> = Spanned<T>;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawFile {
+pub(super) struct RawFile {
     pub daemon: Option<S<RawDaemon>>,
     #[serde(default)]
     pub service: Vec<S<RawService>>,
@@ -26,7 +26,7 @@ pub struct RawFile {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawDaemon {
+pub(super) struct RawDaemon {
     pub connect_time_lb: Option<S<String>>,
     pub host_interfaces: Option<Vec<S<String>>>,
     pub cgroup: Option<S<String>>,
@@ -52,7 +52,7 @@ pub struct RawDaemon {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawService {
+pub(super) struct RawService {
     pub name: S<String>,
     pub vip: S<String>,
     pub port: S<i64>,
@@ -69,14 +69,14 @@ pub struct RawService {
 
 /// A backend is either `"ip:port"` or `{ address = "ip:port", weight = N }`.
 #[derive(Debug)]
-pub struct RawBackend {
+pub(super) struct RawBackend {
     pub address: S<String>,
     pub weight: Option<S<i64>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawMesh {
+pub(super) struct RawMesh {
     pub name: S<String>,
     pub vip: S<String>,
     pub port: S<i64>,
@@ -86,7 +86,7 @@ pub struct RawMesh {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawGateway {
+pub(super) struct RawGateway {
     pub role: S<String>,
     pub local_ip: S<String>,
     pub gateway_ip: Option<S<String>>,
@@ -100,7 +100,7 @@ pub struct RawGateway {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawPeer {
+pub(super) struct RawPeer {
     pub name: S<String>,
     pub endpoint: Option<S<String>>,
     pub cidrs: Vec<S<String>>,
@@ -108,7 +108,7 @@ pub struct RawPeer {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawMember {
+pub(super) struct RawMember {
     pub name: S<String>,
     pub endpoint: S<String>,
     pub cidrs: Vec<S<String>>,

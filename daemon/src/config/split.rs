@@ -16,14 +16,14 @@
 use std::ops::Range;
 
 /// About how large a part is.
-pub const PART_BYTES: usize = 64 * 1024;
+pub(super) const PART_BYTES: usize = 64 * 1024;
 
 /// The headers a part may start with.
 const LISTS: [&str; 4] = ["service", "mesh", "peer", "member"];
 
 /// The parts of `text`, in order, covering it; `None` when it is small or
 /// cannot be cut.
-pub fn parts(text: &str) -> Option<Vec<Range<usize>>> {
+pub(super) fn parts(text: &str) -> Option<Vec<Range<usize>>> {
     parts_of(text, PART_BYTES)
 }
 

@@ -30,14 +30,14 @@ pub enum FileState {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct FileReport {
+pub(crate) struct FileReport {
     pub path: PathBuf,
     pub state: FileState,
     pub errors: Vec<ConfigError>,
 }
 
 #[derive(Debug, Clone)]
-pub struct Loaded {
+pub(crate) struct Loaded {
     pub config: Config,
     pub files: Vec<FileReport>,
     /// Entries named like drop-ins that were not read, and why (not a
@@ -48,20 +48,20 @@ pub struct Loaded {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Skipped {
+pub(crate) struct Skipped {
     pub path: PathBuf,
     pub reason: String,
 }
 
 impl Loaded {
-    pub fn rejected(&self) -> impl Iterator<Item = &FileReport> {
+    pub(crate) fn rejected(&self) -> impl Iterator<Item = &FileReport> {
         self.files.iter().filter(|f| f.state != FileState::Applied)
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 #[error("cannot read config dir {}: {source}", dir.display())]
-pub struct DirError {
+pub(crate) struct DirError {
     pub dir: PathBuf,
     #[source]
     pub source: io::Error,
@@ -71,7 +71,7 @@ pub struct DirError {
 /// file's text parsed to, so a load parses only files whose text changed
 /// (parsing is a function of the path and the bytes alone).
 #[derive(Debug, Default)]
-pub struct ConfigStore {
+pub(crate) struct ConfigStore {
     last_good: BTreeMap<PathBuf, Arc<FileConfig>>,
     parsed: BTreeMap<PathBuf, Parsed>,
     /// Files parsed since the store was made.
@@ -136,24 +136,25 @@ fn text_hash(bytes: &[u8]) -> u64 {
 }
 
 impl ConfigStore {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// How many files this store has read (opened and read whole).
-    pub fn reads(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn reads(&self) -> usize {
         self.reads
     }
 
     /// Reads every file of the dir and returns the configuration in
     /// force (SIGHUP, the periodic resync, the first load).
-    pub fn load(&mut self, dir: &Path) -> Result<Loaded, DirError> {
+    pub(crate) fn load(&mut self, dir: &Path) -> Result<Loaded, DirError> {
         self.load_with(dir, Reread::All)
     }
 
     /// As `load`, reading only the files whose inode, size or times
     /// changed since they were last read (after a file event).
-    pub fn load_changed(&mut self, dir: &Path) -> Result<Loaded, DirError> {
+    pub(crate) fn load_changed(&mut self, dir: &Path) -> Result<Loaded, DirError> {
         self.load_with(dir, Reread::Changed)
     }
 
@@ -248,7 +249,7 @@ fn whole_file_error(path: &Path, message: String) -> ConfigError {
 }
 
 /// The most errors reported per file; the rest are counted in one more.
-pub const ERRORS_PER_FILE: usize = 20;
+pub(crate) const ERRORS_PER_FILE: usize = 20;
 /// The longest message reported, in characters.
 const MESSAGE_MAX: usize = 240;
 
@@ -277,7 +278,7 @@ fn bounded(mut errors: Vec<ConfigError>) -> Vec<ConfigError> {
 /// The drop-ins of a dir: regular files (or links to them) named `*.toml`,
 /// not hidden (editors' swap and backup files are), in lexical order; and
 /// the entries so named that are not regular files, with why.
-pub fn list_drop_ins(dir: &Path) -> io::Result<(Vec<PathBuf>, Vec<Skipped>)> {
+pub(crate) fn list_drop_ins(dir: &Path) -> io::Result<(Vec<PathBuf>, Vec<Skipped>)> {
     let mut out = Vec::new();
     let mut skipped = Vec::new();
     for entry in fs::read_dir(dir)? {
@@ -381,7 +382,7 @@ fn read_whole(path: &Path) -> Result<Vec<u8>, NotRead> {
 }
 
 /// One file's bytes, as read, to its configuration or its errors.
-pub fn parse_bytes(path: &Path, bytes: Vec<u8>) -> Result<FileConfig, Vec<ConfigError>> {
+pub(super) fn parse_bytes(path: &Path, bytes: Vec<u8>) -> Result<FileConfig, Vec<ConfigError>> {
     let text = match String::from_utf8(bytes) {
         Ok(t) => t,
         Err(e) => {
@@ -395,6 +396,6 @@ pub fn parse_bytes(path: &Path, bytes: Vec<u8>) -> Result<FileConfig, Vec<Config
 }
 
 /// `hostmesh check`: every error of every file, with no history.
-pub fn check_dir(dir: &Path) -> Result<Loaded, DirError> {
+pub(crate) fn check_dir(dir: &Path) -> Result<Loaded, DirError> {
     ConfigStore::new().load(dir)
 }

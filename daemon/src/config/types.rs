@@ -14,16 +14,16 @@ use super::error::Origin;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Protocol {
+pub(crate) enum Protocol {
     Tcp,
     Udp,
 }
 
 impl Protocol {
-    pub const ALL: [Protocol; 2] = [Protocol::Tcp, Protocol::Udp];
+    pub(crate) const ALL: [Protocol; 2] = [Protocol::Tcp, Protocol::Udp];
 
     /// The IP protocol number (IPPROTO_TCP, IPPROTO_UDP).
-    pub fn number(self) -> u8 {
+    pub(crate) fn number(self) -> u8 {
         match self {
             Protocol::Tcp => 6,
             Protocol::Udp => 17,
@@ -32,12 +32,12 @@ impl Protocol {
 
     /// The protocol of a number as the probes store it, if it is one of
     /// these.
-    pub fn from_number(n: u8) -> Option<Protocol> {
+    pub(crate) fn from_number(n: u8) -> Option<Protocol> {
         Protocol::ALL.into_iter().find(|p| p.number() == n)
     }
 
     /// The name of a stored protocol number: "tcp", "udp", or the number.
-    pub fn name_of(n: u8) -> String {
+    pub(crate) fn name_of(n: u8) -> String {
         Protocol::from_number(n).map_or_else(|| n.to_string(), |p| p.to_string())
     }
 }
@@ -55,7 +55,7 @@ impl fmt::Display for Protocol {
 /// handle; the rest goes through the bpfnat veth.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
 #[serde(rename_all = "lowercase")]
-pub enum CtlbMode {
+pub(crate) enum CtlbMode {
     All,
     #[default]
     Tcp,
@@ -63,11 +63,11 @@ pub enum CtlbMode {
 }
 
 impl CtlbMode {
-    pub const ALL: [CtlbMode; 3] = [CtlbMode::All, CtlbMode::Tcp, CtlbMode::Off];
+    pub(crate) const ALL: [CtlbMode; 3] = [CtlbMode::All, CtlbMode::Tcp, CtlbMode::Off];
 
     /// Whether connect-time load balancing handles this protocol (the rest
     /// takes the bpfnat veth): the one statement of the rule.
-    pub fn handles(self, protocol: Protocol) -> bool {
+    pub(crate) fn handles(self, protocol: Protocol) -> bool {
         match self {
             CtlbMode::All => true,
             CtlbMode::Tcp => protocol == Protocol::Tcp,
@@ -76,17 +76,17 @@ impl CtlbMode {
     }
 
     /// The protocols it handles.
-    pub fn protocols(self) -> impl Iterator<Item = Protocol> {
+    pub(crate) fn protocols(self) -> impl Iterator<Item = Protocol> {
         Protocol::ALL.into_iter().filter(move |p| self.handles(*p))
     }
 
     /// Whether some protocol is left to the bpfnat veth.
-    pub fn leaves_some(self) -> bool {
+    pub(crate) fn leaves_some(self) -> bool {
         Protocol::ALL.into_iter().any(|p| !self.handles(p))
     }
 
     /// Its value in `[daemon] connect_time_lb`.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             CtlbMode::All => "all",
             CtlbMode::Tcp => "tcp",
@@ -94,7 +94,7 @@ impl CtlbMode {
         }
     }
 
-    pub fn parse(s: &str) -> Option<CtlbMode> {
+    pub(crate) fn parse(s: &str) -> Option<CtlbMode> {
         CtlbMode::ALL.into_iter().find(|m| m.name() == s)
     }
 }
@@ -112,20 +112,20 @@ pub enum TcAttachPref {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
 #[serde(rename_all = "snake_case")]
-pub enum MeshBackend {
+pub(crate) enum MeshBackend {
     #[default]
     Auto,
     SkLookup,
     Nftables,
 }
 
-pub const DEFAULT_RESYNC_INTERVAL: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_RESYNC_INTERVAL: Duration = Duration::from_secs(30);
 /// The probes' defaults (`HM_CT_*_TIMEOUT_DEFAULT_S` in hostmesh_abi.h).
-pub const DEFAULT_CONNTRACK_TCP_TIMEOUT: Duration = Duration::from_secs(crate::abi::CT_TCP_TIMEOUT_DEFAULT_S);
-pub const DEFAULT_CONNTRACK_UDP_TIMEOUT: Duration = Duration::from_secs(crate::abi::CT_UDP_TIMEOUT_DEFAULT_S);
+pub(crate) const DEFAULT_CONNTRACK_TCP_TIMEOUT: Duration = Duration::from_secs(crate::abi::CT_TCP_TIMEOUT_DEFAULT_S);
+pub(crate) const DEFAULT_CONNTRACK_UDP_TIMEOUT: Duration = Duration::from_secs(crate::abi::CT_UDP_TIMEOUT_DEFAULT_S);
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct DaemonSettings {
+pub(crate) struct DaemonSettings {
     pub connect_time_lb: CtlbMode,
     /// `None`: the interfaces holding a default route.
     pub host_interfaces: Option<Vec<String>>,
@@ -164,13 +164,13 @@ impl Default for DaemonSettings {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Backend {
+pub(crate) struct Backend {
     pub addr: SocketAddr,
     pub weight: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Service {
+pub(crate) struct Service {
     pub name: String,
     pub vip: IpAddr,
     pub port: u16,
@@ -182,7 +182,7 @@ pub struct Service {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Mesh {
+pub(crate) struct Mesh {
     pub name: String,
     pub vip: IpAddr,
     /// 0: every port of the VIP.
@@ -194,13 +194,13 @@ pub struct Mesh {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum GatewayRole {
+pub(crate) enum GatewayRole {
     Member,
     Gateway,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Gateway {
+pub(crate) struct Gateway {
     pub role: GatewayRole,
     pub local_ip: IpAddr,
     pub gateway_ip: Option<IpAddr>,
@@ -215,12 +215,12 @@ pub struct Gateway {
     pub origin: Origin,
 }
 
-pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
-pub const DEFAULT_PROBE_LOSS: u32 = 5;
-pub const DEFAULT_PROBE_PORT: u16 = 4790;
+pub(crate) const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_PROBE_LOSS: u32 = 5;
+pub(crate) const DEFAULT_PROBE_PORT: u16 = 4790;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Peer {
+pub(crate) struct Peer {
     pub name: String,
     pub endpoint: Option<IpAddr>,
     pub cidrs: Vec<IpNet>,
@@ -228,7 +228,7 @@ pub struct Peer {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Member {
+pub(crate) struct Member {
     pub name: String,
     pub endpoint: IpAddr,
     pub cidrs: Vec<IpNet>,
@@ -237,7 +237,7 @@ pub struct Member {
 
 /// What one drop-in file declares, validated on its own.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FileConfig {
+pub(crate) struct FileConfig {
     pub daemon: Option<DaemonSettings>,
     pub services: Vec<Service>,
     pub meshes: Vec<Mesh>,
@@ -248,7 +248,7 @@ pub struct FileConfig {
 
 /// The configuration in force: every accepted file merged.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Config {
+pub(crate) struct Config {
     pub daemon: DaemonSettings,
     pub services: Vec<Service>,
     pub meshes: Vec<Mesh>,

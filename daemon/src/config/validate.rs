@@ -17,14 +17,14 @@ use super::split;
 use super::types::*;
 use crate::table_size::{is_prime, MAX_TABLE_SIZE, MIN_TABLE_SIZE};
 
-pub const MAX_NAME_LEN: usize = 63;
-pub const MAX_WEIGHT: i64 = 1000;
-pub const MAX_VNI: i64 = (1 << 24) - 1;
+pub(super) const MAX_NAME_LEN: usize = 63;
+pub(super) const MAX_WEIGHT: i64 = 1000;
+pub(super) const MAX_VNI: i64 = (1 << 24) - 1;
 
 /// Parses and validates one file's text: a large one in parts
 /// (`split.rs`), and whole when a part fails, so that errors are always
 /// the whole file's.
-pub fn parse_file(src: &Source<'_>) -> Result<FileConfig, Vec<ConfigError>> {
+pub(crate) fn parse_file(src: &Source<'_>) -> Result<FileConfig, Vec<ConfigError>> {
     match split::parts(src.text).and_then(|parts| parse_parts(src, parts)) {
         Some(file) => Ok(file),
         None => parse_whole(src),
@@ -639,7 +639,7 @@ impl Check<'_, '_> {
     }
 }
 
-pub fn is_object_name(name: &str) -> bool {
+pub(crate) fn is_object_name(name: &str) -> bool {
     let mut chars = name.chars();
     matches!(chars.next(), Some(c) if c.is_ascii_lowercase() || c.is_ascii_digit())
         && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
@@ -662,7 +662,7 @@ fn is_interface_name(name: &str) -> bool {
     !name.is_empty() && name.len() < 16 && !name.contains(['/', ' ', '\0']) && name != "." && name != ".."
 }
 
-pub fn is_unicast(ip: IpAddr) -> bool {
+pub(crate) fn is_unicast(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => !(v4.is_unspecified() || v4.is_multicast() || v4.is_broadcast()),
         IpAddr::V6(v6) => !(v6.is_unspecified() || v6.is_multicast()),

@@ -11,7 +11,7 @@ use crate::model::{Desired, LinkSpec, NeighKey, RouteKey, RTPROT_HOSTMESH};
 
 /// The interfaces hostmesh attaches programs to that it did not create,
 /// with their index at the last sync.
-pub type HostIndexes = BTreeMap<String, u32>;
+pub(super) type HostIndexes = BTreeMap<String, u32>;
 
 /// Names of every link hostmesh wants, both ends of its veths included.
 fn wanted_link(want: &Desired, name: &str) -> bool {
@@ -20,7 +20,7 @@ fn wanted_link(want: &Desired, name: &str) -> bool {
 }
 
 /// Host interfaces that carry hostmesh's programs.
-pub fn host_devices(want: &Desired) -> Vec<String> {
+pub(super) fn host_devices(want: &Desired) -> Vec<String> {
     let mut devs: Vec<String> = want
         .attachments
         .keys()
@@ -35,7 +35,12 @@ pub fn host_devices(want: &Desired) -> Vec<String> {
 
 /// Why `change` needs a repair, if it does. `now` says what links are
 /// like at this moment: a change already undone is no drift.
-pub fn drift(change: &KernelChange, want: &Desired, hosts: &HostIndexes, now: &dyn LinkLookup) -> Option<String> {
+pub(super) fn drift(
+    change: &KernelChange,
+    want: &Desired,
+    hosts: &HostIndexes,
+    now: &dyn LinkLookup,
+) -> Option<String> {
     match change {
         KernelChange::Lost => Some("rtnetlink events were lost".to_string()),
         KernelChange::LinkGone { name } if wanted_link(want, name) && now.index(name).is_none() => {

@@ -13,7 +13,7 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event {
+pub(crate) enum Event {
     /// Something changed in the config dir.
     ConfigChanged,
     /// SIGHUP: reload now.
@@ -31,7 +31,7 @@ pub enum Event {
 /// Signals become events; SIGTERM and SIGINT also raise `stopping`, which
 /// a sync in progress checks between steps, so a stop never waits for a
 /// long sync to end.
-pub fn spawn_signal_thread(tx: Sender<Event>, stopping: Arc<AtomicBool>) -> std::io::Result<()> {
+pub(super) fn spawn_signal_thread(tx: Sender<Event>, stopping: Arc<AtomicBool>) -> std::io::Result<()> {
     let mut signals = Signals::new([SIGHUP, SIGTERM, SIGINT])?;
     thread::Builder::new().name("signals".into()).spawn(move || {
         for sig in signals.forever() {
@@ -49,7 +49,7 @@ pub fn spawn_signal_thread(tx: Sender<Event>, stopping: Arc<AtomicBool>) -> std:
 
 /// Watches the config dir (not recursively: drop-ins live at its top).
 /// The returned watcher must be kept alive.
-pub fn watch_config_dir(dir: &Path, tx: Sender<Event>) -> notify::Result<notify::RecommendedWatcher> {
+pub(super) fn watch_config_dir(dir: &Path, tx: Sender<Event>) -> notify::Result<notify::RecommendedWatcher> {
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
         use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};
         let event = match res {

@@ -6,9 +6,9 @@
 
 mod drift;
 mod events;
-pub use events::Event;
+pub(crate) use events::Event;
 mod notify;
-pub mod report;
+pub(crate) mod report;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
@@ -32,7 +32,7 @@ use crate::reconcile::{Reconciler, SyncOutcome, SysctlOriginals};
 use crate::sidecars::{self, Registrar};
 use crate::state::{InstanceLock, Status, SyncSummary, STATUS_VERSION};
 
-pub use notify::Notifier;
+pub(crate) use notify::Notifier;
 
 /// How long the config dir must be quiet before a sync...
 const DEBOUNCE_QUIET: Duration = Duration::from_millis(150);
@@ -55,10 +55,10 @@ const SYSCTL_CHECK: Duration = Duration::from_secs(1);
 const REPAIRS_LOGGED: usize = 5;
 /// How often conntrack is swept for flows past their timeout: a closed
 /// flow leaves the map at most this long after its timeout ran out.
-pub const CONNTRACK_SWEEP: Duration = Duration::from_secs(2);
+pub(crate) const CONNTRACK_SWEEP: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
-pub enum RunError {
+pub(crate) enum RunError {
     #[error("config dir {0} does not exist; create it (it may be empty) or pass --config-dir")]
     NoConfigDir(String),
     #[error("{0}")]
@@ -122,7 +122,7 @@ struct Daemon {
     drift_seen: usize,
 }
 
-pub fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
+pub(crate) fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
     if !paths.config_dir.is_dir() {
         return Err(RunError::NoConfigDir(paths.config_dir.display().to_string()));
     }

@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use sd_notify::NotifyState;
 
-pub struct Notifier {
+pub(crate) struct Notifier {
     enabled: bool,
 }
 
 impl Notifier {
-    pub fn from_env() -> Self {
+    pub(crate) fn from_env() -> Self {
         Notifier { enabled: std::env::var_os("NOTIFY_SOCKET").is_some() }
     }
 
@@ -22,32 +22,32 @@ impl Notifier {
         }
     }
 
-    pub fn ready(&self, status: &str) {
+    pub(crate) fn ready(&self, status: &str) {
         self.send(&[NotifyState::Ready, NotifyState::Status(status)]);
     }
 
-    pub fn status(&self, status: &str) {
+    pub(crate) fn status(&self, status: &str) {
         self.send(&[NotifyState::Status(status)]);
     }
 
     /// `RELOADING=1` with the time of the reload, as systemd requires.
-    pub fn reloading(&self) {
+    pub(crate) fn reloading(&self) {
         match NotifyState::monotonic_usec_now() {
             Ok(now) => self.send(&[NotifyState::Reloading, now]),
             Err(_) => self.send(&[NotifyState::Reloading]),
         }
     }
 
-    pub fn stopping(&self) {
+    pub(crate) fn stopping(&self) {
         self.send(&[NotifyState::Stopping, NotifyState::Status("stopping; kernel state stays in place")]);
     }
 
-    pub fn watchdog(&self) {
+    pub(crate) fn watchdog(&self) {
         self.send(&[NotifyState::Watchdog]);
     }
 
     /// How often to send WATCHDOG=1: half of WATCHDOG_USEC, when set for us.
-    pub fn watchdog_interval(&self) -> Option<Duration> {
+    pub(crate) fn watchdog_interval(&self) -> Option<Duration> {
         sd_notify::watchdog_enabled().map(|d| d / 2).filter(|d| !d.is_zero())
     }
 }

@@ -12,13 +12,13 @@ use crate::sidecars::{self, Registration};
 use crate::state::*;
 
 /// `uname -r`.
-pub fn kernel_release() -> String {
+pub(crate) fn kernel_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|r| r.trim().to_string()).unwrap_or_default()
 }
 
 /// The kernel section of the status: how TC programs are attached and
 /// every feature the probes found missing, with what that changes.
-pub fn kernel(features: &KernelFeatures, tc_attach: TcAttachPref) -> KernelStatus {
+pub(crate) fn kernel(features: &KernelFeatures, tc_attach: TcAttachPref) -> KernelStatus {
     KernelStatus {
         release: kernel_release(),
         tc_attach: TcAttach::choose(tc_attach, features),
@@ -39,7 +39,7 @@ fn entry(e: &ConfigError) -> ErrorEntry {
     ErrorEntry { line: e.line, column: e.column, key: e.key.clone(), message: e.message.clone(), text: e.to_string() }
 }
 
-pub fn files(loaded: &Loaded) -> Vec<FileStatus> {
+pub(crate) fn files(loaded: &Loaded) -> Vec<FileStatus> {
     loaded
         .files
         .iter()
@@ -83,7 +83,7 @@ impl<'a> ErrorIndex<'a> {
 }
 
 /// "step: error" for at most `max` step errors, then "and N more".
-pub fn step_errors<'a>(errors: impl ExactSizeIterator<Item = &'a StepError>, max: usize) -> Vec<String> {
+pub(crate) fn step_errors<'a>(errors: impl ExactSizeIterator<Item = &'a StepError>, max: usize) -> Vec<String> {
     let total = errors.len();
     let mut out: Vec<String> = errors.take(max).map(|e| format!("{}: {}", e.step, e.error)).collect();
     if total > max {
@@ -106,7 +106,7 @@ fn object(kind: ObjectKind, name: &str, origin: Option<String>, detail: String, 
 
 /// Per-object status: every configured object, plus the shared
 /// connect-time programs and bpfnat veth when they are in use.
-pub fn objects(
+pub(crate) fn objects(
     loaded: &Loaded,
     outcome: &SyncOutcome,
     d: &Desired,
@@ -294,7 +294,7 @@ fn gateway_objects(
     }
 }
 
-pub fn counts(
+pub(crate) fn counts(
     loaded: &Loaded,
     d: Option<&Desired>,
     health: Option<&PeerHealth>,
@@ -319,7 +319,7 @@ pub fn counts(
 }
 
 /// One line for systemd's STATUS=: counts, rejected files, errors.
-pub fn status_line(s: &Status) -> String {
+pub(crate) fn status_line(s: &Status) -> String {
     let c = &s.counts;
     let plural = |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
     let mut line = format!(

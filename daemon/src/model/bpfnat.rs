@@ -15,18 +15,18 @@ use super::mesh;
 use super::state::*;
 use super::HostFacts;
 
-pub const NATIN: &str = "hm-natin";
-pub const NATOUT: &str = "hm-natout";
+pub(crate) const NATIN: &str = "hm-natin";
+pub(crate) const NATOUT: &str = "hm-natout";
 /// Locally administered MACs, fixed so compile stays pure and the
 /// neighbour entry is known before the link exists.
-pub const NATIN_MAC: [u8; 6] = [0x02, 0x68, 0x6d, 0x00, 0x00, 0x01];
-pub const NATOUT_MAC: [u8; 6] = [0x02, 0x68, 0x6d, 0x00, 0x00, 0x02];
-pub const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
-pub const GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1);
+pub(crate) const NATIN_MAC: [u8; 6] = [0x02, 0x68, 0x6d, 0x00, 0x00, 0x01];
+pub(crate) const NATOUT_MAC: [u8; 6] = [0x02, 0x68, 0x6d, 0x00, 0x00, 0x02];
+pub(crate) const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+pub(crate) const GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1);
 
 const OWNER: Object<'static> = Object::Bpfnat;
 
-pub fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
+pub(super) fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
     // With connect-time LB for every protocol, nothing needs the veth.
     if !carries_services(config, out.connect_time) {
         return;

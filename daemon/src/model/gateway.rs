@@ -19,19 +19,19 @@ use crate::config::{Config, Gateway, GatewayRole};
 use super::state::*;
 use super::HostFacts;
 
-pub const TUN: &str = "hm-tun0";
-pub const TUN_MAC: [u8; 6] = [0x02, 0x68, 0x6d, 0x00, 0x01, 0x00];
-pub const TUN_NEXT_HOP_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 2, 1);
-pub const TUN_NEXT_HOP_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 2, 1);
+pub(crate) const TUN: &str = "hm-tun0";
+pub(crate) const TUN_MAC: [u8; 6] = [0x02, 0x68, 0x6d, 0x00, 0x01, 0x00];
+pub(crate) const TUN_NEXT_HOP_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 2, 1);
+pub(crate) const TUN_NEXT_HOP_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 2, 1);
 /// VXLAN encapsulation: outer IP + UDP + VXLAN + inner Ethernet.
-pub const OVERHEAD_V4: u32 = 50;
-pub const OVERHEAD_V6: u32 = 70;
+pub(crate) const OVERHEAD_V4: u32 = 50;
+pub(crate) const OVERHEAD_V6: u32 = 70;
 /// Assumed when the underlay's MTU cannot be learned.
-pub const DEFAULT_UNDERLAY_MTU: u32 = 1500;
+pub(crate) const DEFAULT_UNDERLAY_MTU: u32 = 1500;
 
 const OWNER: Object<'static> = Object::Gateway;
 
-pub fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
+pub(crate) fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
     let Some(g) = &config.gateway else {
         if !config.peers.is_empty() || !config.members.is_empty() {
             out.warnings.push("[[peer]] and [[member]] entries need a [gateway] section; not applied".into());
@@ -200,7 +200,7 @@ fn via_tunnel(cidr: &IpNet, mtu: u32) -> RouteSpec {
 
 /// The MTU of a route into the tunnel towards `underlay`: the underlay's
 /// MTU less the encapsulation, so TCP picks the right MSS by itself.
-pub fn route_mtu(facts: &HostFacts, underlay: IpAddr, warnings: &mut Vec<String>) -> u32 {
+pub(crate) fn route_mtu(facts: &HostFacts, underlay: IpAddr, warnings: &mut Vec<String>) -> u32 {
     let overhead = if underlay.is_ipv4() { OVERHEAD_V4 } else { OVERHEAD_V6 };
     let mtu = facts.underlay_mtu.get(&underlay).copied().unwrap_or_else(|| {
         let note = format!("no route to {underlay} to learn the underlay's MTU; assuming {DEFAULT_UNDERLAY_MTU}");
@@ -213,7 +213,7 @@ pub fn route_mtu(facts: &HostFacts, underlay: IpAddr, warnings: &mut Vec<String>
 }
 
 /// The underlay addresses whose MTU compile needs.
-pub fn underlay_addresses(config: &Config) -> Vec<IpAddr> {
+pub(crate) fn underlay_addresses(config: &Config) -> Vec<IpAddr> {
     let Some(g) = &config.gateway else { return Vec::new() };
     let mut out: Vec<IpAddr> = g.gateway_ip.into_iter().collect();
     out.extend(config.peers.iter().filter_map(|p| p.endpoint));

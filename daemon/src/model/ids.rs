@@ -11,12 +11,12 @@ use crate::abi::{ip_from16, BackendValue, Pod, SvcKey, SvcValue};
 
 use super::state::{BpfMap, MapEntryKey, MapValue};
 
-pub type ServiceIds = BTreeMap<SvcKey, u32>;
-pub type BackendIds = BTreeMap<SocketAddr, u32>;
+pub(crate) type ServiceIds = BTreeMap<SvcKey, u32>;
+pub(crate) type BackendIds = BTreeMap<SocketAddr, u32>;
 
 /// The ids the kernel holds now.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Prior {
+pub(crate) struct Prior {
     pub services: ServiceIds,
     pub backends: BackendIds,
 }
@@ -24,7 +24,7 @@ pub struct Prior {
 impl Prior {
     /// Reads ids from `HM_SERVICES` and `HM_BACKENDS` entries (observed, or
     /// desired by the last sync).
-    pub fn from_entries<'a>(entries: impl IntoIterator<Item = (&'a MapEntryKey, &'a MapValue)>) -> Prior {
+    pub(crate) fn from_entries<'a>(entries: impl IntoIterator<Item = (&'a MapEntryKey, &'a MapValue)>) -> Prior {
         let mut prior = Prior::default();
         for (k, v) in entries {
             match k.map {
@@ -51,7 +51,7 @@ impl Prior {
 
 /// Assigns ids below `capacity` to `keys`, keeping those in `prior`.
 /// Fails with the capacity when there are more keys than ids.
-pub fn assign<K: Ord + Clone>(
+pub(crate) fn assign<K: Ord + Clone>(
     keys: &BTreeSet<K>,
     prior: &BTreeMap<K, u32>,
     capacity: u32,

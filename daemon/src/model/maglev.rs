@@ -38,7 +38,7 @@ pub struct Entry {
 /// Builds a table of `size` slots; each slot holds an index into
 /// `backends`. Empty when there are no backends. The result does not depend
 /// on the order of `backends`.
-pub fn build(backends: &[Entry], size: u32) -> Vec<u32> {
+pub(crate) fn build(backends: &[Entry], size: u32) -> Vec<u32> {
     assert!(is_prime(size), "Maglev table size {size} must be prime");
     if backends.is_empty() {
         return Vec::new();

@@ -15,7 +15,7 @@ use crate::config::{Config, Mesh, MeshBackend, Protocol};
 use super::state::*;
 use super::HostFacts;
 
-pub fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
+pub(super) fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
     if config.meshes.is_empty() {
         return;
     }
@@ -67,11 +67,11 @@ pub fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
 
 /// Whether a mesh entry takes (vip, port, protocol): an exact port, or
 /// every port of the VIP.
-pub fn covers(meshes: &[Mesh], vip: IpAddr, port: u16, protocol: Protocol) -> bool {
+pub(super) fn covers(meshes: &[Mesh], vip: IpAddr, port: u16, protocol: Protocol) -> bool {
     meshes.iter().any(|m| m.vip == vip && m.protocol == protocol && (m.port == port || m.port == 0))
 }
 
 /// Whether any mesh entry uses this VIP (it then has a local route).
-pub fn is_mesh_vip(meshes: &[Mesh], vip: IpAddr) -> bool {
+pub(super) fn is_mesh_vip(meshes: &[Mesh], vip: IpAddr) -> bool {
     meshes.iter().any(|m| m.vip == vip)
 }

@@ -4,11 +4,11 @@
 
 mod bpf_map;
 mod bpfnat;
-pub mod gateway;
-pub mod ids;
-pub mod incremental;
+pub(crate) mod gateway;
+pub(crate) mod ids;
+pub(crate) mod incremental;
 mod kernel;
-pub mod maglev;
+pub(crate) mod maglev;
 mod map_value;
 mod mesh;
 mod owners;
@@ -17,10 +17,13 @@ mod state;
 
 use std::collections::BTreeSet;
 
-pub use bpfnat::{GATEWAY_V4, GATEWAY_V6, NATIN, NATIN_MAC, NATOUT, NATOUT_MAC};
-pub use ids::{Prior, ServiceIds};
-pub use kernel::{Feature, KernelFeatures, TcAttach, TcAttachPref};
-pub use state::*;
+pub(crate) use bpfnat::NATIN;
+#[cfg(test)]
+pub(crate) use bpfnat::{GATEWAY_V4, GATEWAY_V6, NATIN_MAC, NATOUT, NATOUT_MAC};
+pub(crate) use ids::Prior;
+pub use kernel::{Feature, TcAttach};
+pub(crate) use kernel::{KernelFeatures, TcAttachPref};
+pub(crate) use state::*;
 
 use crate::config::{Config, CtlbMode};
 
@@ -50,7 +53,7 @@ pub struct HostFacts {
 /// The connect-time mode in force: the configured one, unless this kernel
 /// lacks one of the two service paths (model/kernel.rs), in which case the
 /// other takes everything and a warning says so.
-pub fn ctlb_mode(config: &Config, facts: &HostFacts, warnings: &mut Vec<String>) -> CtlbMode {
+pub(crate) fn ctlb_mode(config: &Config, facts: &HostFacts, warnings: &mut Vec<String>) -> CtlbMode {
     let wanted = config.daemon.connect_time_lb;
     let (forced, missing) = if !facts.features.has(Feature::ConnectTimeHooks) {
         (CtlbMode::Off, Feature::ConnectTimeHooks)
@@ -73,15 +76,22 @@ pub fn ctlb_mode(config: &Config, facts: &HostFacts, warnings: &mut Vec<String>)
 
 use std::sync::atomic::AtomicBool;
 
-/// Config -> the kernel state it needs. `prior` keeps ids stable.
-pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior) -> Desired {
+/// Config -> the kernel state it needs. `prior` keeps ids stable. The
+/// daemon compiles through `compile_unless_stopped`; tests use this.
+#[cfg(test)]
+pub(crate) fn compile(config: &Config, facts: &HostFacts, prior: &Prior) -> Desired {
     compile_unless_stopped(config, facts, prior, &AtomicBool::new(false))
 }
 
 /// `compile`, giving up early once `stopping` is raised (a daemon told to
 /// stop does not finish compiling 100,000 services first). What it returns
 /// then is partial: the caller checks `stopping` and discards it.
-pub fn compile_unless_stopped(config: &Config, facts: &HostFacts, prior: &Prior, stopping: &AtomicBool) -> Desired {
+pub(crate) fn compile_unless_stopped(
+    config: &Config,
+    facts: &HostFacts,
+    prior: &Prior,
+    stopping: &AtomicBool,
+) -> Desired {
     let mut out = Desired::default();
     out.connect_time = ctlb_mode(config, facts, &mut out.warnings);
     services::compile(config, facts, prior, &mut out, stopping);

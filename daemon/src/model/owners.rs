@@ -12,11 +12,11 @@ use std::sync::Arc;
 use serde::{Serialize, Serializer};
 
 /// One config object's name, shared by every item it owns.
-pub type Owner = Arc<str>;
+pub(crate) type Owner = Arc<str>;
 
 /// What `want` takes as an owner: a shared `Owner` (or a reference to one)
 /// costs a count; a string is copied into a new `Owner`.
-pub trait IntoOwner {
+pub(crate) trait IntoOwner {
     fn into_owner(self) -> Owner;
 }
 
@@ -48,7 +48,7 @@ impl IntoOwner for &String {
 /// names (`service/web`), which compile tags items with and the status
 /// report looks errors up by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Object<'a> {
+pub(crate) enum Object<'a> {
     /// A `[[service]]`: its map entries and routes.
     Service(&'a str),
     /// What all services share: HM_CONFIG and the connect-time programs.
@@ -90,7 +90,7 @@ impl IntoOwner for Object<'_> {
 
 /// A set of owners, sorted, without repeats.
 #[derive(Clone, Default, PartialEq, Eq, Hash)]
-pub struct Owners(Set);
+pub(crate) struct Owners(Set);
 
 #[derive(Clone, Default, PartialEq, Eq, Hash)]
 enum Set {
@@ -102,15 +102,16 @@ enum Set {
 }
 
 impl Owners {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Owners(Set::Empty)
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         matches!(self.0, Set::Empty)
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.as_slice().len()
     }
 
@@ -123,16 +124,17 @@ impl Owners {
     }
 
     /// The owners' names, in order.
-    pub fn iter(&self) -> impl Iterator<Item = &str> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &str> + '_ {
         self.as_slice().iter().map(|o| &**o)
     }
 
-    pub fn contains(&self, name: &str) -> bool {
+    #[cfg(test)]
+    pub(crate) fn contains(&self, name: &str) -> bool {
         self.as_slice().binary_search_by(|o| (**o).cmp(name)).is_ok()
     }
 
     /// Adds `owner`; false if it was there already.
-    pub fn insert(&mut self, owner: Owner) -> bool {
+    pub(crate) fn insert(&mut self, owner: Owner) -> bool {
         match &mut self.0 {
             Set::Empty => self.0 = Set::One(owner),
             Set::One(first) => match (**first).cmp(&*owner) {
@@ -149,7 +151,7 @@ impl Owners {
     }
 
     /// Takes `name` out; false if it was not there.
-    pub fn remove(&mut self, name: &str) -> bool {
+    pub(crate) fn remove(&mut self, name: &str) -> bool {
         match &mut self.0 {
             Set::Empty => false,
             Set::One(o) if &**o == name => {
@@ -171,7 +173,7 @@ impl Owners {
     }
 
     /// Adds every owner of `other`.
-    pub fn extend_from(&mut self, other: &Owners) {
+    pub(crate) fn extend_from(&mut self, other: &Owners) {
         for o in other.as_slice() {
             self.insert(o.clone());
         }

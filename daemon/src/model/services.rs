@@ -22,7 +22,7 @@ const OWNER: Object<'static> = Object::Services;
 /// How many services are compiled between looks at the stop flag.
 const STOP_CHECK_EVERY: usize = 256;
 
-pub fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &mut Desired, stopping: &AtomicBool) {
+pub(super) fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &mut Desired, stopping: &AtomicBool) {
     if config.services.is_empty() {
         return;
     }

@@ -11,18 +11,18 @@ use std::path::PathBuf;
 use ipnet::IpNet;
 use serde::Serialize;
 
-pub use super::owners::{IntoOwner, Object, Owner, Owners};
+pub(crate) use super::owners::{IntoOwner, Object, Owner, Owners};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Owned<T> {
+pub(crate) struct Owned<T> {
     pub spec: T,
     pub owners: Owners,
 }
 
 /// The route protocol number marking hostmesh's routes (`proto hostmesh`
 /// once iproute2's rt_protos.d entry is installed).
-pub const RTPROT_HOSTMESH: u8 = 0x68;
-pub const RT_TABLE_MAIN: u32 = 254;
+pub(crate) const RTPROT_HOSTMESH: u8 = 0x68;
+pub(crate) const RT_TABLE_MAIN: u32 = 254;
 
 /// Links are keyed by name. A veth pair is one item, keyed by the
 /// lexicographically smaller end (`hm-natin` < `hm-natout`).
@@ -83,10 +83,10 @@ impl RouteSpec {
     }
 }
 
-pub const RT_TABLE_LOCAL: u32 = 255;
+pub(crate) const RT_TABLE_LOCAL: u32 = 255;
 
-pub use super::bpf_map::BpfMap;
-pub use super::map_value::{MaglevTable, MapValue};
+pub(crate) use super::bpf_map::BpfMap;
+pub(crate) use super::map_value::{MaglevTable, MapValue};
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct MapEntryKey {
@@ -279,13 +279,13 @@ pub struct NftRule {
 /// How mesh redirects are carried out, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "backend", rename_all = "snake_case")]
-pub enum MeshPath {
+pub(crate) enum MeshPath {
     SkLookup,
     Nftables { reason: String },
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Desired {
+pub(crate) struct Desired {
     pub links: BTreeMap<String, Owned<LinkSpec>>,
     /// Path under /proc/sys -> value.
     pub sysctls: BTreeMap<String, Owned<String>>,
@@ -305,7 +305,7 @@ pub struct Desired {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Observed {
+pub(crate) struct Observed {
     pub links: BTreeMap<String, LinkSpec>,
     pub sysctls: BTreeMap<String, String>,
     pub neighbours: BTreeMap<NeighKey, NeighSpec>,
@@ -319,7 +319,7 @@ pub struct Observed {
 impl Desired {
     /// The kernel state this describes, as observe would report it once
     /// applied: the baseline for the next incremental sync.
-    pub fn as_observed(&self) -> Observed {
+    pub(crate) fn as_observed(&self) -> Observed {
         fn specs<K: Ord + Clone, V: Clone>(m: &BTreeMap<K, Owned<V>>) -> BTreeMap<K, V> {
             m.iter().map(|(k, v)| (k.clone(), v.spec.clone())).collect()
         }
@@ -338,13 +338,13 @@ impl Desired {
 /// Adds `owner` to the item at `key`, inserting `spec` if it is new. A
 /// caller adding many items for one object passes its `Owner` (shared);
 /// a `&str` makes a new one.
-pub fn want<K: Ord, T>(map: &mut BTreeMap<K, Owned<T>>, key: K, spec: impl Into<T>, owner: impl IntoOwner) {
+pub(crate) fn want<K: Ord, T>(map: &mut BTreeMap<K, Owned<T>>, key: K, spec: impl Into<T>, owner: impl IntoOwner) {
     map.entry(key)
         .or_insert_with(|| Owned { spec: spec.into(), owners: Owners::new() })
         .owners
         .insert(owner.into_owner());
 }
 
-pub fn fmt_mac(mac: &[u8; 6]) -> String {
+pub(crate) fn fmt_mac(mac: &[u8; 6]) -> String {
     mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }

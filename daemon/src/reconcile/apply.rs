@@ -22,7 +22,7 @@ use super::originals::SysctlOriginals;
 use super::plan::{PlannedStep, Step};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct StepError {
+pub(crate) struct StepError {
     pub step: String,
     pub owners: Owners,
     pub error: String,
@@ -31,14 +31,14 @@ pub struct StepError {
 /// What apply did: the errors, and why the BPF programs could not be
 /// loaded if they could not (then nothing that needs them ran).
 #[derive(Debug, Default)]
-pub struct Applied {
+pub(super) struct Applied {
     pub errors: Vec<StepError>,
     pub bpf_unavailable: Option<String>,
     /// `stopping` was raised: the steps after it did not run.
     pub stopped: bool,
 }
 
-pub fn apply(
+pub(super) fn apply(
     b: &mut Backends,
     steps: &[PlannedStep],
     originals: &mut SysctlOriginals,

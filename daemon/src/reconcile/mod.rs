@@ -3,15 +3,15 @@
 
 mod apply;
 mod observe;
-pub mod originals;
+pub(crate) mod originals;
 mod plan;
 mod reconciler;
 
-pub use apply::StepError;
-pub use observe::{observe, observe_sysctls};
-pub use originals::SysctlOriginals;
-pub use plan::{plan, PlannedStep, Step};
-pub use reconciler::{Phases, Reconciler, SyncOutcome};
+pub(crate) use apply::StepError;
+pub(crate) use originals::SysctlOriginals;
+#[cfg(test)]
+pub(crate) use plan::plan;
+pub(crate) use reconciler::{Reconciler, SyncOutcome};
 
 #[cfg(test)]
 mod tests;

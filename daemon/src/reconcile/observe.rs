@@ -8,7 +8,7 @@ use crate::model::Observed;
 /// Reads owned links, routes, neighbours, map entries and attachments.
 /// Sysctls are read separately: which ones matter depends on what is
 /// desired, see `observe_sysctls`.
-pub fn observe(b: &mut Backends) -> Result<Observed> {
+pub(crate) fn observe(b: &mut Backends) -> Result<Observed> {
     Ok(Observed {
         links: b.net.links()?,
         sysctls: BTreeMap::new(),
@@ -21,7 +21,7 @@ pub fn observe(b: &mut Backends) -> Result<Observed> {
 }
 
 /// Reads the given sysctls; ones that do not exist are left out.
-pub fn observe_sysctls(b: &mut Backends, paths: &BTreeSet<String>, into: &mut Observed) -> Result<()> {
+pub(crate) fn observe_sysctls(b: &mut Backends, paths: &BTreeSet<String>, into: &mut Observed) -> Result<()> {
     for path in paths {
         if let Some(value) = b.sysctl.get(path)? {
             into.sysctls.insert(path.clone(), value);

@@ -16,25 +16,26 @@ use std::path::{Path, PathBuf};
 use crate::backends::sysctl::check_path;
 
 #[derive(Debug, Default)]
-pub struct SysctlOriginals {
+pub(crate) struct SysctlOriginals {
     file: Option<PathBuf>,
     values: BTreeMap<String, String>,
 }
 
-pub const FILE_NAME: &str = "sysctl-originals.json";
+pub(crate) const FILE_NAME: &str = "sysctl-originals.json";
 /// The longest value a sysctl hostmesh sets can have had.
 const VALUE_MAX: usize = 64;
 
 impl SysctlOriginals {
     /// In memory only (tests).
-    pub fn in_memory() -> Self {
+    #[cfg(test)]
+    pub(crate) fn in_memory() -> Self {
         Self::default()
     }
 
     /// Loads `state_dir/sysctl-originals.json` if present. Returns the
     /// originals and a sentence for each thing that was wrong with the
     /// file (a corrupt file is renamed to `*.corrupt` and ignored).
-    pub fn load(state_dir: &Path) -> io::Result<(Self, Vec<String>)> {
+    pub(crate) fn load(state_dir: &Path) -> io::Result<(Self, Vec<String>)> {
         let file = state_dir.join(FILE_NAME);
         let mut notes = Vec::new();
         let bytes = match read_plain_file(&file) {
@@ -71,18 +72,18 @@ impl SysctlOriginals {
         Ok((SysctlOriginals { file: Some(file), values }, notes))
     }
 
-    pub fn values(&self) -> &BTreeMap<String, String> {
+    pub(crate) fn values(&self) -> &BTreeMap<String, String> {
         &self.values
     }
 
-    pub fn record(&mut self, path: &str, value: &str) {
+    pub(crate) fn record(&mut self, path: &str, value: &str) {
         if !self.values.contains_key(path) {
             self.values.insert(path.to_string(), value.to_string());
             self.save();
         }
     }
 
-    pub fn forget(&mut self, path: &str) {
+    pub(crate) fn forget(&mut self, path: &str) {
         if self.values.remove(path).is_some() {
             self.save();
         }

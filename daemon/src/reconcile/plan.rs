@@ -13,7 +13,7 @@ use std::fmt;
 use crate::model::*;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
+pub(crate) enum Step {
     /// Delete a link that is in the way (wrong kind or peer) or unwanted.
     DeleteLink(String),
     CreateLink(String, LinkSpec),
@@ -46,7 +46,7 @@ pub enum Step {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PlannedStep {
+pub(crate) struct PlannedStep {
     pub step: Step,
     /// Config objects affected if the step fails.
     pub owners: Owners,
@@ -108,7 +108,7 @@ fn link_names(name: &str, spec: &LinkSpec) -> Vec<String> {
     }
 }
 
-pub fn plan(have: &Observed, want: &Desired, sysctl_originals: &BTreeMap<String, String>) -> Vec<PlannedStep> {
+pub(crate) fn plan(have: &Observed, want: &Desired, sysctl_originals: &BTreeMap<String, String>) -> Vec<PlannedStep> {
     // Sized for the map entries a cold start writes (600,000 at 100,000
     // services): growing by doubling would hold up to twice that.
     let mut steps = Vec::with_capacity(want.map_entries.len().saturating_sub(have.map_entries.len()) + 64);

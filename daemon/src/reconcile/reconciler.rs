@@ -26,7 +26,7 @@ enum Want {
     Compiled(Desired),
 }
 
-pub struct Reconciler {
+pub(crate) struct Reconciler {
     backends: Backends,
     originals: SysctlOriginals,
     /// What the kernel holds after the last successful sync; `None` forces
@@ -42,10 +42,10 @@ pub struct Reconciler {
 }
 
 /// How many of a sync's steps its outcome describes.
-pub const DESCRIBED_STEPS: usize = 1000;
+pub(super) const DESCRIBED_STEPS: usize = 1000;
 
 #[derive(Debug)]
-pub struct SyncOutcome {
+pub(crate) struct SyncOutcome {
     pub full: bool,
     /// Only the changed services were compiled and planned.
     pub patched: bool,
@@ -70,7 +70,7 @@ pub struct SyncOutcome {
 /// it): reading the kernel, compiling (with the host facts it needs),
 /// diffing, writing, and recording what was written as the next baseline.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct Phases {
+pub(crate) struct Phases {
     pub observe: Duration,
     pub compile: Duration,
     pub plan: Duration,
@@ -87,7 +87,7 @@ fn lap(mark: &mut Instant) -> Duration {
 }
 
 impl Reconciler {
-    pub fn new(backends: Backends, originals: SysctlOriginals) -> Self {
+    pub(crate) fn new(backends: Backends, originals: SysctlOriginals) -> Self {
         Reconciler {
             backends,
             originals,
@@ -99,31 +99,26 @@ impl Reconciler {
     }
 
     /// A sync checks `stopping` between steps and ends early once it is set.
-    pub fn with_stop_flag(mut self, stopping: Arc<AtomicBool>) -> Self {
+    pub(crate) fn with_stop_flag(mut self, stopping: Arc<AtomicBool>) -> Self {
         self.stopping = stopping;
         self
     }
 
     /// Which peers are down, for the next sync.
-    pub fn peers_down(&self) -> &BTreeSet<String> {
+    pub(crate) fn peers_down(&self) -> &BTreeSet<String> {
         &self.peers_down
     }
 
-    pub fn set_peers_down(&mut self, down: BTreeSet<String>) {
+    pub(crate) fn set_peers_down(&mut self, down: BTreeSet<String>) {
         self.peers_down = down;
     }
 
     /// The desired state of the last sync (`None` before the first).
-    pub fn desired(&self) -> Option<&Desired> {
+    pub(crate) fn desired(&self) -> Option<&Desired> {
         self.compiled.as_ref().map(|c| &c.desired)
     }
 
-    /// Makes the next sync a full resync.
-    pub fn invalidate(&mut self) {
-        self.last_applied = None;
-    }
-
-    pub fn sync(&mut self, config: &Config, full: bool) -> Result<SyncOutcome, BackendError> {
+    pub(crate) fn sync(&mut self, config: &Config, full: bool) -> Result<SyncOutcome, BackendError> {
         let started = Instant::now();
         // New map capacities replace maps, and another TC mode moves every
         // TC hook: the kernel must be re-read.
@@ -264,7 +259,7 @@ impl Reconciler {
 
     /// The first sysctl hostmesh set that no longer has its value, as a
     /// sentence (sysctls send no events: the daemon asks every second).
-    pub fn sysctl_drift(&mut self) -> Option<String> {
+    pub(crate) fn sysctl_drift(&mut self) -> Option<String> {
         let want = &self.compiled.as_ref()?.desired;
         for (path, w) in &want.sysctls {
             match self.backends.sysctl.get(path) {
@@ -278,7 +273,7 @@ impl Reconciler {
     }
 
     /// Housekeeping between syncs: expire idle flows from conntrack.
-    pub fn expire_flows(&mut self) -> Result<crate::backends::Sweep, BackendError> {
+    pub(crate) fn expire_flows(&mut self) -> Result<crate::backends::Sweep, BackendError> {
         self.backends.bpf.expire_flows()
     }
 }

@@ -23,7 +23,7 @@ use crate::model::MeshPath;
 
 /// What the registrar knows about one redirect port.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Registration {
+pub(crate) struct Registration {
     /// Where the sidecar should listen.
     pub expected: SocketAddr,
     /// The registered listener.
@@ -33,7 +33,7 @@ pub struct Registration {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Registered {
+pub(crate) struct Registered {
     pub addr: SocketAddr,
     pub pid: u32,
     pub comm: String,
@@ -41,19 +41,19 @@ pub struct Registered {
     pub cookie: u64,
 }
 
-pub struct Registrar<S> {
+pub(crate) struct Registrar<S> {
     kernel: S,
     entries: BTreeMap<SockKey, Registration>,
 }
 
 /// The listener keys the configuration needs: one per (family, protocol,
 /// redirect port).
-pub fn wanted(config: &Config) -> BTreeSet<SockKey> {
+pub(crate) fn wanted(config: &Config) -> BTreeSet<SockKey> {
     config.meshes.iter().map(sock_key).collect()
 }
 
 /// The listener a mesh entry's traffic goes to.
-pub fn sock_key(m: &Mesh) -> SockKey {
+pub(crate) fn sock_key(m: &Mesh) -> SockKey {
     SockKey {
         port: m.redirect_port,
         family: if m.vip.is_ipv4() { abi::AF_INET } else { abi::AF_INET6 },
@@ -62,7 +62,7 @@ pub fn sock_key(m: &Mesh) -> SockKey {
 }
 
 /// Where the sidecar for a key is expected: 127.0.0.1 or [::1].
-pub fn expected_addr(key: &SockKey) -> SocketAddr {
+pub(crate) fn expected_addr(key: &SockKey) -> SocketAddr {
     let ip: IpAddr = if key.family == abi::AF_INET6 { Ipv6Addr::LOCALHOST.into() } else { Ipv4Addr::LOCALHOST.into() };
     SocketAddr::new(ip, key.port)
 }
@@ -72,17 +72,17 @@ fn proto_name(key: &SockKey) -> String {
 }
 
 impl<S: SidecarBackend> Registrar<S> {
-    pub fn new(kernel: S) -> Self {
+    pub(crate) fn new(kernel: S) -> Self {
         Registrar { kernel, entries: BTreeMap::new() }
     }
 
-    pub fn report(&self) -> &BTreeMap<SockKey, Registration> {
+    pub(crate) fn report(&self) -> &BTreeMap<SockKey, Registration> {
         &self.entries
     }
 
     /// Brings registrations in line with `wanted`. Returns true when what
     /// `report` says changed.
-    pub fn tick(&mut self, wanted: &BTreeSet<SockKey>, path: Option<&MeshPath>) -> bool {
+    pub(crate) fn tick(&mut self, wanted: &BTreeSet<SockKey>, path: Option<&MeshPath>) -> bool {
         let before = self.entries.clone();
         self.entries.retain(|k, _| wanted.contains(k));
         match path {

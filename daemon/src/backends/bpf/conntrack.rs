@@ -13,12 +13,12 @@ use crate::config::Protocol;
 use super::sys;
 
 /// CLOCK_MONOTONIC in ns, the clock of bpf_ktime_get_ns().
-pub fn now_ns() -> u64 {
+pub(super) fn now_ns() -> u64 {
     let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("CLOCK_MONOTONIC");
     ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
 }
 
-pub fn timeout_s(v: &CtValue, proto: u8, cfg: Option<HmConfig>) -> u64 {
+pub(super) fn timeout_s(v: &CtValue, proto: u8, cfg: Option<HmConfig>) -> u64 {
     if v.flags & CT_F_CLOSING != 0 {
         CT_CLOSING_TIMEOUT_S
     } else if Protocol::from_number(proto) == Some(Protocol::Udp) {
@@ -32,13 +32,13 @@ pub fn timeout_s(v: &CtValue, proto: u8, cfg: Option<HmConfig>) -> u64 {
 
 /// Deletes expired entries of HM_CT; returns how many, and how many are
 /// left.
-pub fn expire(fd: BorrowedFd<'_>, cfg: Option<HmConfig>, now: u64) -> io::Result<(usize, usize)> {
+pub(super) fn expire(fd: BorrowedFd<'_>, cfg: Option<HmConfig>, now: u64) -> io::Result<(usize, usize)> {
     expire_where(fd, |key: &CtKey, value: &CtValue| idle_s(now, value.last_seen_ns) >= timeout_s(value, key.proto, cfg))
 }
 
 /// Deletes learned return paths of HM_GW_CT idle longer than the TCP or
 /// UDP timeout in `cfg`; returns how many, and how many are left.
-pub fn expire_gateway(fd: BorrowedFd<'_>, cfg: GwConfig, now: u64) -> io::Result<(usize, usize)> {
+pub(super) fn expire_gateway(fd: BorrowedFd<'_>, cfg: GwConfig, now: u64) -> io::Result<(usize, usize)> {
     expire_where(fd, |key: &CtKey, value: &GwCtValue| {
         let udp = Protocol::from_number(key.proto) == Some(Protocol::Udp);
         let timeout = if udp { cfg.udp_timeout_s } else { cfg.tcp_timeout_s };

@@ -36,7 +36,7 @@ const FN_SET_RETVAL: i32 = 187;
     "this kernel refuses to load BPF programs (bpf(BPF_PROG_LOAD): {0}); hostmesh needs the bpf() system call and \
      root, or CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON"
 )]
-pub struct NoBpf(pub io::Error);
+pub(crate) struct NoBpf(pub io::Error);
 
 /// `mov64 dst, imm`
 const fn mov_imm(dst: u8, imm: i32) -> Insn {
@@ -73,7 +73,7 @@ fn loads(prog_type: u32, attach_type: u32, insns: &[Insn]) -> bool {
 }
 
 /// Probes every feature of `model::Feature`.
-pub fn probe() -> Result<KernelFeatures, NoBpf> {
+pub(crate) fn probe() -> Result<KernelFeatures, NoBpf> {
     // A socket filter that returns 0: if even this is refused, stop here.
     sys::prog_load(BPF_PROG_TYPE_SOCKET_FILTER, 0, &[mov_imm(0, 0), EXIT]).map_err(|(e, _)| NoBpf(e))?;
 

@@ -8,10 +8,10 @@
 //! needed: a host with nothing configured gets no BPF state at all.
 
 mod conntrack;
-pub mod features;
-pub mod netns_cookie;
+pub(crate) mod features;
+pub(crate) mod netns_cookie;
 pub mod objects;
-pub mod pins;
+pub(crate) mod pins;
 mod resize;
 pub mod sys;
 mod tc;

@@ -28,7 +28,7 @@ const SO_NETNS_COOKIE: libc::c_int = 71;
 
 /// The cookie of the calling thread's network namespace, from
 /// SO_NETNS_COOKIE (5.14+).
-pub fn read_with_sockopt() -> io::Result<u64> {
+pub(crate) fn read_with_sockopt() -> io::Result<u64> {
     let sock = std::net::UdpSocket::bind("127.0.0.1:0").or_else(|_| std::net::UdpSocket::bind("[::1]:0"))?;
     let mut cookie: u64 = 0;
     let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
@@ -50,7 +50,7 @@ pub fn read_with_sockopt() -> io::Result<u64> {
 }
 
 /// The cgroup2 dir of the calling process (`0::/path` in /proc/self/cgroup).
-pub fn own_cgroup(cgroup2_root: &Path) -> io::Result<PathBuf> {
+pub(crate) fn own_cgroup(cgroup2_root: &Path) -> io::Result<PathBuf> {
     let text = std::fs::read_to_string("/proc/self/cgroup")?;
     let rel = text
         .lines()
@@ -61,7 +61,7 @@ pub fn own_cgroup(cgroup2_root: &Path) -> io::Result<PathBuf> {
 
 /// Reads this network namespace's cookie through a BPF program attached
 /// to `cgroup`, which must hold the calling process.
-pub fn read_with_bpf(cgroup: &Path) -> io::Result<u64> {
+pub(crate) fn read_with_bpf(cgroup: &Path) -> io::Result<u64> {
     let fail = |what: &str, e: &dyn std::fmt::Display| io::Error::other(format!("{what}: {e}"));
     let mut ebpf = EbpfLoader::new().load(OBJECT).map_err(|e| fail("load probes/netns_cookie.c", &e))?;
     let program: &mut CgroupSockAddr = ebpf

@@ -173,13 +173,13 @@ fn names(dir: &Path) -> io::Result<Vec<String>> {
     }
 }
 
-pub fn is_bpffs(path: &Path) -> io::Result<bool> {
+pub(crate) fn is_bpffs(path: &Path) -> io::Result<bool> {
     let st = nix::sys::statfs::statfs(path).map_err(io::Error::from)?;
     Ok(st.filesystem_type().0 as i64 == BPF_FS_MAGIC)
 }
 
 /// Removes a pin; one that is gone already is fine.
-pub fn unpin(path: &Path) -> io::Result<()> {
+pub(crate) fn unpin(path: &Path) -> io::Result<()> {
     match fs::remove_file(path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),

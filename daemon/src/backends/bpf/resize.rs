@@ -13,7 +13,7 @@ use super::sys;
 
 /// A pinned map retired by a resize, kept open until the flows written to
 /// it after the first copy are moved over.
-pub struct Retired {
+pub(super) struct Retired {
     pub def: MapDef,
     pub old: OwnedFd,
     pub old_entries: u32,
@@ -22,19 +22,19 @@ pub struct Retired {
 /// Whether a map of this type can be filled from userspace with what a
 /// lookup returns. A sockhash returns socket cookies but takes socket fds:
 /// its listeners are registered again by the sidecar registrar instead.
-pub fn copyable(def: &MapDef) -> bool {
+pub(super) fn copyable(def: &MapDef) -> bool {
     def.map_type != BPF_MAP_TYPE_SOCKHASH
 }
 
 /// Whether programs write the map (flow state), so entries can appear in
 /// the old map after the first copy.
-pub fn written_by_programs(def: &MapDef) -> bool {
+pub(super) fn written_by_programs(def: &MapDef) -> bool {
     def.map_type == BPF_MAP_TYPE_LRU_HASH
 }
 
 /// What one copy did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Copied {
+pub(super) struct Copied {
     pub copied: usize,
     /// Entries the new map had no room for (a smaller map), or, when only
     /// missing entries are copied, that the new map already had.
@@ -56,7 +56,12 @@ fn value_len(def: &MapDef) -> io::Result<usize> {
 /// Copies the entries of `from` into `to` (the same layout, another
 /// capacity). `only_missing` keeps what `to` already has (its entries are
 /// newer). All-zero array values are left out: they are the empty slots.
-pub fn copy_entries(from: BorrowedFd<'_>, to: BorrowedFd<'_>, def: &MapDef, only_missing: bool) -> io::Result<Copied> {
+pub(super) fn copy_entries(
+    from: BorrowedFd<'_>,
+    to: BorrowedFd<'_>,
+    def: &MapDef,
+    only_missing: bool,
+) -> io::Result<Copied> {
     let len = value_len(def)?;
     let array = def.map_type == BPF_MAP_TYPE_PERCPU_ARRAY || def.map_type == super::objects::BPF_MAP_TYPE_ARRAY;
     let flags = if only_missing && !array { sys::BPF_NOEXIST } else { sys::BPF_ANY };

@@ -28,7 +28,7 @@ pub struct Link {
     pub mtu: Option<u32>,
 }
 
-pub fn dump_links(sock: &mut NetlinkSocket) -> io::Result<Vec<Link>> {
+pub(super) fn dump_links(sock: &mut NetlinkSocket) -> io::Result<Vec<Link>> {
     let msgs = sock.dump(RouteNetlinkMessage::GetLink(LinkMessage::default()))?;
     Ok(msgs
         .into_iter()
@@ -85,7 +85,7 @@ pub(super) fn parse(m: &LinkMessage) -> Link {
     link
 }
 
-pub fn create_veth(
+pub(super) fn create_veth(
     sock: &mut NetlinkSocket,
     name: &str,
     mac: [u8; 6],
@@ -107,7 +107,7 @@ pub fn create_veth(
 }
 
 /// `ip link add name address mac type vxlan external dstport port nolearning`
-pub fn create_vxlan(sock: &mut NetlinkSocket, name: &str, mac: [u8; 6], port: u16) -> io::Result<()> {
+pub(super) fn create_vxlan(sock: &mut NetlinkSocket, name: &str, mac: [u8; 6], port: u16) -> io::Result<()> {
     let mut msg = LinkMessage::default();
     msg.attributes.push(LinkAttribute::IfName(name.to_string()));
     msg.attributes.push(LinkAttribute::Address(mac.to_vec()));
@@ -122,7 +122,7 @@ pub fn create_vxlan(sock: &mut NetlinkSocket, name: &str, mac: [u8; 6], port: u1
     sock.request(RouteNetlinkMessage::NewLink(msg), NLM_F_CREATE | NLM_F_EXCL)
 }
 
-pub fn set_up(sock: &mut NetlinkSocket, index: u32) -> io::Result<()> {
+pub(super) fn set_up(sock: &mut NetlinkSocket, index: u32) -> io::Result<()> {
     let mut msg = LinkMessage::default();
     msg.header.index = index;
     msg.header.flags = LinkFlags::Up;
@@ -131,7 +131,7 @@ pub fn set_up(sock: &mut NetlinkSocket, index: u32) -> io::Result<()> {
 }
 
 /// Deleting a link that is already gone succeeds.
-pub fn delete(sock: &mut NetlinkSocket, name: &str) -> io::Result<()> {
+pub(super) fn delete(sock: &mut NetlinkSocket, name: &str) -> io::Result<()> {
     let mut msg = LinkMessage::default();
     msg.attributes.push(LinkAttribute::IfName(name.to_string()));
     match sock.request(RouteNetlinkMessage::DelLink(msg), 0) {

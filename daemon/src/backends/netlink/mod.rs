@@ -3,7 +3,7 @@
 //! build typed requests; this module maps them to the model.
 
 mod link;
-pub mod monitor;
+pub(crate) mod monitor;
 mod neigh;
 mod route;
 mod socket;

@@ -23,7 +23,7 @@ const RTNLGRP_IPV6_ROUTE: u32 = 11;
 
 /// One change the kernel announced.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KernelChange {
+pub(crate) enum KernelChange {
     /// A link appeared or changed (RTM_NEWLINK).
     Link { name: String, index: u32, up: bool },
     /// A link is gone.
@@ -37,7 +37,7 @@ pub enum KernelChange {
 }
 
 /// Starts the monitor thread; `on_change` runs on it for every change.
-pub fn spawn_monitor(on_change: impl Fn(KernelChange) + Send + 'static) -> io::Result<()> {
+pub(crate) fn spawn_monitor(on_change: impl Fn(KernelChange) + Send + 'static) -> io::Result<()> {
     let mut socket = Socket::new(NETLINK_ROUTE)?;
     socket.bind(&SocketAddr::new(0, 0))?;
     for group in [RTNLGRP_LINK, RTNLGRP_NEIGH, RTNLGRP_IPV4_ROUTE, RTNLGRP_IPV6_ROUTE] {
@@ -63,7 +63,7 @@ pub fn spawn_monitor(on_change: impl Fn(KernelChange) + Send + 'static) -> io::R
 }
 
 /// Every change in one datagram (several messages may share it).
-pub fn parse_all(bytes: &[u8]) -> Vec<KernelChange> {
+pub(crate) fn parse_all(bytes: &[u8]) -> Vec<KernelChange> {
     let mut out = Vec::new();
     let mut offset = 0;
     while offset < bytes.len() {
@@ -114,14 +114,14 @@ fn change_of(m: &RouteNetlinkMessage) -> Option<KernelChange> {
 /// What a link is like right now, to tell a change that still holds from
 /// one already undone (hostmesh creates a link down, then sets it up: the
 /// first event alone would look like drift).
-pub trait LinkLookup {
+pub(crate) trait LinkLookup {
     fn index(&self, name: &str) -> Option<u32>;
     fn name(&self, index: u32) -> Option<String>;
     fn up(&self, name: &str) -> Option<bool>;
 }
 
 /// The daemon's namespace as it is now (`backends::ifaces`).
-pub struct CurrentLinks;
+pub(crate) struct CurrentLinks;
 
 impl LinkLookup for CurrentLinks {
     fn index(&self, name: &str) -> Option<u32> {

@@ -12,14 +12,14 @@ use super::socket::errno;
 use super::socket::RouteSocket as NetlinkSocket;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Neighbour {
+pub(super) struct Neighbour {
     pub ifindex: u32,
     pub ip: IpAddr,
     pub lladdr: Option<[u8; 6]>,
     pub permanent: bool,
 }
 
-pub fn dump(sock: &mut NetlinkSocket) -> io::Result<Vec<Neighbour>> {
+pub(super) fn dump(sock: &mut NetlinkSocket) -> io::Result<Vec<Neighbour>> {
     let mut out = Vec::new();
     for family in [AddressFamily::Inet, AddressFamily::Inet6] {
         let mut req = NeighbourMessage::default();
@@ -67,14 +67,14 @@ fn message(ifindex: u32, ip: IpAddr) -> NeighbourMessage {
     m
 }
 
-pub fn replace_permanent(sock: &mut NetlinkSocket, ifindex: u32, ip: IpAddr, lladdr: [u8; 6]) -> io::Result<()> {
+pub(super) fn replace_permanent(sock: &mut NetlinkSocket, ifindex: u32, ip: IpAddr, lladdr: [u8; 6]) -> io::Result<()> {
     let mut m = message(ifindex, ip);
     m.header.state = NeighbourState::Permanent;
     m.attributes.push(NeighbourAttribute::LinkLayerAddress(lladdr.to_vec()));
     sock.request(RouteNetlinkMessage::NewNeighbour(m), NLM_F_CREATE | NLM_F_REPLACE)
 }
 
-pub fn delete(sock: &mut NetlinkSocket, ifindex: u32, ip: IpAddr) -> io::Result<()> {
+pub(super) fn delete(sock: &mut NetlinkSocket, ifindex: u32, ip: IpAddr) -> io::Result<()> {
     match sock.request(RouteNetlinkMessage::DelNeighbour(message(ifindex, ip)), 0) {
         Err(e) if matches!(errno(&e), Some(libc::ENOENT) | Some(libc::ESRCH) | Some(libc::ENODEV)) => Ok(()),
         r => r,

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_REPLACE};
-pub use netlink_packet_route::route::RouteType;
+pub(super) use netlink_packet_route::route::RouteType;
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteMetric, RouteProtocol, RouteScope,
 };
@@ -18,7 +18,7 @@ use super::socket::RouteSocket as NetlinkSocket;
 
 /// A route as read back, with the fields hostmesh compares.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Route {
+pub(super) struct Route {
     pub table: u32,
     pub dst: IpNet,
     pub protocol: u8,
@@ -31,7 +31,7 @@ pub struct Route {
     pub prefsrc: Option<IpAddr>,
 }
 
-pub fn dump(sock: &mut NetlinkSocket) -> io::Result<Vec<Route>> {
+pub(super) fn dump(sock: &mut NetlinkSocket) -> io::Result<Vec<Route>> {
     let mut out = Vec::new();
     for family in [AddressFamily::Inet, AddressFamily::Inet6] {
         let mut req = RouteMessage::default();
@@ -112,7 +112,7 @@ fn message(table: u32, dst: &IpNet, protocol: u8) -> RouteMessage {
 }
 
 /// `ip route replace dst via gateway dev oif onlink [mtu N] proto P table T`
-pub fn replace_via(
+pub(super) fn replace_via(
     sock: &mut NetlinkSocket,
     table: u32,
     dst: &IpNet,
@@ -137,7 +137,7 @@ pub fn replace_via(
 
 /// `ip route replace local dst dev oif src src proto P table T`: deliver
 /// to this host.
-pub fn replace_local(
+pub(super) fn replace_local(
     sock: &mut NetlinkSocket,
     table: u32,
     dst: &IpNet,
@@ -154,7 +154,7 @@ pub fn replace_local(
 }
 
 /// `ip route replace unreachable dst proto P table T`
-pub fn replace_unreachable(sock: &mut NetlinkSocket, table: u32, dst: &IpNet, protocol: u8) -> io::Result<()> {
+pub(super) fn replace_unreachable(sock: &mut NetlinkSocket, table: u32, dst: &IpNet, protocol: u8) -> io::Result<()> {
     let mut m = message(table, dst, protocol);
     m.header.scope = RouteScope::Universe;
     m.header.kind = RouteType::Unreachable;
@@ -162,7 +162,7 @@ pub fn replace_unreachable(sock: &mut NetlinkSocket, table: u32, dst: &IpNet, pr
 }
 
 /// Deletes the route with this protocol; one that is gone already is fine.
-pub fn delete(sock: &mut NetlinkSocket, table: u32, dst: &IpNet, protocol: u8) -> io::Result<()> {
+pub(super) fn delete(sock: &mut NetlinkSocket, table: u32, dst: &IpNet, protocol: u8) -> io::Result<()> {
     let mut m = message(table, dst, protocol);
     // Any scope (`ip route del` does the same): the default, universe,
     // would not match a `local` route (scope host), and the kernel would
@@ -175,7 +175,7 @@ pub fn delete(sock: &mut NetlinkSocket, table: u32, dst: &IpNet, protocol: u8) -
 }
 
 /// `ip route get dst`: the route the kernel would use, if any.
-pub fn get(sock: &mut NetlinkSocket, dst: IpAddr) -> io::Result<Option<Route>> {
+pub(super) fn get(sock: &mut NetlinkSocket, dst: IpAddr) -> io::Result<Option<Route>> {
     let mut m = RouteMessage::default();
     m.header.address_family = if dst.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
     m.header.destination_prefix_length = if dst.is_ipv4() { 32 } else { 128 };
@@ -191,7 +191,7 @@ pub fn get(sock: &mut NetlinkSocket, dst: IpAddr) -> io::Result<Option<Route>> {
 }
 
 /// Names of interfaces holding a default route in the main table.
-pub fn default_route_oifs(routes: &[Route]) -> Vec<u32> {
+pub(super) fn default_route_oifs(routes: &[Route]) -> Vec<u32> {
     let mut out: BTreeMap<u32, ()> = BTreeMap::new();
     for r in routes {
         if r.table == 254 && r.dst.prefix_len() == 0 && r.kind == RouteType::Unicast {

@@ -147,7 +147,7 @@ fn with_extack(err: io::Error, raw: &[u8]) -> io::Error {
 }
 
 /// The errno of a netlink error, explained or not.
-pub fn errno(e: &io::Error) -> Option<i32> {
+pub(super) fn errno(e: &io::Error) -> Option<i32> {
     e.raw_os_error().or_else(|| e.get_ref()?.downcast_ref::<Explained>().map(|x| x.errno))
 }
 

@@ -17,7 +17,7 @@ use crate::backends::Listener;
 const TCP_LISTEN: u8 = 10;
 
 /// The listener a mesh redirect port should reach, if one exists.
-pub fn find(key: &SockKey) -> io::Result<Option<Listener>> {
+pub(super) fn find(key: &SockKey) -> io::Result<Option<Listener>> {
     let mut sock: NetlinkSocket<SockDiagMessage> = NetlinkSocket::open_protocol(NETLINK_SOCK_DIAG)?;
     let v6 = key.family == abi::AF_INET6;
     let tcp = key.proto == IPPROTO_TCP;

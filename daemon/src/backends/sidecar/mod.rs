@@ -16,13 +16,13 @@ use super::bpf::sys;
 use super::{Holder, Install, Listener, RegisterError, SidecarBackend};
 use crate::abi::{self, Pod, SockKey};
 
-pub struct LiveSidecars {
+pub(crate) struct LiveSidecars {
     sockets_pin: PathBuf,
 }
 
 impl LiveSidecars {
     /// `bpffs` is the daemon's pin dir (`maps/HM_MESH_SOCKETS` under it).
-    pub fn new(bpffs: &Path) -> Self {
+    pub(crate) fn new(bpffs: &Path) -> Self {
         LiveSidecars { sockets_pin: bpffs.join("maps/HM_MESH_SOCKETS") }
     }
 

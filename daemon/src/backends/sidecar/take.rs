@@ -10,7 +10,7 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use crate::backends::Holder;
 
 /// The first process (other than this one) with the socket open.
-pub fn find_holder(inode: u32) -> Option<Holder> {
+pub(super) fn find_holder(inode: u32) -> Option<Holder> {
     let target = format!("socket:[{inode}]");
     let me = std::process::id();
     for entry in fs::read_dir("/proc").ok()?.flatten() {
@@ -31,7 +31,7 @@ pub fn find_holder(inode: u32) -> Option<Holder> {
 }
 
 /// A duplicate of `owner`'s descriptor in this process.
-pub fn take(owner: &Holder) -> io::Result<OwnedFd> {
+pub(super) fn take(owner: &Holder) -> io::Result<OwnedFd> {
     // SAFETY: plain syscalls; each returned fd is owned exactly once below.
     unsafe {
         let pidfd = libc::syscall(libc::SYS_pidfd_open, owner.pid as libc::c_int, 0);
@@ -52,7 +52,7 @@ const IPV6_TRANSPARENT: libc::c_int = 75;
 
 /// Lets tproxy hand the socket traffic for other local addresses (the
 /// nftables fallback). Setting it on our duplicate sets it on the socket.
-pub fn set_transparent(fd: &OwnedFd, v6: bool) -> io::Result<()> {
+pub(super) fn set_transparent(fd: &OwnedFd, v6: bool) -> io::Result<()> {
     let (level, name) = if v6 { (libc::SOL_IPV6, IPV6_TRANSPARENT) } else { (libc::SOL_IP, IP_TRANSPARENT) };
     crate::backends::sockopt::set(std::os::fd::AsFd::as_fd(fd), level, name, &(1 as libc::c_int))
 }

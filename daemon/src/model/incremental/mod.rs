@@ -27,7 +27,7 @@ use super::{HostFacts, Prior};
 /// edit needs: ids in use and free, the services using each backend, the
 /// Maglev chunks in use.
 #[derive(Debug, Clone)]
-pub struct Compiled {
+pub(crate) struct Compiled {
     pub desired: Desired,
     config: Config,
     facts: HostFacts,
@@ -41,7 +41,7 @@ pub struct Compiled {
 
 /// The map entries and routes a patch may have changed; nothing else did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Touched {
+pub(crate) struct Touched {
     pub map_entries: BTreeSet<MapEntryKey>,
     pub routes: BTreeSet<RouteKey>,
 }
@@ -50,7 +50,7 @@ impl Touched {
     /// The part of `have` a patch can have changed, with everything that is
     /// not per service (links, sysctls, programs...) whole, since the plan
     /// restores what is missing from it.
-    pub fn observed(&self, have: &Observed) -> Observed {
+    pub(crate) fn observed(&self, have: &Observed) -> Observed {
         Observed {
             links: have.links.clone(),
             sysctls: have.sysctls.clone(),
@@ -63,7 +63,7 @@ impl Touched {
     }
 
     /// The same part of `want`.
-    pub fn desired(&self, want: &Desired) -> Desired {
+    pub(crate) fn desired(&self, want: &Desired) -> Desired {
         Desired {
             links: want.links.clone(),
             sysctls: want.sysctls.clone(),
@@ -80,7 +80,7 @@ impl Touched {
 
     /// Brings `have` (what the kernel held before) to what it holds once
     /// the touched items of `want` are applied.
-    pub fn apply_to(&self, have: &mut Observed, want: &Desired) {
+    pub(crate) fn apply_to(&self, have: &mut Observed, want: &Desired) {
         for k in &self.map_entries {
             match want.map_entries.get(k) {
                 Some(w) => have.map_entries.insert(k.clone(), w.spec.clone()),
@@ -180,7 +180,7 @@ fn same_service(a: &Service, b: &Service) -> bool {
 
 impl Compiled {
     /// Indexes a full compile of `config` on `facts`.
-    pub fn new(desired: Desired, config: &Config, facts: &HostFacts) -> Compiled {
+    pub(crate) fn new(desired: Desired, config: &Config, facts: &HostFacts) -> Compiled {
         let prior = Prior::from_entries(desired.map_entries.iter().map(|(k, v)| (k, &v.spec)));
         let mut backend_users: HashMap<SocketAddr, u32> = HashMap::new();
         for b in config.services.iter().flat_map(|s| &s.backends) {
@@ -202,7 +202,7 @@ impl Compiled {
 
 /// Patches `prev` to `config`, if only services changed; `None` means
 /// compile in full (`prev` is then spent).
-pub fn recompile(mut prev: Compiled, config: &Config, facts: &HostFacts) -> Option<(Compiled, Touched)> {
+pub(crate) fn recompile(mut prev: Compiled, config: &Config, facts: &HostFacts) -> Option<(Compiled, Touched)> {
     let old = &prev.config;
     if !prev.desired.warnings.is_empty()
         || !same_facts(&prev.facts, facts, config)
