@@ -93,10 +93,6 @@ impl CtlbMode {
             CtlbMode::Off => "off",
         }
     }
-
-    pub(crate) fn parse(s: &str) -> Option<CtlbMode> {
-        CtlbMode::ALL.into_iter().find(|m| m.name() == s)
-    }
 }
 
 /// `[daemon] tc_attach`: how TC programs are attached.

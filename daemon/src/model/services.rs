@@ -3,7 +3,7 @@
 //! the configured cgroup (README.md, "Service IPs"). The bpfnat veth is
 //! `bpfnat.rs`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 
 use crate::abi::{self, BackendValue, HmConfig, MaglevKey, Pod, SvcKey, SvcValue, MAGLEV_CHUNK};
@@ -26,42 +26,11 @@ pub(super) fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &m
     if config.services.is_empty() {
         return;
     }
+    let Some((svc_ids, backend_ids)) = assign_ids(config, prior, &mut out.warnings) else { return };
     let d = &config.daemon;
-
-    let keys: BTreeSet<SvcKey> = config.services.iter().map(key_of).collect();
-    let backends: BTreeSet<SocketAddr> =
-        config.services.iter().flat_map(|s| s.backends.iter().map(|b| b.addr)).collect();
-    let (svc_ids, backend_ids) = match (
-        ids::assign(&keys, &prior.services, d.sizes.services),
-        ids::assign(&backends, &prior.backends, d.sizes.backends),
-    ) {
-        (Ok(s), Ok(b)) => (s, b),
-        (Err(cap), _) => {
-            out.warnings.push(format!(
-                "{} services are configured but the service map holds {cap} (raise [daemon] service_map_size); no service is applied",
-                keys.len()
-            ));
-            return;
-        }
-        (_, Err(cap)) => {
-            out.warnings.push(format!(
-                "{} distinct backends are configured but the backend map holds {cap} (raise [daemon] backend_map_size); no service is applied",
-                backends.len()
-            ));
-            return;
-        }
-    };
-
-    let flags = out.connect_time.protocols().fold(0, |flags, p| {
-        flags
-            | match p {
-                Protocol::Tcp => abi::CFG_CTLB_TCP,
-                Protocol::Udp => abi::CFG_CTLB_UDP,
-            }
-    });
     let cfg = HmConfig {
         netns_cookie: facts.netns_cookie,
-        flags,
+        flags: ctlb_flags(out.connect_time),
         tcp_timeout_s: abi::secs(d.conntrack_tcp_timeout),
         udp_timeout_s: abi::secs(d.conntrack_udp_timeout),
         pad: 0,
@@ -73,23 +42,19 @@ pub(super) fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &m
         if n % STOP_CHECK_EVERY == 0 && stopping.load(Ordering::Relaxed) {
             return;
         }
-        let owner = owner_of(svc);
-        let key = key_of(svc);
         let table_size = table_size_of(svc, d);
         let chunks = chunks_of(svc, table_size);
-        if chunks > 0 {
-            if chunks > chunks_left {
-                out.warnings.push(format!(
-                    "service \"{}\" not applied: Maglev tables are full ({} chunks of {MAGLEV_CHUNK} slots); raise [daemon] {} or use a smaller maglev_table_size",
-                    svc.name,
-                    d.sizes.maglev_chunks,
-                    crate::config::Capacity::MaglevChunks.key().key
-                ));
-                continue;
-            }
-            chunks_left -= chunks;
+        if chunks > chunks_left {
+            out.warnings.push(format!(
+                "service \"{}\" not applied: Maglev tables are full ({} chunks of {MAGLEV_CHUNK} slots); raise [daemon] {} or use a smaller maglev_table_size",
+                svc.name,
+                d.sizes.maglev_chunks,
+                crate::config::Capacity::MaglevChunks.key().key
+            ));
+            continue;
         }
-        let id = svc_ids[&key];
+        chunks_left -= chunks;
+        let (owner, id) = (owner_of(svc), svc_ids[&key_of(svc)]);
         // Each backend's id looked up once, not once per slot (a quarter of
         // a 60,000-service compile went to those lookups).
         let ids: Vec<u32> = svc.backends.iter().map(|b| backend_ids[&b.addr]).collect();
@@ -97,18 +62,69 @@ pub(super) fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &m
             want(&mut out.map_entries, k, v, &owner);
         }
     }
+    attach_connect_time(config, facts, out);
+}
 
-    if out.connect_time != CtlbMode::Off {
-        match d.cgroup.clone().or_else(|| facts.cgroup2_root.clone()) {
-            Some(cgroup) => {
-                for program in Program::CONNECT_TIME {
-                    want(&mut out.attachments, Attachment { program, hook: Hook::Cgroup(cgroup.clone()) }, (), OWNER);
-                }
-            }
-            None => out
-                .warnings
-                .push("no cgroup2 mount found: connect-time load balancing is off; set [daemon] cgroup".to_string()),
+/// Stable ids for every service key and backend address, within the
+/// maps' capacities; `None` (and a warning) when either overflows: no
+/// service is applied then.
+fn assign_ids(
+    config: &Config,
+    prior: &Prior,
+    warnings: &mut Vec<String>,
+) -> Option<(BTreeMap<SvcKey, u32>, BTreeMap<SocketAddr, u32>)> {
+    let d = &config.daemon;
+    let keys: BTreeSet<SvcKey> = config.services.iter().map(key_of).collect();
+    let backends: BTreeSet<SocketAddr> =
+        config.services.iter().flat_map(|s| s.backends.iter().map(|b| b.addr)).collect();
+    match (
+        ids::assign(&keys, &prior.services, d.sizes.services),
+        ids::assign(&backends, &prior.backends, d.sizes.backends),
+    ) {
+        (Ok(s), Ok(b)) => Some((s, b)),
+        (Err(cap), _) => {
+            warnings.push(format!(
+                "{} services are configured but the service map holds {cap} (raise [daemon] service_map_size); no service is applied",
+                keys.len()
+            ));
+            None
         }
+        (_, Err(cap)) => {
+            warnings.push(format!(
+                "{} distinct backends are configured but the backend map holds {cap} (raise [daemon] backend_map_size); no service is applied",
+                backends.len()
+            ));
+            None
+        }
+    }
+}
+
+/// HM_CONFIG's flags: the protocols connect-time LB handles.
+fn ctlb_flags(mode: CtlbMode) -> u32 {
+    mode.protocols().fold(0, |flags, p| {
+        flags
+            | match p {
+                Protocol::Tcp => abi::CFG_CTLB_TCP,
+                Protocol::Udp => abi::CFG_CTLB_UDP,
+            }
+    })
+}
+
+/// The connect-time programs on the configured cgroup (or the cgroup2
+/// root) when connect-time LB handles anything.
+fn attach_connect_time(config: &Config, facts: &HostFacts, out: &mut Desired) {
+    if out.connect_time == CtlbMode::Off {
+        return;
+    }
+    match config.daemon.cgroup.clone().or_else(|| facts.cgroup2_root.clone()) {
+        Some(cgroup) => {
+            for program in Program::CONNECT_TIME {
+                want(&mut out.attachments, Attachment { program, hook: Hook::Cgroup(cgroup.clone()) }, (), OWNER);
+            }
+        }
+        None => out
+            .warnings
+            .push("no cgroup2 mount found: connect-time load balancing is off; set [daemon] cgroup".to_string()),
     }
 }
 

@@ -108,35 +108,65 @@ fn link_names(name: &str, spec: &LinkSpec) -> Vec<String> {
     }
 }
 
+/// The steps from `have` to `want`, in the order that never misroutes:
+/// links first (a changed link is recreated and everything on it starts
+/// over), then what sits on them and what traffic will be steered to,
+/// then the routes that steer it; removals last, top-down.
 pub(crate) fn plan(have: &Observed, want: &Desired, sysctl_originals: &BTreeMap<String, String>) -> Vec<PlannedStep> {
     // Sized for the map entries a cold start writes (600,000 at 100,000
     // services): growing by doubling would hold up to twice that.
-    let mut steps = Vec::with_capacity(want.map_entries.len().saturating_sub(have.map_entries.len()) + 64);
-    // The link group of a device: a veth's ends are one (the first name).
-    let group = |dev: &str| -> String {
-        want.links
+    let capacity = want.map_entries.len().saturating_sub(have.map_entries.len()) + 64;
+    let mut steps = Steps::new(want, capacity);
+    let gone = plan_links(&mut steps, have, want);
+    plan_additions(&mut steps, have, want, sysctl_originals, &gone);
+    plan_removals(&mut steps, have, want, sysctl_originals);
+    steps.steps
+}
+
+/// The plan being built: each step tagged with its link group (a veth's
+/// ends are one, named by its first end) and whether it needs the BPF
+/// objects loaded.
+struct Steps<'a> {
+    want: &'a Desired,
+    /// Link groups that carry programs: creating one waits for the BPF gate.
+    with_programs: BTreeSet<String>,
+    steps: Vec<PlannedStep>,
+}
+
+impl<'a> Steps<'a> {
+    fn new(want: &'a Desired, capacity: usize) -> Self {
+        let mut s = Steps { want, with_programs: BTreeSet::new(), steps: Vec::with_capacity(capacity) };
+        s.with_programs = want.attachments.keys().filter_map(|a| a.device()).map(|d| s.group(d)).collect();
+        s
+    }
+
+    fn group(&self, dev: &str) -> String {
+        self.want
+            .links
             .iter()
             .find(|(_, w)| matches!(&w.spec, LinkSpec::Veth { peer, .. } if peer == dev))
             .map_or(dev.to_string(), |(n, _)| n.clone())
-    };
-    let with_programs: BTreeSet<String> = want.attachments.keys().filter_map(|a| a.device()).map(group).collect();
-    let mut push = |step: Step, owners: &Owners| {
+    }
+
+    fn push(&mut self, step: Step, owners: &Owners) {
         let link = match &step {
-            Step::CreateLink(n, _) | Step::SetLinkUp(n) => Some(group(n)),
-            Step::Attach(a) => a.device().map(group),
-            Step::ReplaceRoute(_, spec) => spec.dev().map(group),
+            Step::CreateLink(n, _) | Step::SetLinkUp(n) => Some(self.group(n)),
+            Step::Attach(a) => a.device().map(|d| self.group(d)),
+            Step::ReplaceRoute(_, spec) => spec.dev().map(|d| self.group(d)),
             _ => None,
         };
         let needs_bpf = match &step {
             Step::Attach(_) | Step::PutMapEntry(..) => true,
-            Step::CreateLink(..) | Step::SetLinkUp(_) => link.as_ref().is_some_and(|l| with_programs.contains(l)),
+            Step::CreateLink(..) | Step::SetLinkUp(_) => link.as_ref().is_some_and(|l| self.with_programs.contains(l)),
             _ => false,
         };
-        steps.push(PlannedStep { step, owners: owners.clone(), link, needs_bpf })
-    };
-    let none = Owners::new();
+        self.steps.push(PlannedStep { step, owners: owners.clone(), link, needs_bpf })
+    }
+}
 
-    // Links: decide which are (re)created; everything on them starts over.
+/// Links: which are (re)created or set up. Returns the names of links
+/// that are new or recreated: nothing on them survives.
+fn plan_links(steps: &mut Steps, have: &Observed, want: &Desired) -> BTreeSet<String> {
     let mut gone: BTreeSet<String> = BTreeSet::new();
     let mut create = Vec::new();
     let mut set_up = Vec::new();
@@ -145,7 +175,7 @@ pub(crate) fn plan(have: &Observed, want: &Desired, sysctl_originals: &BTreeMap<
             Some(h) if h == &w.spec => {}
             Some(h) if same_except_up(h, &w.spec) => set_up.push((name, &w.owners)),
             Some(h) => {
-                push(Step::DeleteLink(name.clone()), &w.owners);
+                steps.push(Step::DeleteLink(name.clone()), &w.owners);
                 gone.extend(link_names(name, h));
                 gone.extend(link_names(name, &w.spec));
                 create.push((name, w));
@@ -157,41 +187,48 @@ pub(crate) fn plan(have: &Observed, want: &Desired, sysctl_originals: &BTreeMap<
         }
     }
     for (name, w) in create {
-        push(Step::CreateLink(name.clone(), w.spec.clone()), &w.owners);
+        steps.push(Step::CreateLink(name.clone(), w.spec.clone()), &w.owners);
     }
     for (name, owners) in set_up {
-        push(Step::SetLinkUp(name.clone()), owners);
+        steps.push(Step::SetLinkUp(name.clone()), owners);
     }
-    let on_gone_link = |dev: &str| gone.contains(dev);
+    gone
+}
 
-    // Sysctls.
+/// Everything wanted and not in place, links aside: what sits on links
+/// and what traffic is steered to before the routes that steer it.
+fn plan_additions(
+    steps: &mut Steps,
+    have: &Observed,
+    want: &Desired,
+    sysctl_originals: &BTreeMap<String, String>,
+    gone: &BTreeSet<String>,
+) {
+    let on_gone_link = |dev: &str| gone.contains(dev);
     for (path, w) in &want.sysctls {
         let current = if sysctl_dev(path).is_some_and(on_gone_link) { None } else { have.sysctls.get(path) };
         if current != Some(&w.spec) {
             let original = if sysctl_originals.contains_key(path) { None } else { current.cloned() };
-            push(Step::SetSysctl { path: path.clone(), value: w.spec.clone(), original }, &w.owners);
+            steps.push(Step::SetSysctl { path: path.clone(), value: w.spec.clone(), original }, &w.owners);
         }
     }
-
-    // Neighbours, map entries, programs.
     for (k, w) in &want.neighbours {
         let current = if on_gone_link(&k.dev) { None } else { have.neighbours.get(k) };
         if current != Some(&w.spec) {
-            push(Step::ReplaceNeighbour(k.clone(), w.spec.clone()), &w.owners);
+            steps.push(Step::ReplaceNeighbour(k.clone(), w.spec.clone()), &w.owners);
         }
     }
     for (k, w) in &want.map_entries {
         if have.map_entries.get(k) != Some(&w.spec) {
-            push(Step::PutMapEntry(k.clone(), w.spec.clone()), &w.owners);
+            steps.push(Step::PutMapEntry(k.clone(), w.spec.clone()), &w.owners);
         }
     }
     for (a, w) in &want.attachments {
         let current = if a.device().is_some_and(on_gone_link) { None } else { have.attachments.get(a) };
         if current != Some(&AttachStatus::Current) {
-            push(Step::Attach(a.clone()), &w.owners);
+            steps.push(Step::Attach(a.clone()), &w.owners);
         }
     }
-
     // The mesh fallback's rules, before the local routes that bring them
     // traffic.
     let want_nft: BTreeSet<NftRule> = want.nft_rules.keys().cloned().collect();
@@ -200,9 +237,8 @@ pub(crate) fn plan(have: &Observed, want: &Desired, sysctl_originals: &BTreeMap<
         nft_owners.extend_from(&rule.owners);
     }
     if !want_nft.is_empty() && have.nft_table.as_ref() != Some(&want_nft) {
-        push(Step::ReplaceNftTable(want_nft.clone()), &nft_owners);
+        steps.push(Step::ReplaceNftTable(want_nft), &nft_owners);
     }
-
     // Routes: most specific first.
     let mut routes: Vec<_> = want
         .routes
@@ -214,43 +250,39 @@ pub(crate) fn plan(have: &Observed, want: &Desired, sysctl_originals: &BTreeMap<
         .collect();
     routes.sort_by_key(|(k, _)| std::cmp::Reverse(k.dst.prefix_len()));
     for (k, w) in routes {
-        push(Step::ReplaceRoute(k.clone(), w.spec.clone()), &w.owners);
+        steps.push(Step::ReplaceRoute(k.clone(), w.spec.clone()), &w.owners);
     }
+}
 
-    // Removals, top-down. Items on links being deleted go with them, but
-    // are removed explicitly first so nothing depends on link teardown.
+/// Removals, top-down. Items on links being deleted go with them, but are
+/// removed explicitly first so nothing depends on link teardown.
+fn plan_removals(steps: &mut Steps, have: &Observed, want: &Desired, sysctl_originals: &BTreeMap<String, String>) {
+    let none = Owners::new();
     let mut stale_routes: Vec<_> = have.routes.keys().filter(|k| !want.routes.contains_key(*k)).collect();
     stale_routes.sort_by_key(|k| k.dst.prefix_len());
     for k in stale_routes {
-        push(Step::DeleteRoute(k.clone()), &none);
+        steps.push(Step::DeleteRoute(k.clone()), &none);
     }
     for a in have.attachments.keys().filter(|a| !want.attachments.contains_key(*a)) {
-        push(Step::Detach(a.clone()), &none);
+        steps.push(Step::Detach(a.clone()), &none);
     }
-    if want_nft.is_empty() && have.nft_table.is_some() {
-        push(Step::DeleteNftTable, &none);
+    if want.nft_rules.is_empty() && have.nft_table.is_some() {
+        steps.push(Step::DeleteNftTable, &none);
     }
     // Reverse order: a service goes before the table and backends it uses.
     for k in have.map_entries.keys().rev().filter(|k| !want.map_entries.contains_key(*k)) {
-        push(Step::DeleteMapEntry(k.clone()), &none);
+        steps.push(Step::DeleteMapEntry(k.clone()), &none);
     }
     for k in have.neighbours.keys().filter(|k| !want.neighbours.contains_key(*k)) {
-        push(Step::DeleteNeighbour(k.clone()), &none);
+        steps.push(Step::DeleteNeighbour(k.clone()), &none);
     }
     for (path, original) in sysctl_originals.iter().filter(|(p, _)| !want.sysctls.contains_key(*p)) {
-        push(
-            Step::RestoreSysctl {
-                path: path.clone(),
-                original: original.clone(),
-                current: have.sysctls.get(path).cloned(),
-            },
-            &none,
-        );
+        let current = have.sysctls.get(path).cloned();
+        steps.push(Step::RestoreSysctl { path: path.clone(), original: original.clone(), current }, &none);
     }
     for name in have.links.keys().filter(|n| !want.links.contains_key(*n)) {
-        push(Step::DeleteLink(name.clone()), &none);
+        steps.push(Step::DeleteLink(name.clone()), &none);
     }
-    steps
 }
 
 fn same_except_up(have: &LinkSpec, want: &LinkSpec) -> bool {

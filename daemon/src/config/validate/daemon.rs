@@ -1,0 +1,152 @@
+//! `[daemon]`: modes, paths, map capacities and timeouts.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::Check;
+use crate::config::capacity::{Capacity, SIZE_KEYS};
+use crate::config::error::Origin;
+use crate::config::schema::RawDaemon;
+use crate::config::types::*;
+use crate::table_size::{is_prime, MAX_TABLE_SIZE, MIN_TABLE_SIZE};
+
+const CTX: &str = "[daemon]";
+
+impl Check<'_, '_> {
+    pub(super) fn daemon(&mut self, d: RawDaemon, origin: Origin) -> DaemonSettings {
+        let mut out = DaemonSettings { origin: Some(origin), ..DaemonSettings::default() };
+        self.daemon_modes(&d, &mut out);
+        self.daemon_paths(&d, &mut out);
+        self.daemon_sizes(&d, &mut out);
+        self.daemon_timeouts(&d, &mut out);
+        out
+    }
+
+    fn daemon_modes(&mut self, d: &RawDaemon, out: &mut DaemonSettings) {
+        if let Some(v) = &d.connect_time_lb {
+            let table: Vec<(&str, CtlbMode)> = CtlbMode::ALL.iter().map(|m| (m.name(), *m)).collect();
+            if let Some(mode) = self.choice(CTX, "connect_time_lb", v, &table) {
+                out.connect_time_lb = mode;
+            }
+        }
+        if let Some(v) = &d.mesh_backend {
+            let table = [
+                ("auto", MeshBackend::Auto),
+                ("sk_lookup", MeshBackend::SkLookup),
+                ("nftables", MeshBackend::Nftables),
+            ];
+            if let Some(backend) = self.choice(CTX, "mesh_backend", v, &table) {
+                out.mesh_backend = backend;
+            }
+        }
+        if let Some(v) = &d.tc_attach {
+            let table = [("auto", TcAttachPref::Auto), ("netlink", TcAttachPref::Netlink)];
+            if let Some(pref) = self.choice(CTX, "tc_attach", v, &table) {
+                out.tc_attach = pref;
+            }
+        }
+    }
+
+    fn daemon_paths(&mut self, d: &RawDaemon, out: &mut DaemonSettings) {
+        if let Some(list) = &d.host_interfaces {
+            let mut names = Vec::new();
+            for ifname in list {
+                let name = ifname.get_ref();
+                if is_interface_name(name) {
+                    names.push(name.clone());
+                } else {
+                    self.fail(
+                        &ifname.span(),
+                        "host_interfaces",
+                        format!("{CTX}: host_interfaces entry \"{name}\" is not a valid interface name"),
+                    );
+                }
+            }
+            out.host_interfaces = Some(names);
+        }
+        if let Some(v) = &d.cgroup {
+            let path = PathBuf::from(v.get_ref());
+            if path.is_absolute() {
+                out.cgroup = Some(path);
+            } else {
+                self.fail(&v.span(), "cgroup", format!("{CTX}: cgroup \"{}\" must be an absolute path", v.get_ref()));
+            }
+        }
+    }
+
+    fn daemon_sizes(&mut self, d: &RawDaemon, out: &mut DaemonSettings) {
+        if let Some(v) = &d.maglev_table_size {
+            if let Some(n) = self.table_size(CTX, v) {
+                out.maglev_table_size = Some(n);
+            }
+        }
+        for k in &SIZE_KEYS {
+            let Some(v) = raw_size(d, k.capacity) else { continue };
+            match u32::try_from(*v.get_ref()) {
+                Ok(n) if (k.min..=k.max).contains(&n) => out.sizes.set(k.capacity, n),
+                _ => self.fail(
+                    &v.span(),
+                    k.key,
+                    format!("{CTX}: {} {} is out of range; use {} to {}", k.key, v.get_ref(), k.min, k.max),
+                ),
+            }
+        }
+    }
+
+    fn daemon_timeouts(&mut self, d: &RawDaemon, out: &mut DaemonSettings) {
+        if let Some(v) = &d.resync_interval {
+            let range = (Duration::from_millis(100), Duration::MAX);
+            if let Some(t) = self.duration_within(CTX, "resync_interval", v, range, "is too short; use at least 100ms")
+            {
+                out.resync_interval = t;
+            }
+        }
+        let range = (Duration::from_secs(1), Duration::from_secs(u64::from(u32::MAX)));
+        if let Some(v) = &d.conntrack_tcp_timeout {
+            if let Some(t) =
+                self.duration_within(CTX, "conntrack_tcp_timeout", v, range, "is out of range; use 1s to 49710d")
+            {
+                out.conntrack_tcp_timeout = t;
+            }
+        }
+        if let Some(v) = &d.conntrack_udp_timeout {
+            if let Some(t) =
+                self.duration_within(CTX, "conntrack_udp_timeout", v, range, "is out of range; use 1s to 49710d")
+            {
+                out.conntrack_udp_timeout = t;
+            }
+        }
+    }
+
+    /// `maglev_table_size`, here or on a service: a prime within the limits.
+    pub(super) fn table_size(&mut self, ctx: &str, v: &toml::Spanned<i64>) -> Option<u32> {
+        let n = *v.get_ref();
+        let (min, max) = (i64::from(MIN_TABLE_SIZE), i64::from(MAX_TABLE_SIZE));
+        if (min..=max).contains(&n) && is_prime(n as u32) {
+            Some(n as u32)
+        } else {
+            self.fail(
+                &v.span(),
+                "maglev_table_size",
+                format!("{ctx}: maglev_table_size {n} must be a prime number from {min} to {max} (for example 251, 1021 or 4093)"),
+            );
+            None
+        }
+    }
+}
+
+/// The raw value of a capacity key.
+fn raw_size(d: &RawDaemon, c: Capacity) -> Option<&toml::Spanned<i64>> {
+    match c {
+        Capacity::Services => d.service_map_size.as_ref(),
+        Capacity::Backends => d.backend_map_size.as_ref(),
+        Capacity::MaglevChunks => d.maglev_map_size.as_ref(),
+        Capacity::Conntrack => d.conntrack_size.as_ref(),
+        Capacity::ReverseSock => d.reverse_sock_map_size.as_ref(),
+        Capacity::Mesh => d.mesh_map_size.as_ref(),
+    }
+}
+
+fn is_interface_name(name: &str) -> bool {
+    !name.is_empty() && name.len() < 16 && !name.contains(['/', ' ', '\0']) && name != "." && name != ".."
+}

@@ -1,0 +1,141 @@
+//! `[[service]]` with its backends, and `[[mesh]]`.
+
+use std::net::{IpAddr, SocketAddr};
+
+use super::{is_unicast, Check, MAX_WEIGHT};
+use crate::config::error::Origin;
+use crate::config::schema::*;
+use crate::config::types::*;
+
+impl Check<'_, '_> {
+    pub(super) fn service(&mut self, s: RawService) -> Option<Service> {
+        let before = self.errors.len();
+        let name = self.name("service", &s.name);
+        let ctx = format!("service \"{}\"", s.name.get_ref());
+        let vip = self.vip(&ctx, &s.vip);
+        let port = self.port(&ctx, "port", &s.port, false);
+        let protocol = self.protocol(&ctx, s.protocol.as_ref());
+        let mut backends: Vec<Backend> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        if s.backends.len() > crate::abi::MAX_BACKENDS as usize {
+            // Said once, not once per backend.
+            let span = s.backends.first().map(|b| b.span()).unwrap_or_else(|| s.name.span());
+            self.fail(
+                &span,
+                "backends",
+                format!(
+                    "{ctx}: {} backends; a service can have at most {}",
+                    s.backends.len(),
+                    crate::abi::MAX_BACKENDS
+                ),
+            );
+        }
+        for b in s.backends.iter().take(crate::abi::MAX_BACKENDS as usize + 1) {
+            if let Some(backend) = self.backend(&ctx, b, vip) {
+                if !seen.insert(backend.addr) {
+                    let span =
+                        if b.get_ref().address.span().is_empty() { b.span() } else { b.get_ref().address.span() };
+                    self.fail(&span, "backends", format!("{ctx}: backend {} is listed twice", backend.addr));
+                } else {
+                    backends.push(backend);
+                }
+            }
+        }
+        for (key, span) in [
+            ("node_port", s.node_port.as_ref().map(|v| v.span())),
+            ("health_check", s.health_check.as_ref().map(|v| v.span())),
+            ("affinity", s.affinity.as_ref().map(|v| v.span())),
+            ("affinity_timeout", s.affinity_timeout.as_ref().map(|v| v.span())),
+        ] {
+            if let Some(span) = span {
+                self.fail(
+                    &span,
+                    key,
+                    format!("{ctx}: `{key}` is not supported by this version of hostmesh yet; remove it"),
+                );
+            }
+        }
+        let maglev_table_size = s.maglev_table_size.as_ref().and_then(|v| self.table_size(&ctx, v));
+        if self.errors.len() > before {
+            return None;
+        }
+        Some(Service {
+            name: name?,
+            vip: vip?,
+            port: port?,
+            protocol: protocol?,
+            backends,
+            maglev_table_size,
+            origin: Origin::at(self.src, &s.name.span()),
+        })
+    }
+
+    fn backend(&mut self, ctx: &str, b: &toml::Spanned<RawBackend>, vip: Option<IpAddr>) -> Option<Backend> {
+        let raw = b.get_ref();
+        let span = if raw.address.span().is_empty() { b.span() } else { raw.address.span() };
+        let text = raw.address.get_ref();
+        let addr: SocketAddr = match text.parse() {
+            Ok(a) => a,
+            Err(_) => {
+                self.fail(
+                    &span,
+                    "backends",
+                    format!("{ctx}: backend \"{text}\" is not an address with a port, like \"192.0.2.10:8080\" or \"[2001:db8::10]:8080\""),
+                );
+                return None;
+            }
+        };
+        if addr.port() == 0 {
+            self.fail(&span, "backends", format!("{ctx}: backend {addr} has port 0; use 1 to 65535"));
+            return None;
+        }
+        if !is_unicast(addr.ip()) {
+            self.fail(&span, "backends", format!("{ctx}: backend {addr} is not a unicast address"));
+            return None;
+        }
+        if let Some(vip) = vip {
+            if vip.is_ipv4() != addr.is_ipv4() {
+                let (bf, vf) = if addr.is_ipv4() { ("IPv4", "IPv6") } else { ("IPv6", "IPv4") };
+                self.fail(&span, "backends", format!("{ctx}: backend {addr} is {bf} but the VIP is {vf}"));
+                return None;
+            }
+        }
+        let weight = match &raw.weight {
+            None => 1,
+            Some(w) if (1..=MAX_WEIGHT).contains(w.get_ref()) => *w.get_ref() as u32,
+            Some(w) => {
+                self.fail(
+                    &w.span(),
+                    "weight",
+                    format!(
+                        "{ctx}: backend {addr} has weight {}; use 1 to {MAX_WEIGHT} (remove a backend to stop sending it traffic)",
+                        w.get_ref()
+                    ),
+                );
+                return None;
+            }
+        };
+        Some(Backend { addr, weight })
+    }
+
+    pub(super) fn mesh(&mut self, m: RawMesh) -> Option<Mesh> {
+        let before = self.errors.len();
+        let name = self.name("mesh", &m.name);
+        let ctx = format!("mesh \"{}\"", m.name.get_ref());
+        let vip = self.vip(&ctx, &m.vip);
+        let port = self.port(&ctx, "port", &m.port, true);
+        let protocol = self.protocol(&ctx, m.protocol.as_ref());
+        let redirect_port = self.port(&ctx, "redirect_port", &m.redirect_port, false);
+        if self.errors.len() > before {
+            return None;
+        }
+        Some(Mesh {
+            name: name?,
+            vip: vip?,
+            port: port?,
+            protocol: protocol?,
+            redirect_port: redirect_port?,
+            origin: Origin::at(self.src, &m.name.span()),
+        })
+    }
+}
