@@ -106,76 +106,8 @@ impl Btf {
         while at < types_at + type_len {
             let (name_off, info, size_or_type) = (u32_at(b, at)?, u32_at(b, at + 4)?, u32_at(b, at + 8)?);
             at += 12;
-            let vlen = (info & 0xffff) as usize;
-            let kind_flag = info >> 31 == 1;
-            let kind = match (info >> 24) & 0x1f {
-                1 => {
-                    at += 4;
-                    Kind::Sized(size_or_type)
-                }
-                2 => Kind::Ptr(size_or_type),
-                3 => {
-                    let k = Kind::Array { elem: u32_at(b, at)?, nelems: u32_at(b, at + 8)? };
-                    at += 12;
-                    k
-                }
-                4 | 5 => {
-                    let mut members = Vec::with_capacity(vlen);
-                    for _ in 0..vlen {
-                        let raw = u32_at(b, at + 8)?;
-                        let bits = if kind_flag { raw & 0xff_ffff } else { raw };
-                        if bits % 8 != 0 {
-                            return Err(format!("struct {} has a bitfield member", name(name_off)));
-                        }
-                        members.push((name(u32_at(b, at)?), u32_at(b, at + 4)?, bits / 8));
-                        at += 12;
-                    }
-                    Kind::Struct { size: size_or_type, members }
-                }
-                6 => {
-                    let mut values = Vec::with_capacity(vlen);
-                    for _ in 0..vlen {
-                        values.push((name(u32_at(b, at)?), i64::from(u32_at(b, at + 4)? as i32)));
-                        at += 8;
-                    }
-                    Kind::Enum { size: size_or_type, values }
-                }
-                19 => {
-                    let mut values = Vec::with_capacity(vlen);
-                    for _ in 0..vlen {
-                        let v = u64::from(u32_at(b, at + 4)?) | (u64::from(u32_at(b, at + 8)?) << 32);
-                        values.push((name(u32_at(b, at)?), v as i64));
-                        at += 12;
-                    }
-                    Kind::Enum { size: size_or_type, values }
-                }
-                // fwd, func, type tag
-                7 | 12 | 18 => Kind::Other,
-                // float
-                16 => Kind::Sized(size_or_type),
-                8..=11 => Kind::Alias(size_or_type),
-                13 => {
-                    at += 8 * vlen;
-                    Kind::Other
-                }
-                14 => {
-                    at += 4;
-                    Kind::Alias(size_or_type)
-                }
-                15 => {
-                    let mut vars = Vec::with_capacity(vlen);
-                    for _ in 0..vlen {
-                        vars.push(u32_at(b, at)?);
-                        at += 12;
-                    }
-                    Kind::Datasec(vars)
-                }
-                17 => {
-                    at += 4;
-                    Kind::Other
-                }
-                other => return Err(format!("unknown BTF kind {other}")),
-            };
+            let kind =
+                read_kind(b, &mut at, info, size_or_type, &name).map_err(|e| format!("{}: {e}", name(name_off)))?;
             types.push(Type { name: name(name_off), kind });
         }
         Ok(Btf { types })
@@ -276,4 +208,85 @@ impl Btf {
         }
         Ok(out)
     }
+}
+
+/// One type record's kind-specific part, after its 12-byte header;
+/// advances `at` past it.
+fn read_kind(
+    b: &[u8],
+    at: &mut usize,
+    info: u32,
+    size_or_type: u32,
+    name: &dyn Fn(u32) -> String,
+) -> Result<Kind, String> {
+    let vlen = (info & 0xffff) as usize;
+    let kind_flag = info >> 31 == 1;
+    Ok(match (info >> 24) & 0x1f {
+        1 => {
+            *at += 4;
+            Kind::Sized(size_or_type)
+        }
+        2 => Kind::Ptr(size_or_type),
+        3 => {
+            let k = Kind::Array { elem: u32_at(b, *at)?, nelems: u32_at(b, *at + 8)? };
+            *at += 12;
+            k
+        }
+        4 | 5 => {
+            let mut members = Vec::with_capacity(vlen);
+            for _ in 0..vlen {
+                let raw = u32_at(b, *at + 8)?;
+                let bits = if kind_flag { raw & 0xff_ffff } else { raw };
+                if bits % 8 != 0 {
+                    return Err("a bitfield member".to_string());
+                }
+                members.push((name(u32_at(b, *at)?), u32_at(b, *at + 4)?, bits / 8));
+                *at += 12;
+            }
+            Kind::Struct { size: size_or_type, members }
+        }
+        6 => {
+            let mut values = Vec::with_capacity(vlen);
+            for _ in 0..vlen {
+                values.push((name(u32_at(b, *at)?), i64::from(u32_at(b, *at + 4)? as i32)));
+                *at += 8;
+            }
+            Kind::Enum { size: size_or_type, values }
+        }
+        19 => {
+            let mut values = Vec::with_capacity(vlen);
+            for _ in 0..vlen {
+                let v = u64::from(u32_at(b, *at + 4)?) | (u64::from(u32_at(b, *at + 8)?) << 32);
+                values.push((name(u32_at(b, *at)?), v as i64));
+                *at += 12;
+            }
+            Kind::Enum { size: size_or_type, values }
+        }
+        // fwd, func, type tag
+        7 | 12 | 18 => Kind::Other,
+        // float
+        16 => Kind::Sized(size_or_type),
+        8..=11 => Kind::Alias(size_or_type),
+        13 => {
+            *at += 8 * vlen;
+            Kind::Other
+        }
+        14 => {
+            *at += 4;
+            Kind::Alias(size_or_type)
+        }
+        15 => {
+            let mut vars = Vec::with_capacity(vlen);
+            for _ in 0..vlen {
+                vars.push(u32_at(b, *at)?);
+                *at += 12;
+            }
+            Kind::Datasec(vars)
+        }
+        17 => {
+            *at += 4;
+            Kind::Other
+        }
+        other => return Err(format!("unknown BTF kind {other}")),
+    })
 }

@@ -100,75 +100,10 @@ fn ago(at: u64) -> String {
 
 pub(super) fn render(s: &Status, liveness: &Liveness) -> String {
     let mut out = String::new();
-    let head = match liveness {
-        Liveness::Running => format!("running (pid {}){}", s.pid, if s.ready { ", ready" } else { ", starting" }),
-        Liveness::Stale(age) => format!("running (pid {}) but its status is stale: last written {age}s ago", s.pid),
-        Liveness::Stopped => format!(
-            "not running: stopped {}; kernel state stays in place; this is what it last applied",
-            ago(s.updated_at)
-        ),
-        Liveness::Gone => {
-            format!("not running: pid {} is gone and did not stop cleanly; this is what it last applied", s.pid)
-        }
-    };
-    out.push_str(&format!("hostmesh: {head}\n"));
-    let l = &s.last_sync;
-    out.push_str(&format!(
-        "last sync: {} (generation {}, {}, {} step(s), {} ms){}\n",
-        ago(l.at),
-        s.generation,
-        if l.full {
-            "full"
-        } else if l.patched {
-            "incremental, changed services only"
-        } else {
-            "incremental"
-        },
-        l.steps,
-        l.duration_ms,
-        if l.ok { ", ok".to_string() } else { format!(", {} error(s)", l.errors.len()) }
-    ));
-    for e in &l.errors {
-        out.push_str(&format!("  error: {e}\n"));
-    }
-    if let Some(k) = &s.kernel {
-        out.push_str(&format!("linux: {}; TC programs attached with {}\n", k.release, k.tc_attach.describe()));
-        for m in &k.missing {
-            out.push_str(&format!("  missing {} ({}, Linux {}): {}\n", m.feature, m.what, m.since, m.without));
-        }
-    }
-    let rejected = s.files.iter().filter(|f| f.state != FileState::Applied).count();
-    out.push_str(&format!("config: {} ({} file(s), {} rejected)\n", s.config_dir.display(), s.files.len(), rejected));
-    for f in s.files.iter().filter(|f| f.state != FileState::Applied) {
-        let kept = if f.state == FileState::RejectedKeepingLastGood {
-            "its last good version stays in force"
-        } else {
-            "nothing from it is in force"
-        };
-        out.push_str(&format!("  rejected {}: {kept}\n", f.path.display()));
-        for e in &f.errors {
-            out.push_str(&format!("    {}\n", e.text));
-        }
-    }
-    for sk in &s.skipped {
-        out.push_str(&format!("  skipped {}: {}\n", sk.path.display(), sk.reason));
-    }
-    if !s.objects.is_empty() {
-        out.push_str("objects:\n");
-        let w_kind = s.objects.iter().map(|o| o.kind.to_string().len()).max().unwrap_or(0);
-        let w_name = s.objects.iter().map(|o| o.name.len()).max().unwrap_or(0);
-        for o in &s.objects {
-            let origin = o.origin.as_deref().map(|x| format!("  [{x}]")).unwrap_or_default();
-            let since = o.since.map(|at| format!(" (since {})", ago(at))).unwrap_or_default();
-            out.push_str(&format!(
-                "  {:w_kind$}  {:w_name$}  {:11}  {}{since}{origin}\n",
-                o.kind, o.name, o.state, o.detail
-            ));
-            for e in &o.errors {
-                out.push_str(&format!("      error: {e}\n"));
-            }
-        }
-    }
+    out.push_str(&format!("hostmesh: {}\n", headline(s, liveness)));
+    render_sync(s, &mut out);
+    render_files(s, &mut out);
+    render_objects(s, &mut out);
     let c = &s.counts;
     out.push_str(&format!(
         "kernel: {} link(s), {} route(s), {} map entr{}, {} program(s)\n",
@@ -188,4 +123,88 @@ pub(super) fn render(s: &Status, liveness: &Liveness) -> String {
         out.push_str(&format!("warning: {w}\n"));
     }
     out
+}
+
+fn headline(s: &Status, liveness: &Liveness) -> String {
+    match liveness {
+        Liveness::Running => format!("running (pid {}){}", s.pid, if s.ready { ", ready" } else { ", starting" }),
+        Liveness::Stale(age) => format!("running (pid {}) but its status is stale: last written {age}s ago", s.pid),
+        Liveness::Stopped => format!(
+            "not running: stopped {}; kernel state stays in place; this is what it last applied",
+            ago(s.updated_at)
+        ),
+        Liveness::Gone => {
+            format!("not running: pid {} is gone and did not stop cleanly; this is what it last applied", s.pid)
+        }
+    }
+}
+
+/// The last sync and its errors, and the kernel's missing features.
+fn render_sync(s: &Status, out: &mut String) {
+    let l = &s.last_sync;
+    let kind = if l.full {
+        "full"
+    } else if l.patched {
+        "incremental, changed services only"
+    } else {
+        "incremental"
+    };
+    let result = if l.ok { ", ok".to_string() } else { format!(", {} error(s)", l.errors.len()) };
+    out.push_str(&format!(
+        "last sync: {} (generation {}, {kind}, {} step(s), {} ms){result}\n",
+        ago(l.at),
+        s.generation,
+        l.steps,
+        l.duration_ms
+    ));
+    for e in &l.errors {
+        out.push_str(&format!("  error: {e}\n"));
+    }
+    if let Some(k) = &s.kernel {
+        out.push_str(&format!("linux: {}; TC programs attached with {}\n", k.release, k.tc_attach.describe()));
+        for m in &k.missing {
+            out.push_str(&format!("  missing {} ({}, Linux {}): {}\n", m.feature, m.what, m.since, m.without));
+        }
+    }
+}
+
+/// The config dir, rejected files with their errors, skipped entries.
+fn render_files(s: &Status, out: &mut String) {
+    let rejected = s.files.iter().filter(|f| f.state != FileState::Applied).count();
+    out.push_str(&format!("config: {} ({} file(s), {} rejected)\n", s.config_dir.display(), s.files.len(), rejected));
+    for f in s.files.iter().filter(|f| f.state != FileState::Applied) {
+        let kept = if f.state == FileState::RejectedKeepingLastGood {
+            "its last good version stays in force"
+        } else {
+            "nothing from it is in force"
+        };
+        out.push_str(&format!("  rejected {}: {kept}\n", f.path.display()));
+        for e in &f.errors {
+            out.push_str(&format!("    {}\n", e.text));
+        }
+    }
+    for sk in &s.skipped {
+        out.push_str(&format!("  skipped {}: {}\n", sk.path.display(), sk.reason));
+    }
+}
+
+/// Every object, one aligned line each, with its errors.
+fn render_objects(s: &Status, out: &mut String) {
+    if s.objects.is_empty() {
+        return;
+    }
+    out.push_str("objects:\n");
+    let w_kind = s.objects.iter().map(|o| o.kind.to_string().len()).max().unwrap_or(0);
+    let w_name = s.objects.iter().map(|o| o.name.len()).max().unwrap_or(0);
+    for o in &s.objects {
+        let origin = o.origin.as_deref().map(|x| format!("  [{x}]")).unwrap_or_default();
+        let since = o.since.map(|at| format!(" (since {})", ago(at))).unwrap_or_default();
+        out.push_str(&format!(
+            "  {:w_kind$}  {:w_name$}  {:11}  {}{since}{origin}\n",
+            o.kind, o.name, o.state, o.detail
+        ));
+        for e in &o.errors {
+            out.push_str(&format!("      error: {e}\n"));
+        }
+    }
 }

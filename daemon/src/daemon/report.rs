@@ -1,12 +1,12 @@
 //! Turns a sync's results into the status file and systemd's one-line
 //! STATUS=.
 
-use crate::config::{ConfigError, FileState, GatewayRole, Loaded, TcAttachPref};
+use crate::config::{ConfigError, FileState, Gateway, GatewayRole, Loaded, Peer, TcAttachPref};
 use crate::model::{
     gateway, Desired, Hook, KernelFeatures, MeshPath, Object, Program, RouteKey, RouteSpec, TcAttach, NATIN,
     RT_TABLE_MAIN,
 };
-use crate::peer_health::PeerHealth;
+use crate::peer_health::{PeerHealth, PeerStatus};
 use crate::reconcile::{StepError, SyncOutcome};
 use crate::sidecars::{self, Registration};
 use crate::state::*;
@@ -114,8 +114,19 @@ pub(crate) fn objects(
     health: Option<&PeerHealth>,
 ) -> Vec<ObjectStatus> {
     let index = ErrorIndex::new(&outcome.errors);
-    let veth = d.links.contains_key(NATIN);
-    let mode = d.connect_time;
+    let mut out = shared_objects(d, &index);
+    out.extend(service_objects(loaded, d, &index));
+    out.extend(mesh_objects(loaded, d, registrations, &index));
+    if let Some(g) = &loaded.config.gateway {
+        out.extend(gateway_objects(loaded, g, d, health, &index));
+    }
+    out
+}
+
+/// The connect-time programs (on their cgroup) and the bpfnat veth, when
+/// the desired state has them.
+fn shared_objects(d: &Desired, index: &ErrorIndex) -> Vec<ObjectStatus> {
+    let mut out = Vec::new();
     let cgroups: std::collections::BTreeSet<String> = d
         .attachments
         .keys()
@@ -124,70 +135,82 @@ pub(crate) fn objects(
             _ => None,
         })
         .collect();
-    let mut out = Vec::new();
     if let Some(cgroup) = cgroups.first() {
+        let protocols: Vec<String> = d.connect_time.protocols().map(|p| p.to_string().to_uppercase()).collect();
         out.push(object(
             ObjectKind::ConnectTime,
             cgroup,
             None,
-            format!(
-                "{} programs on cgroup {cgroup} (for {})",
-                Program::CONNECT_TIME.len(),
-                mode.protocols().map(|p| p.to_string().to_uppercase()).collect::<Vec<_>>().join(" and ")
-            ),
+            format!("{} programs on cgroup {cgroup} (for {})", Program::CONNECT_TIME.len(), protocols.join(" and ")),
             index.for_owners(&[Object::Services]),
         ));
     }
-    if veth {
+    if d.links.contains_key(NATIN) {
+        let programs = d
+            .attachments
+            .keys()
+            .filter(|a| matches!(a.program, Program::NatOut | Program::Reply | Program::Direct))
+            .count();
+        let routes = d.routes.values().filter(|r| r.spec.dev() == Some(NATIN)).count();
         out.push(object(
             ObjectKind::Bpfnat,
             "hm-natin/hm-natout",
             None,
-            format!(
-                "veth pair, {} VIP routes, {} program(s) attached",
-                d.routes.values().filter(|r| r.spec.dev() == Some(NATIN)).count(),
-                d.attachments
-                    .keys()
-                    .filter(|a| matches!(a.program, Program::NatOut | Program::Reply | Program::Direct))
-                    .count()
-            ),
+            format!("veth pair, {routes} VIP routes, {programs} program(s) attached"),
             index.for_owners(&[Object::Bpfnat]),
         ));
     }
+    out
+}
+
+/// An address as it goes before `:port`: IPv6 in brackets.
+fn bracketed(ip: std::net::IpAddr) -> String {
+    match ip {
+        std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+        v4 => v4.to_string(),
+    }
+}
+
+fn service_objects(loaded: &Loaded, d: &Desired, index: &ErrorIndex) -> Vec<ObjectStatus> {
+    let veth = d.links.contains_key(NATIN);
+    let mut out = Vec::new();
     for s in &loaded.config.services {
         let mut owners = vec![Object::Service(&s.name), Object::Services];
         if veth {
             owners.push(Object::Bpfnat);
         }
-        let path = if mode.handles(s.protocol) { "connect-time" } else { "bpfnat veth" };
+        let path = if d.connect_time.handles(s.protocol) { "connect-time" } else { "bpfnat veth" };
         let backends: Vec<String> = s
             .backends
             .iter()
             .map(|b| if b.weight == 1 { b.addr.to_string() } else { format!("{} (weight {})", b.addr, b.weight) })
             .collect();
-        let vip = match s.vip {
-            std::net::IpAddr::V6(v6) => format!("[{v6}]"),
-            v4 => v4.to_string(),
-        };
         let detail = format!(
-            "{vip}:{}/{} -> {} ({path})",
+            "{}:{}/{} -> {} ({path})",
+            bracketed(s.vip),
             s.port,
             s.protocol,
             if backends.is_empty() { "no backends".to_string() } else { backends.join(", ") }
         );
         out.push(object(ObjectKind::Service, &s.name, Some(s.origin.to_string()), detail, index.for_owners(&owners)));
     }
+    out
+}
+
+fn mesh_objects(
+    loaded: &Loaded,
+    d: &Desired,
+    registrations: &std::collections::BTreeMap<crate::abi::SockKey, Registration>,
+    index: &ErrorIndex,
+) -> Vec<ObjectStatus> {
     let how = match &d.mesh_path {
         Some(MeshPath::SkLookup) => "sk_lookup".to_string(),
         Some(MeshPath::Nftables { reason }) => format!("nftables tproxy, because {reason}"),
         None => String::new(),
     };
+    let mut out = Vec::new();
     for m in &loaded.config.meshes {
         let reg = registrations.get(&sidecars::sock_key(m));
-        let vip = match m.vip {
-            std::net::IpAddr::V6(v6) => format!("[{v6}]"),
-            v4 => v4.to_string(),
-        };
         let port = if m.port == 0 { "*".to_string() } else { m.port.to_string() };
         let sidecar = match reg {
             Some(Registration { listener: Some(l), .. }) => format!("sidecar {} (pid {}, {})", l.addr, l.pid, l.comm),
@@ -195,14 +218,13 @@ pub(crate) fn objects(
             _ => "sidecar not checked yet".to_string(),
         };
         let errors = index.for_owners(&[Object::Mesh(&m.name), Object::Meshes]);
-        let detail = format!("{vip}:{port}/{} -> {sidecar} ({how})", m.protocol);
+        let detail = format!("{}:{port}/{} -> {sidecar} ({how})", bracketed(m.vip), m.protocol);
         let mut o = object(ObjectKind::Mesh, &m.name, Some(m.origin.to_string()), detail, errors);
         if o.state == ObjectState::Applied && reg.is_none_or(|r| r.listener.is_none()) {
             o.state = ObjectState::NoSidecar;
         }
         out.push(o);
     }
-    gateway_objects(loaded, outcome, d, health, &mut out);
     out
 }
 
@@ -210,13 +232,11 @@ pub(crate) fn objects(
 /// member.
 fn gateway_objects(
     loaded: &Loaded,
-    outcome: &SyncOutcome,
+    g: &Gateway,
     d: &Desired,
     health: Option<&PeerHealth>,
-    out: &mut Vec<ObjectStatus>,
-) {
-    let Some(g) = &loaded.config.gateway else { return };
-    let index = ErrorIndex::new(&outcome.errors);
+    index: &ErrorIndex,
+) -> Vec<ObjectStatus> {
     let role = if g.role == GatewayRole::Gateway { "gateway" } else { "member" };
     let gw = g.gateway_ip.map(|ip| format!(", gateway {ip}")).unwrap_or_default();
     let mut tun = object(
@@ -230,67 +250,70 @@ fn gateway_objects(
         tun.errors.push(e);
         tun.state = ObjectState::Error;
     }
-    out.push(tun);
-    let mtu = |cidrs: &[ipnet::IpNet]| {
-        let mtus: std::collections::BTreeSet<u32> = cidrs
-            .iter()
-            .filter_map(|c| match d.routes.get(&RouteKey { table: RT_TABLE_MAIN, dst: *c }) {
-                Some(w) => match &w.spec {
-                    RouteSpec::Via { mtu: Some(m), .. } => Some(*m),
-                    _ => None,
-                },
-                None => None,
-            })
-            .collect();
-        let list: Vec<String> = mtus.iter().map(u32::to_string).collect();
-        if list.is_empty() {
-            String::new()
-        } else {
-            format!(", route MTU {}", list.join("/"))
-        }
-    };
-    let list = |cidrs: &[ipnet::IpNet]| cidrs.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+    let mut out = vec![tun];
     let peers = health.map(|h| h.report()).unwrap_or_default();
     for p in &loaded.config.peers {
-        let errors = index.for_owners(&[Object::Peer(&p.name), Object::Gateway]);
-        let via = match (g.role, p.endpoint) {
-            (GatewayRole::Member, _) => {
-                format!("via gateway {}", g.gateway_ip.map(|ip| ip.to_string()).unwrap_or_default())
-            }
-            (GatewayRole::Gateway, Some(ep)) => format!("via peer gateway {ep}"),
-            (GatewayRole::Gateway, None) => "no endpoint: not applied".to_string(),
-        };
-        let mut o = object(
-            ObjectKind::Peer,
-            &p.name,
-            Some(p.origin.to_string()),
-            format!("{} {via}{}", list(&p.cidrs), mtu(&p.cidrs)),
-            errors,
-        );
-        if let Some(st) = peers.get(&p.name) {
-            o.since = Some(st.since);
-            if o.state == ObjectState::Applied {
-                o.state = if st.up { ObjectState::Up } else { ObjectState::Down };
-            }
-            if !st.up {
-                o.detail = format!(
-                    "{} via peer gateway {}: {} probes unanswered; routes unreachable",
-                    list(&p.cidrs),
-                    st.endpoint,
-                    st.missed
-                );
-            }
-        }
-        out.push(o);
+        out.push(peer_object(p, g, d, peers.get(&p.name), index));
     }
     for m in &loaded.config.members {
         let errors = index.for_owners(&[Object::Member(&m.name), Object::Gateway]);
         let detail = if g.role == GatewayRole::Gateway {
-            format!("{} via member {}{}", list(&m.cidrs), m.endpoint, mtu(&m.cidrs))
+            format!("{} via member {}{}", cidr_list(&m.cidrs), m.endpoint, route_mtus(d, &m.cidrs))
         } else {
             "for gateways; this host is a member: not applied".to_string()
         };
         out.push(object(ObjectKind::Member, &m.name, Some(m.origin.to_string()), detail, errors));
+    }
+    out
+}
+
+/// A peer: how it is reached, and on a gateway whether it answers.
+fn peer_object(p: &Peer, g: &Gateway, d: &Desired, health: Option<&PeerStatus>, index: &ErrorIndex) -> ObjectStatus {
+    let errors = index.for_owners(&[Object::Peer(&p.name), Object::Gateway]);
+    let via = match (g.role, p.endpoint) {
+        (GatewayRole::Member, _) => {
+            format!("via gateway {}", g.gateway_ip.map(|ip| ip.to_string()).unwrap_or_default())
+        }
+        (GatewayRole::Gateway, Some(ep)) => format!("via peer gateway {ep}"),
+        (GatewayRole::Gateway, None) => "no endpoint: not applied".to_string(),
+    };
+    let detail = format!("{} {via}{}", cidr_list(&p.cidrs), route_mtus(d, &p.cidrs));
+    let mut o = object(ObjectKind::Peer, &p.name, Some(p.origin.to_string()), detail, errors);
+    if let Some(st) = health {
+        o.since = Some(st.since);
+        if o.state == ObjectState::Applied {
+            o.state = if st.up { ObjectState::Up } else { ObjectState::Down };
+        }
+        if !st.up {
+            o.detail = format!(
+                "{} via peer gateway {}: {} probes unanswered; routes unreachable",
+                cidr_list(&p.cidrs),
+                st.endpoint,
+                st.missed
+            );
+        }
+    }
+    o
+}
+
+fn cidr_list(cidrs: &[ipnet::IpNet]) -> String {
+    cidrs.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+}
+
+/// ", route MTU 1450" (or "1450/1430"), from the routes to `cidrs`.
+fn route_mtus(d: &Desired, cidrs: &[ipnet::IpNet]) -> String {
+    let mtus: std::collections::BTreeSet<u32> = cidrs
+        .iter()
+        .filter_map(|c| match d.routes.get(&RouteKey { table: RT_TABLE_MAIN, dst: *c }).map(|w| &w.spec) {
+            Some(RouteSpec::Via { mtu: Some(m), .. }) => Some(*m),
+            _ => None,
+        })
+        .collect();
+    let list: Vec<String> = mtus.iter().map(u32::to_string).collect();
+    if list.is_empty() {
+        String::new()
+    } else {
+        format!(", route MTU {}", list.join("/"))
     }
 }
 

@@ -41,26 +41,7 @@ pub(super) fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
 
     let host = host_interfaces(config, facts, &mut out.warnings);
     let any_v6 = config.services.iter().any(|s| s.vip.is_ipv6());
-    // RPF: packets cross the veth with a host source address, and replies
-    // come back to a VIP routed elsewhere; accept_local lets hm-natout take
-    // host-sourced packets; forwarding on hm-natout is what bpf_fib_lookup
-    // checks before it forwards.
-    let mut sysctls = vec![("net/ipv4/conf/all/rp_filter".to_string(), "0")];
-    for dev in [NATIN, NATOUT] {
-        sysctls.push((format!("net/ipv4/conf/{dev}/rp_filter"), "0"));
-        sysctls.push((format!("net/ipv4/conf/{dev}/accept_local"), "1"));
-    }
-    sysctls.push((format!("net/ipv4/conf/{NATOUT}/forwarding"), "1"));
-    for dev in &host {
-        sysctls.push((format!("net/ipv4/conf/{dev}/rp_filter"), "0"));
-    }
-    if any_v6 {
-        for dev in [NATIN, NATOUT] {
-            sysctls.push((format!("net/ipv6/conf/{dev}/disable_ipv6"), "0"));
-        }
-        sysctls.push((format!("net/ipv6/conf/{NATOUT}/forwarding"), "1"));
-    }
-    for (path, value) in sysctls {
+    for (path, value) in sysctls(&host, any_v6) {
         want(&mut out.sysctls, path, value.to_string(), OWNER);
     }
 
@@ -109,6 +90,29 @@ pub(super) fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
             OWNER,
         );
     }
+}
+
+/// The sysctls the veth path needs. RPF: packets cross the veth with a
+/// host source address, and replies come back to a VIP routed elsewhere;
+/// accept_local lets hm-natout take host-sourced packets; forwarding on
+/// hm-natout is what bpf_fib_lookup checks before it forwards.
+fn sysctls(host: &[String], any_v6: bool) -> Vec<(String, &'static str)> {
+    let mut sysctls = vec![("net/ipv4/conf/all/rp_filter".to_string(), "0")];
+    for dev in [NATIN, NATOUT] {
+        sysctls.push((format!("net/ipv4/conf/{dev}/rp_filter"), "0"));
+        sysctls.push((format!("net/ipv4/conf/{dev}/accept_local"), "1"));
+    }
+    sysctls.push((format!("net/ipv4/conf/{NATOUT}/forwarding"), "1"));
+    for dev in host {
+        sysctls.push((format!("net/ipv4/conf/{dev}/rp_filter"), "0"));
+    }
+    if any_v6 {
+        for dev in [NATIN, NATOUT] {
+            sysctls.push((format!("net/ipv6/conf/{dev}/disable_ipv6"), "0"));
+        }
+        sysctls.push((format!("net/ipv6/conf/{NATOUT}/forwarding"), "1"));
+    }
+    sysctls
 }
 
 /// Whether the veth path carries a service: everything but connect-time

@@ -16,7 +16,7 @@ use std::hash::Hash;
 use std::net::SocketAddr;
 
 use crate::abi::SvcKey;
-use crate::config::{Backend, Config, Service};
+use crate::config::{Backend, Config, DaemonSettings, Service};
 
 use super::bpfnat;
 use super::services::{chunks_of, key_of, owner_of, service_entries, service_keys, table_size_of};
@@ -203,34 +203,10 @@ impl Compiled {
 /// Patches `prev` to `config`, if only services changed; `None` means
 /// compile in full (`prev` is then spent).
 pub(crate) fn recompile(mut prev: Compiled, config: &Config, facts: &HostFacts) -> Option<(Compiled, Touched)> {
-    let old = &prev.config;
-    if !prev.desired.warnings.is_empty()
-        || !same_facts(&prev.facts, facts, config)
-        || old.daemon != config.daemon
-        || old.meshes != config.meshes
-        || old.gateway != config.gateway
-        || old.peers != config.peers
-        || old.members != config.members
-        || old.services.is_empty()
-        || config.services.is_empty()
-    {
+    if !only_services_changed(&prev, config, facts) {
         return None;
     }
-    fn by_name(c: &Config) -> HashMap<&str, usize> {
-        c.services.iter().enumerate().map(|(i, s)| (s.name.as_str(), i)).collect()
-    }
-    let (old_names, new_names) = (by_name(old), by_name(config));
-    let gone: Vec<Service> = old
-        .services
-        .iter()
-        .filter(|s| new_names.get(s.name.as_str()).is_none_or(|&i| !same_service(s, &config.services[i])))
-        .cloned()
-        .collect();
-    let came: Vec<&Service> = config
-        .services
-        .iter()
-        .filter(|s| old_names.get(s.name.as_str()).is_none_or(|&i| !same_service(&old.services[i], s)))
-        .collect();
+    let (gone, came) = changed_services(&prev.config, config);
     // A change of most services is a new configuration: compile it whole.
     if gone.len() + came.len() > config.services.len() / 2 + 8 {
         return None;
@@ -239,24 +215,10 @@ pub(crate) fn recompile(mut prev: Compiled, config: &Config, facts: &HostFacts) 
     if came.iter().any(|s| bpfnat::mesh_vip_warning(&config.meshes, connect_time, s).is_some()) {
         return None;
     }
-    let v6 = prev.v6_services + came.iter().filter(|s| s.vip.is_ipv6()).count()
-        - gone.iter().filter(|s| s.vip.is_ipv6()).count();
-    if (v6 > 0) != (prev.v6_services > 0) {
-        // The veth path's IPv6 sysctls and neighbour come or go.
-        return None;
-    }
-    prev.v6_services = v6;
+    account(&mut prev, config, &gone, &came)?;
     let d = &config.daemon;
-    let chunks = prev.chunks_used + came.iter().map(|s| chunks_of(s, table_size_of(s, d))).sum::<usize>()
-        - gone.iter().map(|s| chunks_of(s, table_size_of(s, d))).sum::<usize>();
-    if chunks > d.sizes.maglev_chunks as usize || config.services.len() > d.sizes.services as usize {
-        return None;
-    }
-    prev.chunks_used = chunks;
     let routes = bpfnat::carries_services(config, connect_time);
-
     // What the changed services had, under their old ids.
-    let mut touched = Touched::default();
     let mut take_out = Vec::new();
     for s in &gone {
         let id = prev.service_ids.get(&key_of(s))?;
@@ -264,48 +226,9 @@ pub(crate) fn recompile(mut prev: Compiled, config: &Config, facts: &HostFacts) 
         let route = if routes { bpfnat::service_route(&config.meshes, s).map(|(k, _)| k) } else { None };
         take_out.push((owner_of(s), keys, route));
     }
+    reassign_ids(&mut prev, d, &gone, &came)?;
 
-    // Ids: a key or backend no longer used frees its id first; new ones
-    // then take the lowest free ids in order, as `ids::assign` does.
-    let came_keys: BTreeSet<SvcKey> = came.iter().map(|s| key_of(s)).collect();
-    for s in &gone {
-        let k = key_of(s);
-        if !came_keys.contains(&k) {
-            prev.service_ids.release(&k);
-        }
-        for b in &s.backends {
-            *prev.backend_users.get_mut(&b.addr)? -= 1;
-        }
-    }
-    let mut new_backends = BTreeSet::new();
-    for s in &came {
-        for b in &s.backends {
-            let users = prev.backend_users.entry(b.addr).or_default();
-            *users += 1;
-            if *users == 1 && prev.backend_ids.get(&b.addr).is_none() {
-                new_backends.insert(b.addr);
-            }
-        }
-    }
-    let unused: Vec<SocketAddr> =
-        gone.iter().flat_map(|s| s.backends.iter().map(|b| b.addr)).filter(|a| prev.backend_users[a] == 0).collect();
-    for a in unused {
-        if prev.backend_users.remove(&a).is_some() {
-            prev.backend_ids.release(&a);
-        }
-    }
-    if prev.backend_users.len() > d.sizes.backends as usize {
-        return None;
-    }
-    for k in came_keys {
-        if prev.service_ids.get(&k).is_none() {
-            prev.service_ids.assign(k, d.sizes.services)?;
-        }
-    }
-    for a in new_backends {
-        prev.backend_ids.assign(a, d.sizes.backends)?;
-    }
-
+    let mut touched = Touched::default();
     let out = &mut prev.desired;
     for (owner, keys, route) in take_out {
         for k in keys {
@@ -334,6 +257,107 @@ pub(crate) fn recompile(mut prev: Compiled, config: &Config, facts: &HostFacts) 
     }
     prev.config.services = config.services.clone();
     Some((prev, touched))
+}
+
+/// Whether everything but `[[service]]` entries is as `prev` compiled it
+/// (and that compile was clean, with services before and after).
+fn only_services_changed(prev: &Compiled, config: &Config, facts: &HostFacts) -> bool {
+    let old = &prev.config;
+    prev.desired.warnings.is_empty()
+        && same_facts(&prev.facts, facts, config)
+        && old.daemon == config.daemon
+        && old.meshes == config.meshes
+        && old.gateway == config.gateway
+        && old.peers == config.peers
+        && old.members == config.members
+        && !old.services.is_empty()
+        && !config.services.is_empty()
+}
+
+/// The services whose old version goes (`gone`) and whose new version
+/// comes (`came`): removed, added, and changed ones in both.
+fn changed_services<'c>(old: &Config, config: &'c Config) -> (Vec<Service>, Vec<&'c Service>) {
+    fn by_name(c: &Config) -> HashMap<&str, usize> {
+        c.services.iter().enumerate().map(|(i, s)| (s.name.as_str(), i)).collect()
+    }
+    let (old_names, new_names) = (by_name(old), by_name(config));
+    let gone = old
+        .services
+        .iter()
+        .filter(|s| new_names.get(s.name.as_str()).is_none_or(|&i| !same_service(s, &config.services[i])))
+        .cloned()
+        .collect();
+    let came = config
+        .services
+        .iter()
+        .filter(|s| old_names.get(s.name.as_str()).is_none_or(|&i| !same_service(&old.services[i], s)))
+        .collect();
+    (gone, came)
+}
+
+/// Updates the counts a patch must stay within (IPv6 services, Maglev
+/// chunks); `None` when the change crosses a line a full compile decides
+/// (the veth path's IPv6 sysctls, a capacity).
+fn account(prev: &mut Compiled, config: &Config, gone: &[Service], came: &[&Service]) -> Option<()> {
+    let v6 = prev.v6_services + came.iter().filter(|s| s.vip.is_ipv6()).count()
+        - gone.iter().filter(|s| s.vip.is_ipv6()).count();
+    if (v6 > 0) != (prev.v6_services > 0) {
+        // The veth path's IPv6 sysctls and neighbour come or go.
+        return None;
+    }
+    prev.v6_services = v6;
+    let d = &config.daemon;
+    let chunks = prev.chunks_used + came.iter().map(|s| chunks_of(s, table_size_of(s, d))).sum::<usize>()
+        - gone.iter().map(|s| chunks_of(s, table_size_of(s, d))).sum::<usize>();
+    if chunks > d.sizes.maglev_chunks as usize || config.services.len() > d.sizes.services as usize {
+        return None;
+    }
+    prev.chunks_used = chunks;
+    Some(())
+}
+
+/// Ids: a key or backend no longer used frees its id first; new ones then
+/// take the lowest free ids in order, as `ids::assign` does.
+fn reassign_ids(prev: &mut Compiled, d: &DaemonSettings, gone: &[Service], came: &[&Service]) -> Option<()> {
+    let came_keys: BTreeSet<SvcKey> = came.iter().map(|s| key_of(s)).collect();
+    for s in gone {
+        let k = key_of(s);
+        if !came_keys.contains(&k) {
+            prev.service_ids.release(&k);
+        }
+        for b in &s.backends {
+            *prev.backend_users.get_mut(&b.addr)? -= 1;
+        }
+    }
+    let mut new_backends = BTreeSet::new();
+    for s in came {
+        for b in &s.backends {
+            let users = prev.backend_users.entry(b.addr).or_default();
+            *users += 1;
+            if *users == 1 && prev.backend_ids.get(&b.addr).is_none() {
+                new_backends.insert(b.addr);
+            }
+        }
+    }
+    let unused: Vec<SocketAddr> =
+        gone.iter().flat_map(|s| s.backends.iter().map(|b| b.addr)).filter(|a| prev.backend_users[a] == 0).collect();
+    for a in unused {
+        if prev.backend_users.remove(&a).is_some() {
+            prev.backend_ids.release(&a);
+        }
+    }
+    if prev.backend_users.len() > d.sizes.backends as usize {
+        return None;
+    }
+    for k in came_keys {
+        if prev.service_ids.get(&k).is_none() {
+            prev.service_ids.assign(k, d.sizes.services)?;
+        }
+    }
+    for a in new_backends {
+        prev.backend_ids.assign(a, d.sizes.backends)?;
+    }
+    Some(())
 }
 
 /// Takes `owner` off the item at `key`, removing the item when nobody
