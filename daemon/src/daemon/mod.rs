@@ -5,10 +5,12 @@
 //! cost one sync.
 
 mod drift;
+mod event_loop;
 mod events;
 pub(crate) use events::Event;
 mod notify;
 pub(crate) mod report;
+mod status_write;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
@@ -195,107 +197,6 @@ pub(crate) fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
 }
 
 impl Daemon {
-    fn run_loop(&mut self, rx: Receiver<Event>) -> Result<(), RunError> {
-        let watchdog = self.notifier.watchdog_interval();
-        let mut next_watchdog = watchdog.map(|w| Instant::now() + w);
-        // The first sync is full and happens right away.
-        let mut next_full = Instant::now();
-        let mut pending_incremental = false;
-        let mut next_sidecars = Instant::now();
-        let mut next_sweep = Instant::now() + CONNTRACK_SWEEP;
-        let mut next_sysctl_check = Instant::now() + SYSCTL_CHECK;
-
-        loop {
-            let now = Instant::now();
-            if now >= next_full {
-                let ok = self.sync(true);
-                if let Some(why) = self.start_failure.take() {
-                    // READY means working: a first sync that could not build
-                    // the dataplane is a failed start.
-                    self.notifier.status(&why);
-                    return Err(RunError::FirstSync(why));
-                }
-                next_full = Instant::now() + if ok { self.resync_interval() } else { RETRY_AFTER_FAILURE };
-                pending_incremental = false;
-                continue;
-            }
-            if now >= next_sweep {
-                self.expire_flows();
-                next_sweep = Instant::now() + CONNTRACK_SWEEP;
-            }
-            if now >= next_sysctl_check {
-                next_sysctl_check = Instant::now() + SYSCTL_CHECK;
-                let drifted = self.reconciler.sysctl_drift();
-                if let Some(why) = drifted {
-                    self.note_drift(why, &mut next_full);
-                    continue;
-                }
-            }
-            if pending_incremental {
-                let ok = self.sync(false);
-                pending_incremental = false;
-                if !ok {
-                    next_full = Instant::now() + RETRY_AFTER_FAILURE;
-                }
-                continue;
-            }
-
-            if let (Some(w), Some(at)) = (watchdog, next_watchdog) {
-                if now >= at {
-                    self.notifier.watchdog();
-                    next_watchdog = Some(now + w);
-                }
-            }
-            let next_sidecar_check = if self.loaded.config.meshes.is_empty() {
-                None
-            } else {
-                if now >= next_sidecars {
-                    self.check_sidecars();
-                    next_sidecars = Instant::now() + SIDECAR_CHECK;
-                }
-                Some(next_sidecars)
-            };
-            let mut deadline = next_full.min(next_sweep).min(next_sysctl_check);
-            for at in [next_watchdog, next_sidecar_check].into_iter().flatten() {
-                deadline = deadline.min(at);
-            }
-            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(Event::ConfigChanged) => match self.debounce(&rx, Settled::Quiet) {
-                    Settled::Stop => return self.stop(),
-                    Settled::Full => next_full = Instant::now(),
-                    Settled::Quiet => pending_incremental = true,
-                },
-                Ok(Event::Reload) => {
-                    info!(self.log, "reload requested (SIGHUP)");
-                    self.notifier.reloading();
-                    // An operator's reload re-reads everything, once for a
-                    // burst of signals: they settle like file events do.
-                    match self.debounce(&rx, Settled::Full) {
-                        Settled::Stop => return self.stop(),
-                        Settled::Full | Settled::Quiet => next_full = Instant::now(),
-                    }
-                }
-                Ok(Event::Stop) => return self.stop(),
-                Ok(Event::PeersChanged) => {
-                    // Routes change with the next (immediate) sync, which
-                    // also rewrites the status.
-                    self.log_peer_changes();
-                    pending_incremental = true;
-                }
-                Ok(Event::Kernel(change)) => {
-                    if let Some(why) = self.drift_of(&change) {
-                        self.note_drift(why, &mut next_full);
-                    }
-                }
-                Ok(Event::WatchError(e)) => {
-                    warn!(self.log, "config dir watch failed; changes apply at the next resync or SIGHUP"; "error" => e)
-                }
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return self.stop(),
-            }
-        }
-    }
-
     /// Logs a move away from what hostmesh wants and brings the full
     /// resync that repairs it forward to REPAIR_SETTLE from now.
     fn note_drift(&mut self, why: String, next_full: &mut Instant) {
@@ -314,39 +215,6 @@ impl Daemon {
     /// against the last sync's desired state).
     fn drift_of(&self, change: &crate::backends::netlink::monitor::KernelChange) -> Option<String> {
         drift::drift(change, self.reconciler.desired()?, &self.host_indexes, &monitor::CurrentLinks)
-    }
-
-    /// Waits until events have been quiet for DEBOUNCE_QUIET (at most
-    /// DEBOUNCE_MAX), noting a stop, a reload or drift that arrives
-    /// meanwhile. `settled` is what the burst started as.
-    fn debounce(&mut self, rx: &Receiver<Event>, mut settled: Settled) -> Settled {
-        let start = Instant::now();
-        loop {
-            let left = DEBOUNCE_MAX.saturating_sub(start.elapsed());
-            if left.is_zero() {
-                return settled;
-            }
-            match rx.recv_timeout(DEBOUNCE_QUIET.min(left)) {
-                Ok(Event::Stop) | Err(RecvTimeoutError::Disconnected) => return Settled::Stop,
-                Ok(Event::Reload) => {
-                    if settled != Settled::Full {
-                        info!(self.log, "reload requested (SIGHUP)");
-                        self.notifier.reloading();
-                    }
-                    settled = Settled::Full;
-                }
-                // Drift during a burst makes its sync a full one.
-                Ok(Event::Kernel(change)) => {
-                    if let Some(why) = self.drift_of(&change) {
-                        self.log_drift(why);
-                        settled = Settled::Full;
-                    }
-                }
-                // A peer change during a burst rides along with its sync.
-                Ok(_) => {}
-                Err(RecvTimeoutError::Timeout) => return settled,
-            }
-        }
     }
 
     /// Conntrack housekeeping, every CONNTRACK_SWEEP. The status follows
@@ -381,30 +249,7 @@ impl Daemon {
     /// One sync. Returns false if it could not complete (the kernel could
     /// not be read), in which case it is retried soon as a full resync.
     fn sync(&mut self, full: bool) -> bool {
-        let reading = Instant::now();
-        // A full sync re-reads every file; one after file events reads the
-        // files that changed.
-        let loaded = if full {
-            self.store.load(&self.paths.config_dir)
-        } else {
-            self.store.load_changed(&self.paths.config_dir)
-        };
-        match loaded {
-            Ok(loaded) => self.loaded = loaded,
-            Err(e) => {
-                // Keep the configuration in force: a vanished dir must not
-                // tear down every service.
-                error!(self.log, "cannot read the config dir; keeping the configuration in force"; "error" => e.to_string());
-            }
-        }
-        for f in self.loaded.rejected() {
-            for e in &f.errors {
-                warn!(self.log, "config file rejected"; "file" => f.path.display().to_string(), "line" => e.line,
-                    "column" => e.column, "key" => e.key.clone().unwrap_or_default(), "error" => e.message.clone(),
-                    "in_force" => if f.state == crate::config::FileState::Rejected { "nothing" } else { "last good version" });
-            }
-        }
-        self.load_time = reading.elapsed();
+        self.read_config(full);
         self.generation += 1;
         self.track_peers();
         let result = self.reconciler.sync(&self.loaded.config, full);
@@ -423,25 +268,8 @@ impl Daemon {
                 error!(self.log, "sync failed; retrying"; "generation" => self.generation, "error" => e.to_string())
             }
         }
-        self.last_summary = match &result {
-            Ok(o) => SyncSummary {
-                ok: o.errors.is_empty(),
-                full: o.full,
-                patched: o.patched,
-                at: crate::clock::now_unix(),
-                duration_ms: o.duration.as_millis() as u64,
-                steps: o.step_count,
-                errors: report::step_errors(o.errors.iter(), LOGGED_ERRORS),
-            },
-            Err(e) => SyncSummary {
-                ok: false,
-                full,
-                at: crate::clock::now_unix(),
-                errors: vec![e.to_string()],
-                ..Default::default()
-            },
-        };
-        if !self.ready && !matches!(&result, Ok(o) if o.stopped) {
+        self.last_summary = status_write::summary(&result, full);
+        if !self.ready {
             self.start_failure = match &result {
                 Err(e) => Some(e.to_string()),
                 Ok(o) => o.bpf_unavailable.as_ref().map(|e| format!("cannot load the BPF programs: {e}")),
@@ -480,6 +308,33 @@ impl Daemon {
             self.notifier.status(&line);
         }
         ok
+    }
+
+    /// Reads the config dir (every file for a full sync, the changed ones
+    /// otherwise) and logs each rejected file's errors. A dir that cannot
+    /// be read keeps the configuration in force.
+    fn read_config(&mut self, full: bool) {
+        let reading = Instant::now();
+        let loaded = if full {
+            self.store.load(&self.paths.config_dir)
+        } else {
+            self.store.load_changed(&self.paths.config_dir)
+        };
+        match loaded {
+            Ok(loaded) => self.loaded = loaded,
+            Err(e) => {
+                // A vanished dir must not tear down every service.
+                error!(self.log, "cannot read the config dir; keeping the configuration in force"; "error" => e.to_string());
+            }
+        }
+        for f in self.loaded.rejected() {
+            for e in &f.errors {
+                warn!(self.log, "config file rejected"; "file" => f.path.display().to_string(), "line" => e.line,
+                    "column" => e.column, "key" => e.key.clone().unwrap_or_default(), "error" => e.message.clone(),
+                    "in_force" => if f.state == crate::config::FileState::Rejected { "nothing" } else { "last good version" });
+            }
+        }
+        self.load_time = reading.elapsed();
     }
 
     /// (Re)starts the peer prober when what it should probe changed, and
@@ -544,80 +399,6 @@ impl Daemon {
             }
         }
         true
-    }
-
-    /// Writes the status file from the last sync and the sidecar
-    /// registrations; returns the one-line STATUS=.
-    fn write_status(&self) -> String {
-        let started = Instant::now();
-        let status = self.status(self.last_outcome.as_ref(), false);
-        if let Err(e) = status.write(&self.paths.state_dir) {
-            warn!(self.log, "cannot write the status file"; "path" => Status::path(&self.paths.state_dir).display().to_string(), "error" => e.to_string());
-        }
-        // bench/scale reads this (HOSTMESH_DEBUG=1): the status of every
-        // object is part of an edit's cost.
-        slog::debug!(self.log, "status written"; "duration_ms" => started.elapsed().as_millis() as u64);
-        report::status_line(&status)
-    }
-
-    fn log_outcome(&self, o: &SyncOutcome) {
-        for step in &o.steps {
-            slog::debug!(self.log, "step"; "step" => step.clone());
-        }
-        if o.step_count > o.steps.len() {
-            slog::debug!(self.log, "more steps not listed"; "more" => o.step_count - o.steps.len());
-        }
-        for e in o.errors.iter().take(LOGGED_ERRORS) {
-            error!(self.log, "apply failed"; "step" => e.step.clone(), "objects" => e.owners.iter().collect::<Vec<_>>().join(","), "error" => e.error.clone());
-        }
-        if o.errors.len() > LOGGED_ERRORS {
-            error!(self.log, "apply failed for more steps; `hostmesh status` lists them per object"; "more" => o.errors.len() - LOGGED_ERRORS);
-        }
-        for n in &o.notes {
-            warn!(self.log, "repaired"; "what" => n.clone());
-        }
-        for w in self.reconciler.desired().map_or(&[][..], |d| &d.warnings) {
-            warn!(self.log, "config not applied"; "reason" => w.clone());
-        }
-        info!(self.log, "sync done"; "generation" => self.generation, "full" => o.full, "patched" => o.patched, "steps" => o.step_count,
-            "errors" => o.errors.len(), "duration_ms" => o.duration.as_millis() as u64,
-            "config_read_ms" => self.load_time.as_millis() as u64, "observe_ms" => o.phases.observe.as_millis() as u64,
-            "compile_ms" => o.phases.compile.as_millis() as u64, "plan_ms" => o.phases.plan.as_millis() as u64,
-            "apply_ms" => o.phases.apply.as_millis() as u64, "record_ms" => o.phases.record.as_millis() as u64,
-            "services" => self.loaded.config.services.len(), "rejected_files" => self.loaded.rejected().count(),
-            "parsed_files" => self.loaded.parsed_files);
-    }
-
-    fn status(&self, outcome: Option<&SyncOutcome>, stopped: bool) -> Status {
-        // The desired state of that sync (the reconciler keeps it).
-        let desired = outcome.and(self.reconciler.desired());
-        Status {
-            version: STATUS_VERSION,
-            pid: std::process::id(),
-            started_at: self.started_at,
-            updated_at: crate::clock::now_unix(),
-            config_dir: self.paths.config_dir.clone(),
-            bpffs: self.paths.bpffs.clone(),
-            generation: self.generation,
-            resync_interval_ms: self.resync_interval().as_millis() as u64,
-            ready: self.ready,
-            stopped,
-            last_sync: self.last_summary.clone(),
-            counts: report::counts(&self.loaded, desired, self.health.as_ref(), &self.sweep),
-            files: report::files(&self.loaded),
-            skipped: self
-                .loaded
-                .skipped
-                .iter()
-                .map(|s| crate::state::SkippedEntry { path: s.path.clone(), reason: s.reason.clone() })
-                .collect(),
-            objects: outcome
-                .zip(desired)
-                .map(|(o, d)| report::objects(&self.loaded, o, d, self.registrar.report(), self.health.as_ref()))
-                .unwrap_or_default(),
-            warnings: desired.map(|d| d.warnings.clone()).unwrap_or_default(),
-            kernel: Some(report::kernel(&self.features, self.loaded.config.daemon.tc_attach)),
-        }
     }
 
     fn stop(&mut self) -> Result<(), RunError> {

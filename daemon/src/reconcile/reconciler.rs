@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use crate::backends::{BackendError, Backends, BpfSettings};
 use crate::config::{Config, MeshBackend};
 use crate::model::incremental::{recompile, Compiled, Touched};
-use crate::model::{compile_unless_stopped, gateway, Desired, Observed, Prior};
+use crate::model::{compile_unless_stopped, gateway, Desired, HostFacts, Observed, Prior};
 
 use super::apply::{apply, Applied, StepError};
 use super::observe::{observe, observe_sysctls};
@@ -142,49 +142,8 @@ impl Reconciler {
     fn sync_inner(&mut self, config: &Config, full: bool, started: Instant) -> Result<SyncOutcome, BackendError> {
         let mut phases = Phases::default();
         let mut mark = started;
-        let mut facts = self.backends.host.facts()?;
-        if !config.meshes.is_empty() && config.daemon.mesh_backend == MeshBackend::Auto {
-            facts.sk_lookup_unavailable = self.backends.bpf.sk_lookup_unavailable();
-        }
-        facts.underlay_mtu = self.backends.host.path_mtus(&gateway::underlay_addresses(config))?;
-        facts.peers_down = self.peers_down.clone();
-        // Incremental: patch the last compile when only services changed,
-        // else compile against what the last sync applied. Full: observe.
-        let mut observed = None;
-        let want = match (&self.last_applied, full) {
-            (Some(last), false) => match self.compiled.take().and_then(|c| recompile(c, config, &facts)) {
-                Some((c, touched)) => Want::Patched(Box::new(c), touched),
-                None => Want::Compiled(compile_unless_stopped(
-                    config,
-                    &facts,
-                    &Prior::from_entries(last.map_entries.iter()),
-                    &self.stopping,
-                )),
-            },
-            _ => {
-                phases.compile += lap(&mut mark);
-                let mut have = observe(&mut self.backends)?;
-                phases.observe = lap(&mut mark);
-                // A full sync starts from the kernel: the last compile and
-                // baseline are not needed, and holding them beside the new
-                // ones doubled a resync's memory (100,000 services).
-                self.compiled = None;
-                self.last_applied = None;
-                let want = compile_unless_stopped(
-                    config,
-                    &facts,
-                    &Prior::from_entries(have.map_entries.iter()),
-                    &self.stopping,
-                );
-                let paths: BTreeSet<String> =
-                    want.sysctls.keys().chain(self.originals.values().keys()).cloned().collect();
-                phases.compile += lap(&mut mark);
-                observe_sysctls(&mut self.backends, &paths, &mut have)?;
-                phases.observe += lap(&mut mark);
-                observed = Some(have);
-                Want::Compiled(want)
-            }
-        };
+        let facts = self.host_facts(config)?;
+        let (want, observed) = self.want(config, &facts, full, &mut phases, &mut mark)?;
         let (compiled, touched) = match want {
             Want::Patched(c, touched) => (*c, Some(touched)),
             Want::Compiled(_) if self.stopping.load(Ordering::Relaxed) => {
@@ -223,25 +182,7 @@ impl Reconciler {
         // Freed before the baseline is built: a cold start's plan (600,000
         // steps at 100,000 services) and baseline are not held at once.
         drop(steps);
-        if stopped {
-            // Part of the plan ran: the next start observes the kernel.
-            self.last_applied = None;
-        } else if errors.is_empty() {
-            match (&touched, self.last_applied.as_mut()) {
-                (Some(t), Some(last)) => t.apply_to(last, &compiled.desired),
-                _ => self.last_applied = Some(compiled.desired.as_observed()),
-            }
-        }
-        self.compiled = Some(compiled);
-        let mut notes = self.backends.bpf.take_notes();
-        if !stopped && errors.is_empty() {
-            // This build's programs now run on the resized maps: what the
-            // old ones wrote meanwhile is copied over.
-            match self.backends.bpf.finish_migration() {
-                Ok(more) => notes.extend(more),
-                Err(e) => notes.push(format!("finishing a map resize: {e}")),
-            }
-        }
+        let notes = self.record(compiled, touched.as_ref(), stopped, errors.is_empty());
         phases.record = lap(&mut mark);
         Ok(SyncOutcome {
             full,
@@ -255,6 +196,82 @@ impl Reconciler {
             duration: started.elapsed(),
             phases,
         })
+    }
+
+    /// What compile needs from the host, this sync.
+    fn host_facts(&mut self, config: &Config) -> Result<HostFacts, BackendError> {
+        let mut facts = self.backends.host.facts()?;
+        if !config.meshes.is_empty() && config.daemon.mesh_backend == MeshBackend::Auto {
+            facts.sk_lookup_unavailable = self.backends.bpf.sk_lookup_unavailable();
+        }
+        facts.underlay_mtu = self.backends.host.path_mtus(&gateway::underlay_addresses(config))?;
+        facts.peers_down = self.peers_down.clone();
+        Ok(facts)
+    }
+
+    /// The desired state, and for a full sync what the kernel has.
+    /// Incremental: patch the last compile when only services changed,
+    /// else compile against what the last sync applied. Full: observe.
+    fn want(
+        &mut self,
+        config: &Config,
+        facts: &HostFacts,
+        full: bool,
+        phases: &mut Phases,
+        mark: &mut Instant,
+    ) -> Result<(Want, Option<Observed>), BackendError> {
+        if let (Some(last), false) = (&self.last_applied, full) {
+            let want = match self.compiled.take().and_then(|c| recompile(c, config, facts)) {
+                Some((c, touched)) => Want::Patched(Box::new(c), touched),
+                None => Want::Compiled(compile_unless_stopped(
+                    config,
+                    facts,
+                    &Prior::from_entries(last.map_entries.iter()),
+                    &self.stopping,
+                )),
+            };
+            return Ok((want, None));
+        }
+        phases.compile += lap(mark);
+        let mut have = observe(&mut self.backends)?;
+        phases.observe = lap(mark);
+        // A full sync starts from the kernel: the last compile and baseline
+        // are not needed, and holding them beside the new ones doubled a
+        // resync's memory (100,000 services).
+        self.compiled = None;
+        self.last_applied = None;
+        let want = compile_unless_stopped(config, facts, &Prior::from_entries(have.map_entries.iter()), &self.stopping);
+        let paths: BTreeSet<String> = want.sysctls.keys().chain(self.originals.values().keys()).cloned().collect();
+        phases.compile += lap(mark);
+        observe_sysctls(&mut self.backends, &paths, &mut have)?;
+        phases.observe += lap(mark);
+        Ok((Want::Compiled(want), Some(have)))
+    }
+
+    /// Keeps what was applied as the next sync's baseline (when all of it
+    /// was), and the compile for the next patch; finishes a map resize once
+    /// this build's programs run. Returns the BPF backend's notes.
+    fn record(&mut self, compiled: Compiled, touched: Option<&Touched>, stopped: bool, clean: bool) -> Vec<String> {
+        if stopped {
+            // Part of the plan ran: the next start observes the kernel.
+            self.last_applied = None;
+        } else if clean {
+            match (touched, self.last_applied.as_mut()) {
+                (Some(t), Some(last)) => t.apply_to(last, &compiled.desired),
+                _ => self.last_applied = Some(compiled.desired.as_observed()),
+            }
+        }
+        self.compiled = Some(compiled);
+        let mut notes = self.backends.bpf.take_notes();
+        if !stopped && clean {
+            // This build's programs now run on the resized maps: what the
+            // old ones wrote meanwhile is copied over.
+            match self.backends.bpf.finish_migration() {
+                Ok(more) => notes.extend(more),
+                Err(e) => notes.push(format!("finishing a map resize: {e}")),
+            }
+        }
+        notes
     }
 
     /// The first sysctl hostmesh set that no longer has its value, as a

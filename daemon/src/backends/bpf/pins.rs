@@ -30,7 +30,7 @@ const SYS_FS_BPF: &str = "/sys/fs/bpf";
 /// The pin dir cannot be used: the daemon does not start.
 #[derive(Debug, thiserror::Error)]
 #[error("pin dir {}: {cause}; hostmesh keeps its programs and maps on a bpffs there: mount one (mount -t bpf bpf /sys/fs/bpf) or pass --bpffs with a dir on one", dir.display())]
-pub struct PinDirError {
+pub(crate) struct PinDirError {
     pub dir: PathBuf,
     pub cause: String,
 }
@@ -41,18 +41,18 @@ fn mount_bpffs(dir: &Path) -> io::Result<()> {
 }
 
 #[derive(Debug, Clone)]
-pub struct PinDir {
+pub(crate) struct PinDir {
     pub root: PathBuf,
 }
 
 impl PinDir {
-    pub fn new(root: &Path) -> Self {
+    pub(crate) fn new(root: &Path) -> Self {
         PinDir { root: root.to_path_buf() }
     }
 
     /// Removes the (emptied) pin dir; when hostmesh mounted the bpffs on
     /// it, unmounts that first. Says what it did, a line each.
-    pub fn remove(&self) -> io::Result<Vec<String>> {
+    pub(crate) fn remove(&self) -> io::Result<Vec<String>> {
         let ctx = |what: String| move |e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
         let mut done = Vec::new();
         for sub in ["maps", "links", "progs", "qdiscs"] {
@@ -76,42 +76,42 @@ impl PinDir {
         Ok(done)
     }
 
-    pub fn maps(&self) -> PathBuf {
+    pub(crate) fn maps(&self) -> PathBuf {
         self.root.join("maps")
     }
 
-    pub fn links(&self) -> PathBuf {
+    pub(crate) fn links(&self) -> PathBuf {
         self.root.join("links")
     }
 
-    pub fn map(&self, name: &str) -> PathBuf {
+    pub(crate) fn map(&self, name: &str) -> PathBuf {
         self.maps().join(name)
     }
 
-    pub fn link(&self, name: &str) -> PathBuf {
+    pub(crate) fn link(&self, name: &str) -> PathBuf {
         self.links().join(name)
     }
 
-    pub fn progs(&self) -> PathBuf {
+    pub(crate) fn progs(&self) -> PathBuf {
         self.root.join("progs")
     }
 
     /// The pin of the program behind the link pinned as `name`.
-    pub fn prog(&self, name: &str) -> PathBuf {
+    pub(crate) fn prog(&self, name: &str) -> PathBuf {
         self.progs().join(name)
     }
 
-    pub fn qdiscs(&self) -> PathBuf {
+    pub(crate) fn qdiscs(&self) -> PathBuf {
         self.root.join("qdiscs")
     }
 
     /// The mark of a clsact qdisc hostmesh added to interface `ifindex`.
-    pub fn qdisc(&self, ifindex: u32) -> PathBuf {
+    pub(crate) fn qdisc(&self, ifindex: u32) -> PathBuf {
         self.qdiscs().join(ifindex.to_string())
     }
 
     /// Interfaces whose clsact qdisc hostmesh added.
-    pub fn qdisc_marks(&self) -> io::Result<Vec<u32>> {
+    pub(crate) fn qdisc_marks(&self) -> io::Result<Vec<u32>> {
         Ok(names(&self.qdiscs())?.iter().filter_map(|n| n.parse().ok()).collect())
     }
 
@@ -119,7 +119,7 @@ impl PinDir {
     /// bpffs. Where nothing is mounted on /sys/fs/bpf (plain `ip netns
     /// exec`, containers) a bpffs is mounted there first, as systemd and
     /// Cilium do; if the dir is still not on one, a bpffs goes on the dir.
-    pub fn prepare(&self) -> Result<(), PinDirError> {
+    pub(crate) fn prepare(&self) -> Result<(), PinDirError> {
         let err = |cause: String| PinDirError { dir: self.root.clone(), cause };
         let sys_bpf = Path::new(SYS_FS_BPF);
         if self.root.starts_with(sys_bpf) && sys_bpf.is_dir() && !is_bpffs(sys_bpf).unwrap_or(true) {
@@ -138,7 +138,7 @@ impl PinDir {
 
     /// Creates the dir on a bpffs, mounting one on it if it is not on one
     /// (hosts without systemd's /sys/fs/bpf mount, tests).
-    pub fn ensure(&self) -> io::Result<()> {
+    pub(crate) fn ensure(&self) -> io::Result<()> {
         fs::create_dir_all(&self.root)?;
         if !is_bpffs(&self.root)? {
             mount_bpffs(&self.root)?;
@@ -150,17 +150,13 @@ impl PinDir {
         Ok(())
     }
 
-    pub fn exists(&self) -> bool {
-        self.root.is_dir()
-    }
-
     /// Pin file names under `links/`.
-    pub fn link_names(&self) -> io::Result<Vec<String>> {
+    pub(crate) fn link_names(&self) -> io::Result<Vec<String>> {
         names(&self.links())
     }
 
     /// Pin file names under `progs/`.
-    pub fn prog_names(&self) -> io::Result<Vec<String>> {
+    pub(crate) fn prog_names(&self) -> io::Result<Vec<String>> {
         names(&self.progs())
     }
 }

@@ -1,0 +1,170 @@
+//! Loading the probe objects: against the pinned maps when they are
+//! this build's layout (adopted), resized or replaced when not, each map
+//! created at its configured size; every program verified once.
+
+use super::*;
+
+impl PinnedBpf {
+    pub(super) fn ensure_loaded(&mut self) -> Result<&mut Loaded> {
+        if self.loaded.is_none() {
+            self.loaded = Some(self.load()?);
+        }
+        Ok(self.loaded.as_mut().expect("just loaded"))
+    }
+
+    pub(super) fn load(&mut self) -> Result<Loaded> {
+        self.pins.ensure().map_err(|e| bpf_err(format!("prepare {}", self.pins.root.display()), e))?;
+        // Every map as the configuration sizes it: a pin of another size
+        // is retired, and new maps are created at this size.
+        let defs: Vec<MapDef> = MAPS.iter().map(|m| objects::map_def(m.name, &self.sizes)).collect();
+        let mut retired = Vec::new();
+        for def in &defs {
+            retired.extend(self.retire_incompatible(def)?);
+        }
+        let mut objects = Vec::new();
+        let mut programs = BTreeMap::new();
+        for (index, (source, bytes)) in objects::objects(&self.features).into_iter().enumerate() {
+            let mut loader = EbpfLoader::new();
+            for def in &defs {
+                loader.map_pin_path(def.name, self.pins.map(def.name));
+                loader.map_max_entries(def.name, def.max_entries);
+            }
+            let mut ebpf = loader.load(bytes).map_err(|e| bpf_err(format!("load {source}"), chain(&e)))?;
+            for program in Program::ALL.into_iter().filter(|p| objects::object_of(*p) == index) {
+                let info = load_program(&mut ebpf, program)?;
+                programs.insert(program, info);
+            }
+            objects.push(ebpf);
+        }
+        let mut maps = BTreeMap::new();
+        for def in MAPS {
+            let fd = sys::obj_get(&self.pins.map(def.name))
+                .map_err(|e| bpf_err(format!("open pinned map {}", def.name), e))?;
+            maps.insert(def.name, fd);
+        }
+        // Resized maps are filled before any program of this build uses
+        // them (the sync attaches those later).
+        for r in &retired {
+            let copied = resize::copy_entries(r.old.as_fd(), maps[r.def.name].as_fd(), &r.def, false)
+                .map_err(|e| bpf_err(format!("copy {} into its resized map", r.def.name), e))?;
+            self.notes.push(format!(
+                "map {} resized from {} to {} entries: {} entries copied{}",
+                r.def.name,
+                r.old_entries,
+                r.def.max_entries,
+                copied.copied,
+                if copied.skipped > 0 { format!(", {} did not fit", copied.skipped) } else { String::new() }
+            ));
+        }
+        Ok(Loaded { objects, programs, maps, retired })
+    }
+
+    /// A map whose pin someone removed lives on while the daemon holds it:
+    /// pin it again, so a restart adopts it instead of starting empty.
+    pub(super) fn repin_missing_maps(&mut self) -> Result<()> {
+        let Some(loaded) = &self.loaded else { return Ok(()) };
+        for (name, fd) in &loaded.maps {
+            let path = self.pins.map(name);
+            if !path.exists() {
+                sys::obj_pin(fd.as_fd(), &path).map_err(|e| bpf_err(format!("pin {}", path.display()), e))?;
+                self.notes.push(format!("map {name} had lost its pin {}; pinned it again", path.display()));
+            }
+        }
+        Ok(())
+    }
+
+    /// A pinned map with another layout (an upgrade changed it) is unpinned
+    /// so a new one is created. Programs still attached keep using the old
+    /// map until this build's programs replace them (they show as
+    /// outdated: their maps differ), so traffic keeps flowing. A map that
+    /// differs only in capacity is resized instead: returned, still open,
+    /// for its entries to be copied into the new one.
+    pub(super) fn retire_incompatible(&mut self, def: &MapDef) -> Result<Option<resize::Retired>> {
+        let path = self.pins.map(def.name);
+        let fd = match sys::obj_get(&path) {
+            Ok(fd) => fd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(bpf_err(format!("open pinned map {}", path.display()), e)),
+        };
+        let info = sys::map_info(fd.as_fd()).map_err(|e| bpf_err(format!("info of {}", path.display()), e))?;
+        let same_layout = info.map_type == def.map_type
+            && info.key_size == def.key_size
+            && info.value_size == def.value_size
+            && info.flags == def.flags;
+        if same_layout && info.max_entries == def.max_entries {
+            return Ok(None);
+        }
+        unpin(&path).map_err(|e| bpf_err(format!("unpin {}", path.display()), e))?;
+        if same_layout && resize::copyable(def) {
+            return Ok(Some(resize::Retired { def: *def, old: fd, old_entries: info.max_entries }));
+        }
+        self.notes.push(if same_layout {
+            format!(
+                "map {} resized from {} to {} entries; sidecar listeners are registered again",
+                def.name, info.max_entries, def.max_entries
+            )
+        } else {
+            format!(
+                "pinned map {} has another layout (type {} key {} value {} entries {}); replacing it with this build's \
+                 (type {} key {} value {} entries {})",
+                def.name,
+                info.map_type,
+                info.key_size,
+                info.value_size,
+                info.max_entries,
+                def.map_type,
+                def.key_size,
+                def.value_size,
+                def.max_entries
+            )
+        });
+        Ok(None)
+    }
+
+    /// Loads the mesh object alone, with throwaway maps, to learn whether
+    /// this kernel runs sk_lookup programs.
+    pub(super) fn probe_sk_lookup() -> Option<String> {
+        let mut loader = EbpfLoader::new();
+        let small = crate::config::Capacity::Mesh.key().min;
+        for def in MAPS.iter().filter(|d| objects::sized_by(d.name) == Some(crate::config::Capacity::Mesh)) {
+            loader.map_max_entries(def.name, small);
+        }
+        match loader.load(objects::MESH) {
+            Ok(mut ebpf) => load_program(&mut ebpf, Program::Mesh).err().map(|e| e.to_string()),
+            Err(e) => Some(chain(&e)),
+        }
+    }
+}
+
+/// Loads (verifies) one program of an object and returns its info.
+pub(super) fn load_program(ebpf: &mut Ebpf, program: Program) -> Result<ProgInfo> {
+    let name = program.name();
+    let fd = match ebpf.program_mut(name) {
+        Some(aya::programs::Program::SchedClassifier(p)) => {
+            p.load().map_err(|e| bpf_err(format!("verify program {name}"), chain(&e)))?;
+            p.fd().map_err(|e| bpf_err(name, chain(&e)))?.try_clone().map_err(|e| bpf_err(name, e))?
+        }
+        Some(aya::programs::Program::CgroupSockAddr(p)) => {
+            p.load().map_err(|e| bpf_err(format!("verify program {name}"), chain(&e)))?;
+            p.fd().map_err(|e| bpf_err(name, chain(&e)))?.try_clone().map_err(|e| bpf_err(name, e))?
+        }
+        Some(aya::programs::Program::SkLookup(p)) => {
+            p.load().map_err(|e| bpf_err(format!("verify program {name}"), chain(&e)))?;
+            p.fd().map_err(|e| bpf_err(name, chain(&e)))?.try_clone().map_err(|e| bpf_err(name, e))?
+        }
+        Some(_) => return Err(bpf_err(format!("load program {name}"), "unexpected program type")),
+        None => return Err(bpf_err(format!("load program {name}"), "not in the object")),
+    };
+    sys::prog_info(fd.as_fd()).map_err(|e| bpf_err(format!("info of {name}"), e))
+}
+
+pub(super) fn program_fd(loaded: &Loaded, program: Program) -> Result<aya::programs::ProgramFd> {
+    let ebpf = &loaded.objects[objects::object_of(program)];
+    let fd = match ebpf.program(program.name()) {
+        Some(aya::programs::Program::SchedClassifier(p)) => p.fd().map_err(|e| bpf_err(program.name(), chain(&e)))?,
+        Some(aya::programs::Program::CgroupSockAddr(p)) => p.fd().map_err(|e| bpf_err(program.name(), chain(&e)))?,
+        Some(aya::programs::Program::SkLookup(p)) => p.fd().map_err(|e| bpf_err(program.name(), chain(&e)))?,
+        _ => return Err(bpf_err(program.name(), "not loaded")),
+    };
+    fd.try_clone().map_err(|e| bpf_err(program.name(), e))
+}
