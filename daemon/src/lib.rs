@@ -16,6 +16,7 @@ pub mod cli;
 mod clock;
 mod config;
 mod daemon;
+mod health;
 mod log;
 mod model;
 mod paths;

@@ -14,6 +14,9 @@ one JSON object on stdout.
   refused PROTO HOST PORT   one connect(): {"error": "ECONNREFUSED", "seconds": 0.001}
   hold HOST PORT   one TCP connection; a request now and one per line on stdin:
       prints {"answer": "b1"} per request
+  hold-udp HOST PORT connected|unconnected   one UDP socket (one flow), a
+      request now and one per line on stdin: {"answer": "b1"} or
+      {"error": "ECONNABORTED"} per request
 """
 import errno
 import json
@@ -115,6 +118,27 @@ def hold(host, port):
                 return
 
 
+def hold_udp(host, port, how):
+    with socket.socket(family(host), socket.SOCK_DGRAM) as s:
+        s.settimeout(TIMEOUT)
+        if how == "connected":
+            s.connect((host, port))
+        while True:
+            try:
+                if how == "connected":
+                    s.send(b"hello\n")
+                    data = s.recv(64)
+                else:
+                    s.sendto(b"hello\n", (host, port))
+                    data, _ = s.recvfrom(64)
+                out = {"answer": data.decode().strip()}
+            except OSError as e:
+                out = {"error": errno.errorcode.get(e.errno, str(e)) if e.errno else str(e)}
+            print(json.dumps(out), flush=True)
+            if not sys.stdin.readline():
+                return
+
+
 def main():
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == "requests":
@@ -125,6 +149,8 @@ def main():
         out = refused(args[0], args[1], int(args[2]))
     elif mode == "hold":
         return hold(args[0], int(args[1]))
+    elif mode == "hold-udp":
+        return hold_udp(args[0], int(args[1]), args[2])
     elif mode == "watch":
         return watch(args[0], args[1], int(args[2]), float(args[3]), float(args[4]))
     else:

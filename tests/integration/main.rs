@@ -5,6 +5,8 @@ mod capacity;
 mod conntrack;
 mod fixtures;
 mod gateway;
+mod health;
+mod health_net;
 mod kernel;
 mod lifecycle;
 mod mesh;

@@ -130,16 +130,7 @@ impl Topology {
 
     /// Runs the client in the host namespace and the test cgroup.
     pub fn client(&self, args: &[&str]) -> Value {
-        let out = self
-            .host
-            .ns
-            .command_in_cgroup("python3", self.host.cgroup.path())
-            .arg(CLIENT)
-            .args(args)
-            .output()
-            .expect("run the client");
-        assert!(out.status.success(), "client {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("client {args:?}: {e}: {:?}", out.stdout))
+        run_client(&self.host, args)
     }
 
     /// `count` requests; returns (answers by backend, peers seen, errors).
@@ -158,11 +149,18 @@ impl Topology {
 
     /// A long-lived TCP connection to a VIP, driven request by request.
     pub fn hold(&self, vip: &str, port: u16) -> Held {
-        let mut child = self
-            .host
+        Held::start(&self.host, &["hold", vip, &port.to_string()])
+    }
+}
+
+impl Held {
+    /// The client in `mode` (hold, hold-udp) in the host's namespace and cgroup.
+    pub fn start(host: &Host, args: &[&str]) -> Held {
+        let mut child = host
             .ns
-            .command_in_cgroup("python3", self.host.cgroup.path())
-            .args([CLIENT, "hold", vip, &port.to_string()])
+            .command_in_cgroup("python3", host.cgroup.path())
+            .arg(CLIENT)
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -171,7 +169,9 @@ impl Topology {
         let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
         Held { child, stdin, stdout }
     }
+}
 
+impl Topology {
     /// Waits for a sync after a config change, which must have been accepted.
     pub fn wait_sync_after(&self, generation: u64) {
         wait_until("a sync", Duration::from_secs(5), || {
@@ -197,6 +197,19 @@ impl Topology {
             .map(|(k, v)| (CtKey::from_bytes(&k).unwrap(), CtValue::from_bytes(&v).unwrap()))
             .collect()
     }
+}
+
+/// The client, once, in `host`'s namespace and cgroup; its JSON answer.
+pub fn run_client(host: &Host, args: &[&str]) -> Value {
+    let out = host
+        .ns
+        .command_in_cgroup("python3", host.cgroup.path())
+        .arg(CLIENT)
+        .args(args)
+        .output()
+        .expect("run the client");
+    assert!(out.status.success(), "client {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("client {args:?}: {e}: {:?}", out.stdout))
 }
 
 /// Two clients of 10.96.0.10, one over TCP (port 80) and one over UDP
@@ -248,18 +261,31 @@ pub struct Held {
 impl Held {
     /// The answer to the last request (the first comes on connect).
     pub fn answer(&mut self) -> String {
+        self.outcome().unwrap_or_else(|e| panic!("the client got {e}"))
+    }
+
+    /// The answer to the last request, or the error name it got.
+    pub fn outcome(&mut self) -> Result<String, String> {
         use std::io::BufRead;
         let mut line = String::new();
         self.stdout.read_line(&mut line).expect("read from client");
         let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("client said {line:?}: {e}"));
-        v["answer"].as_str().unwrap().to_string()
+        match v["answer"].as_str() {
+            Some(a) => Ok(a.to_string()),
+            None => Err(v["error"].as_str().unwrap_or("no answer or error").to_string()),
+        }
     }
 
     /// Sends another request on the same connection.
     pub fn again(&mut self) -> String {
+        self.send_again();
+        self.answer()
+    }
+
+    /// Sends another request; `outcome` reads its result.
+    pub fn send_again(&mut self) {
         use std::io::Write;
         writeln!(self.stdin.as_mut().unwrap(), "again").unwrap();
-        self.answer()
     }
 }
 

@@ -244,6 +244,10 @@ impl BpfBackend for FakeKernel {
         Ok(Sweep::default())
     }
 
+    fn forget_udp_backends(&mut self, _stopped: &[super::StoppedBackend]) -> Result<super::Forgotten> {
+        Ok(super::Forgotten::default())
+    }
+
     fn configure(&mut self, _settings: &BpfSettings) -> Result<bool> {
         Ok(false)
     }

@@ -106,6 +106,12 @@ pub trait BpfBackend {
     /// Removes flows past their timeout from the conntrack maps (closed
     /// TCP, idle UDP); says how many, and what is left.
     fn expire_flows(&mut self) -> Result<Sweep>;
+    /// After a sync that took backends out of UDP services: forgets the
+    /// veth path's flows to them and destroys the connected UDP sockets
+    /// connect-time LB pointed at them, so the next datagram reaches a
+    /// serving backend and a connected socket's owner gets an error
+    /// (ECONNABORTED) and reconnects. TCP is left to finish.
+    fn forget_udp_backends(&mut self, stopped: &[StoppedBackend]) -> Result<Forgotten>;
     /// Sets the capacity of configurable maps and how TC programs are
     /// attached. Returns true when that replaced loaded maps or changed the
     /// TC mode (the kernel must then be re-read).
@@ -121,6 +127,24 @@ pub trait BpfBackend {
 }
 
 pub use crate::config::MapSizes;
+
+/// A backend that left a UDP service's Maglev table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct StoppedBackend {
+    pub vip: std::net::SocketAddr,
+    pub backend: std::net::SocketAddr,
+}
+
+/// What `forget_udp_backends` did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Forgotten {
+    /// Conntrack entries deleted (two per flow).
+    pub flow_entries: usize,
+    pub sockets: usize,
+    /// Why connected sockets could not be destroyed, if they could not
+    /// (a kernel without CONFIG_INET_DIAG_DESTROY).
+    pub sockets_error: Option<String>,
+}
 
 /// What a conntrack sweep did and found.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

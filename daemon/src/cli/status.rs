@@ -104,6 +104,7 @@ pub(super) fn render(s: &Status, liveness: &Liveness) -> String {
     render_sync(s, &mut out);
     render_files(s, &mut out);
     render_objects(s, &mut out);
+    render_backends(s, &mut out);
     let c = &s.counts;
     out.push_str(&format!(
         "kernel: {} link(s), {} route(s), {} map entr{}, {} program(s)\n",
@@ -185,6 +186,34 @@ fn render_files(s: &Status, out: &mut String) {
     }
     for sk in &s.skipped {
         out.push_str(&format!("  skipped {}: {}\n", sk.path.display(), sk.reason));
+    }
+}
+
+/// Checked and draining backends, one aligned line each: state, since
+/// when, the last check and why the last failure failed.
+fn render_backends(s: &Status, out: &mut String) {
+    if s.backends.is_empty() {
+        return;
+    }
+    out.push_str(&format!("backends: {} checked or draining, {} down\n", s.backends.len(), s.counts.backends_down));
+    let w_service = s.backends.iter().map(|b| b.service.len()).max().unwrap_or(0);
+    let w_addr = s.backends.iter().map(|b| b.address.to_string().len()).max().unwrap_or(0);
+    for b in &s.backends {
+        let since = b.since.map(|at| format!(" since {}", ago(at))).unwrap_or_default();
+        let last = match (b.last_check, b.last_passed) {
+            (Some(at), Some(true)) => format!("; last check passed {}", ago(at)),
+            (Some(at), Some(false)) => format!("; last check failed {}", ago(at)),
+            _ => String::new(),
+        };
+        let reason =
+            b.reason.as_deref().filter(|_| b.state != crate::state::BackendState::Up || b.last_passed == Some(false));
+        let reason = reason.map(|r| format!(" ({r})")).unwrap_or_default();
+        out.push_str(&format!(
+            "  {:w_service$}  {:w_addr$}  {:8}{since}{last}{reason}\n",
+            b.service,
+            b.address.to_string(),
+            b.state
+        ));
     }
 }
 

@@ -33,9 +33,33 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(total)
 }
 
+/// A duration as an operator would write it: "200ms", "2s", "1m30s".
+pub(crate) fn show_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms == 0 || !ms.is_multiple_of(1000) {
+        return format!("{ms}ms");
+    }
+    let s = ms / 1000;
+    let (h, m, s) = (s / 3600, s / 60 % 60, s % 60);
+    let mut out = String::new();
+    for (n, unit) in [(h, "h"), (m, "m"), (s, "s")] {
+        if n > 0 {
+            out += &format!("{n}{unit}");
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shows_what_it_parses() {
+        for text in ["200ms", "1s", "2s", "1m30s", "3h", "1h1m1s", "1500ms"] {
+            assert_eq!(show_duration(parse_duration(text).unwrap()), text);
+        }
+    }
 
     #[test]
     fn parses_units_and_sums() {

@@ -8,6 +8,7 @@
 mod capacity;
 mod duration;
 mod error;
+mod health_check;
 mod merge;
 mod read;
 mod schema;
@@ -17,6 +18,7 @@ mod types;
 mod validate;
 
 pub use capacity::{Capacity, MapSizes, SizeKey, SIZE_KEYS};
+pub(crate) use duration::show_duration;
 pub(crate) use error::{clip, ConfigError};
 pub use store::FileState;
 pub(crate) use store::{check_dir, ConfigStore, Loaded};

@@ -60,11 +60,35 @@ pub(super) struct RawService {
     #[serde(default)]
     pub backends: Vec<S<RawBackend>>,
     pub node_port: Option<S<i64>>,
-    pub health_check: Option<S<toml::Table>>,
+    pub health_check: Option<S<RawHealthCheck>>,
     pub affinity: Option<S<String>>,
     pub affinity_timeout: Option<S<String>>,
     /// hostmesh extension: this service's Maglev table size (prime).
     pub maglev_table_size: Option<S<i64>>,
+}
+
+/// `health_check = { kind = ..., ... }`; which keys a kind takes is
+/// checked in `validate::health_check`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHealthCheck {
+    pub kind: S<String>,
+    pub interval: Option<S<String>>,
+    pub timeout: Option<S<String>>,
+    pub rise: Option<S<i64>>,
+    pub fall: Option<S<i64>>,
+    pub port: Option<S<i64>>,
+    pub source: Option<S<String>>,
+    pub initial: Option<S<String>>,
+    /// http
+    pub path: Option<S<String>>,
+    pub host: Option<S<String>>,
+    /// http: a status range ("200-399"); udp: the payload the answer holds.
+    pub expect: Option<S<String>>,
+    /// udp
+    pub send: Option<S<String>>,
+    /// exec
+    pub command: Option<S<Vec<S<String>>>>,
 }
 
 /// A backend is either `"ip:port"` or `{ address = "ip:port", weight = N }`.

@@ -330,8 +330,8 @@ fn names_weights_enums_and_durations() {
         "t.toml:5:12: service \"web\": protocol \"sctp\" is not one of \"tcp\" or \"udp\""
     );
     assert_eq!(
-        one_error("[[service]]\nname = \"web\"\nvip = \"10.0.0.1\"\nport = 80\nbackends = [{ address = \"10.0.0.2:80\", weight = 0 }]\n"),
-        "t.toml:5:49: service \"web\": backend 10.0.0.2:80 has weight 0; use 1 to 1000 (remove a backend to stop sending it traffic)"
+        one_error("[[service]]\nname = \"web\"\nvip = \"10.0.0.1\"\nport = 80\nbackends = [{ address = \"10.0.0.2:80\", weight = 1001 }]\n"),
+        "t.toml:5:49: service \"web\": backend 10.0.0.2:80 has weight 1001; use 1 to 1000, or 0 to drain it (no new connections)"
     );
     assert_eq!(
         one_error("[[service]]\nname = \"web\"\nvip = \"10.0.0.1\"\nport = 80\nbackends = [\"10.0.0.2:80\", \"10.0.0.2:80\"]\n"),
@@ -365,9 +365,41 @@ fn names_weights_enums_and_durations() {
         one_error("[gateway]\nrole = \"gateway\"\nlocal_ip = \"192.0.2.1\"\nvni = 16777216\n"),
         "t.toml:4:7: [gateway]: vni 16777216 is out of range; use 1 to 16777215"
     );
+    let hc = |h: &str| {
+        one_error(&format!("[[service]]\nname = \"web\"\nvip = \"10.0.0.1\"\nport = 80\nhealth_check = {{ {h} }}\n"))
+    };
+    assert_eq!(hc("interval = \"2s\""), "t.toml:5:16: invalid TOML at key `health_check`: missing field `kind`");
     assert_eq!(
-        one_error("[[service]]\nname = \"web\"\nvip = \"10.0.0.1\"\nport = 80\nhealth_check = { interval = \"2s\" }\n"),
-        "t.toml:5:16: service \"web\": `health_check` is not supported by this version of hostmesh yet; remove it"
+        hc("kind = \"icmp\""),
+        "t.toml:5:25: service \"web\": health_check: kind \"icmp\" is not one of \"tcp\", \"http\", \"udp\" or \"exec\""
+    );
+    assert_eq!(
+        hc("kind = \"tcp\", path = \"/\""),
+        "t.toml:5:39: service \"web\": health_check: `path` is for kind \"http\", not \"tcp\""
+    );
+    assert_eq!(
+        hc("kind = \"tcp\", interval = \"1s\", timeout = \"2s\""),
+        "t.toml:5:59: service \"web\": health_check: timeout \"2s\" is out of range; use 10ms up to the interval (1s)"
+    );
+    assert_eq!(
+        hc("kind = \"tcp\", fall = 0"),
+        "t.toml:5:39: service \"web\": health_check: fall 0 is out of range; use 1 to 100"
+    );
+    assert_eq!(
+        hc("kind = \"http\", expect = \"399-200\""),
+        "t.toml:5:42: service \"web\": health_check: expect \"399-200\" is not an HTTP status or range of them, like \"200\" or \"200-399\""
+    );
+    assert_eq!(
+        hc("kind = \"udp\""),
+        "t.toml:5:25: service \"web\": health_check: kind \"udp\" needs `send`, the payload of the check"
+    );
+    assert_eq!(
+        hc("kind = \"exec\", command = [\"check\"]"),
+        "t.toml:5:43: service \"web\": health_check: command starts with \"check\"; give the program's absolute path"
+    );
+    assert_eq!(
+        hc("kind = \"tcp\", source = \"fd00::1\""),
+        "t.toml:5:41: service \"web\": health_check: source fd00::1 is not of the backends' address family"
     );
 }
 
@@ -765,4 +797,64 @@ fn files_past_the_maglev_and_mesh_capacities_are_rejected_alone() {
     );
     d.write("00-daemon.toml", "[daemon]\nmesh_map_size = 8192\n");
     assert_eq!(load(&d, &mut ConfigStore::new()).config.meshes.len(), 4100);
+}
+
+#[test]
+fn health_checks_of_every_kind_parse_with_their_defaults() {
+    let text = r#"
+[[service]]
+name = "a"
+vip = "10.0.0.1"
+port = 80
+backends = ["10.0.1.1:8080", { address = "10.0.1.2:8080", weight = 0 }]
+health_check = { kind = "tcp" }
+
+[[service]]
+name = "b"
+vip = "10.0.0.2"
+port = 80
+health_check = { kind = "http", path = "/healthz", expect = "200", host = "web.internal", interval = "200ms", rise = 1, fall = 2, port = 8081, source = "10.0.0.9", initial = "up" }
+
+[[service]]
+name = "c"
+vip = "10.0.0.3"
+port = 53
+protocol = "udp"
+health_check = { kind = "udp", send = 'ping\x00', expect = "pong" }
+
+[[service]]
+name = "d"
+vip = "10.0.0.4"
+port = 80
+health_check = { kind = "exec", command = ["/usr/local/lib/check-web", "{address}", "{port}"] }
+"#;
+    let f = parse_file(&Source::new(Path::new("t.toml"), text)).expect("valid");
+    let hc: Vec<&HealthCheck> = f.services.iter().map(|s| &**s.health_check.as_ref().unwrap()).collect();
+    assert_eq!(f.services[0].backends[1].weight, 0, "weight 0 drains");
+    assert_eq!(
+        *hc[0],
+        HealthCheck {
+            kind: CheckKind::Tcp,
+            interval: DEFAULT_CHECK_INTERVAL,
+            timeout: DEFAULT_CHECK_TIMEOUT,
+            rise: DEFAULT_RISE,
+            fall: DEFAULT_FALL,
+            port: None,
+            source: None,
+            initial: InitialState::Unknown,
+        }
+    );
+    assert_eq!(
+        hc[1].kind,
+        CheckKind::Http { path: "/healthz".into(), expect: (200, 200), host: Some("web.internal".into()) }
+    );
+    assert_eq!(hc[1].timeout, std::time::Duration::from_millis(200), "the timeout is at most the interval");
+    assert_eq!((hc[1].rise, hc[1].fall, hc[1].port), (1, 2, Some(8081)));
+    assert_eq!(hc[1].source, Some("10.0.0.9".parse().unwrap()));
+    assert_eq!(hc[1].initial, InitialState::Up);
+    assert_eq!(hc[2].kind, CheckKind::Udp { send: b"ping\0".to_vec(), expect: b"pong".to_vec() });
+    assert_eq!(
+        hc[3].kind,
+        CheckKind::Exec { command: vec!["/usr/local/lib/check-web".into(), "{address}".into(), "{port}".into()] }
+    );
 }

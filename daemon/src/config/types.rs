@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use super::capacity::MapSizes;
 use super::error::Origin;
+pub(crate) use super::health_check::*;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -162,6 +163,7 @@ impl Default for DaemonSettings {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct Backend {
     pub addr: SocketAddr,
+    /// 0: draining (no new connections; established ones finish).
     pub weight: u32,
 }
 
@@ -174,6 +176,9 @@ pub(crate) struct Service {
     pub backends: Vec<Backend>,
     /// `None`: `[daemon] maglev_table_size`.
     pub maglev_table_size: Option<u32>,
+    /// `None`: every backend with a weight takes traffic. Boxed: most
+    /// services have none, and a service's size counts at 100,000.
+    pub health_check: Option<Box<HealthCheck>>,
     pub origin: Origin,
 }
 

@@ -140,6 +140,11 @@ impl Daemon {
                 self.log_peer_changes();
                 t.pending_incremental = true;
             }
+            Event::BackendsChanged => {
+                // No debounce: a backend that went down leaves its tables now.
+                self.log_backend_changes();
+                t.pending_incremental = true;
+            }
             Event::Kernel(change) => {
                 if let Some(why) = self.drift_of(&change) {
                     self.note_drift(why, &mut t.next_full);
@@ -178,7 +183,9 @@ impl Daemon {
                         settled = Settled::Full;
                     }
                 }
-                // A peer change during a burst rides along with its sync.
+                // A peer or backend change during a burst rides along with
+                // its sync.
+                Ok(Event::BackendsChanged) => self.log_backend_changes(),
                 Ok(_) => {}
                 Err(RecvTimeoutError::Timeout) => return settled,
             }

@@ -22,6 +22,8 @@ pub(crate) enum Event {
     Stop,
     /// A peer gateway went down or came back.
     PeersChanged,
+    /// A checked backend went down or came back.
+    BackendsChanged,
     /// The watcher failed; periodic resync still picks changes up.
     WatchError(String),
     /// The kernel announced a change to links, routes or neighbours.

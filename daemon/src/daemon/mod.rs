@@ -4,6 +4,7 @@
 //! config dir to be quiet for a moment, so 1,000 drop-ins written at once
 //! cost one sync.
 
+mod backend_health;
 mod drift;
 mod event_loop;
 mod events;
@@ -108,6 +109,8 @@ struct Daemon {
     registrar: Registrar<LiveSidecars>,
     /// Probes peer gateways (gateways with peers only).
     health: Option<PeerHealth>,
+    /// Checks the backends of services with a `health_check`.
+    backend_health: backend_health::BackendHealthState,
     /// For threads started later (peer health) to wake the loop.
     events: Sender<Event>,
     /// What the kernel offers (probed once, at start).
@@ -183,6 +186,7 @@ pub(crate) fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
         last_outcome: None,
         registrar: Registrar::new(LiveSidecars::new(&paths.bpffs)),
         health: None,
+        backend_health: backend_health::BackendHealthState::restore(&paths.state_dir, &log),
         events: tx,
         features,
         sweep: Default::default(),
@@ -252,7 +256,16 @@ impl Daemon {
         self.read_config(full);
         self.generation += 1;
         self.track_peers();
-        let result = self.reconciler.sync(&self.loaded.config, full);
+        let states = self.track_backends();
+        // Compile sees only the backends that take new connections.
+        let serving = crate::health::serving(&self.loaded.config, &states);
+        let result = self.reconciler.sync(&serving, full);
+        let udp_serving = crate::health::udp_serving(&serving);
+        drop(serving);
+        self.save_backend_health(&states);
+        if matches!(&result, Ok(o) if !o.stopped && o.errors.is_empty()) {
+            self.forget_stopped_udp(udp_serving);
+        }
         if let Ok(o) = &result {
             if o.stopped {
                 // Told to stop mid-sync: what was applied stays; the status

@@ -338,6 +338,8 @@ pub(crate) fn counts(
         conntrack_open: sweep.open,
         conntrack_closed: sweep.closed,
         conntrack_capacity: sweep.capacity,
+        // Set by the caller, which has the backends' states.
+        backends_down: 0,
     }
 }
 
@@ -364,6 +366,17 @@ pub(crate) fn status_line(s: &Status) -> String {
             .collect();
         let more = if down.len() > 3 { ", and others" } else { "" };
         line.push_str(&format!(" ({} down: {}{more})", c.peers_down, down[..down.len().min(3)].join(", ")));
+    }
+    if c.backends_down > 0 {
+        let down: Vec<String> = s
+            .backends
+            .iter()
+            .filter(|b| b.state == crate::state::BackendState::Down)
+            .take(3)
+            .map(|b| format!("{} of {}", b.address, b.service))
+            .collect();
+        let more = if c.backends_down > 3 { ", and others" } else { "" };
+        line.push_str(&format!("; {} down: {}{more}", plural(c.backends_down, "backend", "backends"), down.join(", ")));
     }
     let rejected: Vec<&FileStatus> = s.files.iter().filter(|f| f.state != FileState::Applied).collect();
     if let Some(first) = rejected.first() {

@@ -49,6 +49,9 @@ impl Daemon {
     pub(super) fn status(&self, outcome: Option<&SyncOutcome>, stopped: bool) -> Status {
         // The desired state of that sync (the reconciler keeps it).
         let desired = outcome.and(self.reconciler.desired());
+        let backends = crate::health::report(&self.loaded.config, &self.backend_health.states());
+        let mut counts = report::counts(&self.loaded, desired, self.health.as_ref(), &self.sweep);
+        counts.backends_down = backends.iter().filter(|b| b.state == crate::state::BackendState::Down).count();
         Status {
             version: STATUS_VERSION,
             pid: std::process::id(),
@@ -61,7 +64,7 @@ impl Daemon {
             ready: self.ready,
             stopped,
             last_sync: self.last_summary.clone(),
-            counts: report::counts(&self.loaded, desired, self.health.as_ref(), &self.sweep),
+            counts,
             files: report::files(&self.loaded),
             skipped: self
                 .loaded
@@ -75,6 +78,7 @@ impl Daemon {
                 .unwrap_or_default(),
             warnings: desired.map(|d| d.warnings.clone()).unwrap_or_default(),
             kernel: Some(report::kernel(&self.features, self.loaded.config.daemon.tc_attach)),
+            backends,
         }
     }
 }

@@ -293,4 +293,13 @@ impl Reconciler {
     pub(crate) fn expire_flows(&mut self) -> Result<crate::backends::Sweep, BackendError> {
         self.backends.bpf.expire_flows()
     }
+
+    /// After a sync: flows and connected sockets of backends that left UDP
+    /// services (`BpfBackend::forget_udp_backends`).
+    pub(crate) fn forget_udp_backends(
+        &mut self,
+        stopped: &[crate::backends::StoppedBackend],
+    ) -> Result<crate::backends::Forgotten, BackendError> {
+        self.backends.bpf.forget_udp_backends(stopped)
+    }
 }

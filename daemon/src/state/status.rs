@@ -39,6 +39,34 @@ pub struct Status {
     /// What the kernel offers, as probed at start.
     #[serde(default)]
     pub kernel: Option<KernelStatus>,
+    /// Backends of services with a `health_check`, and draining ones.
+    #[serde(default)]
+    pub backends: Vec<BackendStatus>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendStatus {
+    pub service: String,
+    pub address: std::net::SocketAddr,
+    pub state: BackendState,
+    /// Unix seconds of the last change of state (checked backends).
+    pub since: Option<u64>,
+    /// Unix seconds of the last check, and whether it passed.
+    pub last_check: Option<u64>,
+    pub last_passed: Option<bool>,
+    /// Why the last failed check failed.
+    pub reason: Option<String>,
+}
+
+/// Whether a backend takes new connections: `up` does; `down` (failed its
+/// checks), `unknown` (not checked yet) and `draining` (weight 0) do not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendState {
+    Up,
+    Down,
+    Unknown,
+    Draining,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,6 +111,9 @@ pub struct Counts {
     pub peers: usize,
     #[serde(default)]
     pub peers_down: usize,
+    /// Backends failing their health checks.
+    #[serde(default)]
+    pub backends_down: usize,
     pub files: usize,
     pub rejected_files: usize,
     pub routes: usize,
@@ -166,7 +197,7 @@ macro_rules! display_as_serde {
         }
     )*};
 }
-display_as_serde!(ObjectKind, ObjectState);
+display_as_serde!(ObjectKind, ObjectState, BackendState);
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectStatus {

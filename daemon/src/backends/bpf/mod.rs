@@ -16,6 +16,7 @@ pub(crate) mod pins;
 mod resize;
 pub mod sys;
 mod tc;
+mod udp_forget;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -398,6 +399,31 @@ impl BpfBackend for PinnedBpf {
                 .0;
         }
         Ok(sweep)
+    }
+
+    fn forget_udp_backends(
+        &mut self,
+        stopped: &[crate::backends::StoppedBackend],
+    ) -> Result<crate::backends::Forgotten> {
+        let mut out = crate::backends::Forgotten::default();
+        if stopped.is_empty() || self.conntrack_fd()?.is_none() {
+            return Ok(out);
+        }
+        let stopped: std::collections::BTreeSet<_> = stopped.iter().copied().collect();
+        let ct = self.map_fd("HM_CT")?.try_clone().map_err(|e| bpf_err("HM_CT", e))?;
+        out.flow_entries =
+            udp_forget::forget_flows(ct.as_fd(), &stopped).map_err(|e| bpf_err("forget UDP flows in HM_CT", e))?;
+        let revsk = self.map_fd("HM_REVERSE_SOCK")?.try_clone().map_err(|e| bpf_err("HM_REVERSE_SOCK", e))?;
+        match udp_forget::destroy_sockets(revsk.as_fd(), &stopped) {
+            Ok(n) => out.sockets = n,
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                out.sockets_error = Some(
+                    "the kernel cannot destroy sockets (CONFIG_INET_DIAG_DESTROY): connected UDP sockets keep a backend that left until they reconnect".into(),
+                )
+            }
+            Err(e) => out.sockets_error = Some(format!("cannot destroy connected UDP sockets: {e}")),
+        }
+        Ok(out)
     }
 
     fn configure(&mut self, settings: &BpfSettings) -> Result<bool> {

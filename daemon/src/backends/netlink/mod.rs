@@ -6,6 +6,7 @@ mod link;
 pub(crate) mod monitor;
 mod neigh;
 mod route;
+pub(crate) mod sock_destroy;
 mod socket;
 pub mod tc;
 

@@ -72,13 +72,26 @@ where
         self.exchange(msg, NLM_F_REQUEST | NLM_F_DUMP, true)
     }
 
+    /// As `request`, under another message type than the payload's own
+    /// (sock_diag's SOCK_DESTROY carries a SOCK_DIAG_BY_FAMILY request).
+    pub fn request_typed(&mut self, msg: M, message_type: u16) -> io::Result<()> {
+        self.exchange_as(msg, NLM_F_REQUEST | NLM_F_ACK, false, Some(message_type)).map(|_| ())
+    }
+
     fn exchange(&mut self, msg: M, flags: u16, dump: bool) -> io::Result<Vec<M>> {
+        self.exchange_as(msg, flags, dump, None)
+    }
+
+    fn exchange_as(&mut self, msg: M, flags: u16, dump: bool, message_type: Option<u16>) -> io::Result<Vec<M>> {
         self.seq = self.seq.wrapping_add(1);
         let mut header = NetlinkHeader::default();
         header.flags = flags;
         header.sequence_number = self.seq;
         let mut packet = NetlinkMessage::new(header, NetlinkPayload::from(msg));
         packet.finalize();
+        if let Some(t) = message_type {
+            packet.header.message_type = t;
+        }
         let mut buf = vec![0; packet.buffer_len()];
         packet.serialize(&mut buf);
         self.socket.send(&buf, 0)?;

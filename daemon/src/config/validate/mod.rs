@@ -21,6 +21,7 @@ use super::types::*;
 
 mod daemon;
 mod gateway;
+mod health_check;
 mod services;
 
 pub(super) const MAX_NAME_LEN: usize = 63;

@@ -43,7 +43,6 @@ impl Check<'_, '_> {
         }
         for (key, span) in [
             ("node_port", s.node_port.as_ref().map(|v| v.span())),
-            ("health_check", s.health_check.as_ref().map(|v| v.span())),
             ("affinity", s.affinity.as_ref().map(|v| v.span())),
             ("affinity_timeout", s.affinity_timeout.as_ref().map(|v| v.span())),
         ] {
@@ -56,6 +55,8 @@ impl Check<'_, '_> {
             }
         }
         let maglev_table_size = s.maglev_table_size.as_ref().and_then(|v| self.table_size(&ctx, v));
+        let health_check =
+            s.health_check.as_ref().and_then(|h| self.health_check(&ctx, h.get_ref(), vip)).map(Box::new);
         if self.errors.len() > before {
             return None;
         }
@@ -66,6 +67,7 @@ impl Check<'_, '_> {
             protocol: protocol?,
             backends,
             maglev_table_size,
+            health_check,
             origin: Origin::at(self.src, &s.name.span()),
         })
     }
@@ -102,13 +104,13 @@ impl Check<'_, '_> {
         }
         let weight = match &raw.weight {
             None => 1,
-            Some(w) if (1..=MAX_WEIGHT).contains(w.get_ref()) => *w.get_ref() as u32,
+            Some(w) if (0..=MAX_WEIGHT).contains(w.get_ref()) => *w.get_ref() as u32,
             Some(w) => {
                 self.fail(
                     &w.span(),
                     "weight",
                     format!(
-                        "{ctx}: backend {addr} has weight {}; use 1 to {MAX_WEIGHT} (remove a backend to stop sending it traffic)",
+                        "{ctx}: backend {addr} has weight {}; use 1 to {MAX_WEIGHT}, or 0 to drain it (no new connections)",
                         w.get_ref()
                     ),
                 );

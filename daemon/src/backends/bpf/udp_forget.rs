@@ -1,0 +1,90 @@
+//! When backends leave UDP services: the veth path's flows to them are
+//! forgotten (the next datagram of such a flow is balanced afresh, onto a
+//! serving backend), and connected UDP sockets that connect-time LB
+//! pointed at them (their cookie and backend are in HM_REVERSE_SOCK) are
+//! destroyed with sock_diag, so their owner sees ECONNABORTED and
+//! reconnects. A datagram flow never sticks to a backend that left.
+
+use std::collections::BTreeSet;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::BorrowedFd;
+
+use crate::abi::*;
+use crate::backends::netlink::sock_destroy;
+use crate::backends::StoppedBackend;
+use crate::config::Protocol;
+
+use super::sys;
+
+fn udp() -> u8 {
+    Protocol::Udp.number()
+}
+
+fn sock_addr(addr: [u8; 16], port_be: u16) -> SocketAddr {
+    SocketAddr::new(ip_from16(addr), u16::from_be(port_be))
+}
+
+/// Deletes both entries of every UDP flow from a VIP to a stopped backend;
+/// returns how many entries.
+pub(super) fn forget_flows(fd: BorrowedFd<'_>, stopped: &BTreeSet<StoppedBackend>) -> io::Result<usize> {
+    let entries = sys::map_dump(fd, std::mem::size_of::<CtKey>(), std::mem::size_of::<CtValue>())?;
+    let mut gone = 0;
+    for (k, v) in entries {
+        let (Some(key), Some(value)) = (CtKey::from_bytes(&k), CtValue::from_bytes(&v)) else { continue };
+        if key.proto != udp() {
+            continue;
+        }
+        // Forward: client -> VIP, holding the backend; reverse: backend ->
+        // client, holding the VIP.
+        let pair = if key.dir == CT_FORWARD {
+            StoppedBackend {
+                vip: sock_addr(key.dst, key.dport_be),
+                backend: sock_addr(value.nat_addr, value.nat_port_be),
+            }
+        } else {
+            StoppedBackend {
+                vip: sock_addr(value.nat_addr, value.nat_port_be),
+                backend: sock_addr(key.src, key.sport_be),
+            }
+        };
+        if stopped.contains(&pair) {
+            match sys::map_delete(fd, &k) {
+                Ok(()) => gone += 1,
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(gone)
+}
+
+/// Destroys connected UDP sockets whose peer is a stopped backend that
+/// connect-time LB chose for the socket's VIP; returns how many.
+pub(super) fn destroy_sockets(revsk: BorrowedFd<'_>, stopped: &BTreeSet<StoppedBackend>) -> io::Result<usize> {
+    let backends: BTreeSet<SocketAddr> = stopped.iter().map(|s| s.backend).collect();
+    let mut destroyed = 0;
+    for socket in sock_destroy::udp_sockets_to(&backends)? {
+        let key = RevSkKey {
+            cookie: socket.cookie,
+            addr: addr16(socket.peer.ip()),
+            port_be: socket.peer.port().to_be(),
+            pad: [0; 3],
+        };
+        let mut value = vec![0u8; std::mem::size_of::<RevSkValue>()];
+        if !sys::map_lookup(revsk, &key.to_bytes(), &mut value)? {
+            continue; // not one hostmesh steered
+        }
+        let Some(vip) = RevSkValue::from_bytes(&value) else { continue };
+        let pair = StoppedBackend { vip: sock_addr(vip.addr, vip.port_be), backend: socket.peer };
+        if stopped.contains(&pair) {
+            match sock_destroy::destroy(&socket) {
+                Ok(()) => destroyed += 1,
+                // Closed meanwhile.
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(destroyed)
+}

@@ -1,0 +1,63 @@
+//! The backends' last known health, kept in the state dir so a restarted
+//! daemon starts from it: a restart never sends a new connection to a
+//! backend that was down, nor holds one back that was up.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::{BackendHealth, BackendKey};
+
+pub(crate) const SAVED_FILE: &str = "backend-health.json";
+/// A file larger than this is not read (it is not one hostmesh wrote).
+const MAX_SAVED_BYTES: u64 = 256 << 20;
+
+#[derive(Serialize, Deserialize)]
+struct Saved {
+    backends: Vec<(BackendKey, BackendHealth)>,
+}
+
+/// The saved states, if any; an unreadable or corrupt file is an error
+/// the caller logs (and starts without).
+pub(crate) fn load(state_dir: &Path) -> io::Result<BTreeMap<BackendKey, BackendHealth>> {
+    let path = state_dir.join(SAVED_FILE);
+    let file = match std::fs::File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+        Err(e) => return Err(e),
+    };
+    let len = file.metadata()?.len();
+    if len > MAX_SAVED_BYTES {
+        return Err(io::Error::other(format!("{} is {len} bytes; at most {MAX_SAVED_BYTES}", path.display())));
+    }
+    let saved: Saved = serde_json::from_reader(io::BufReader::new(file))
+        .map_err(|e| io::Error::other(format!("{}: {e}", path.display())))?;
+    Ok(saved.backends.into_iter().collect())
+}
+
+pub(crate) fn save(state_dir: &Path, states: &BTreeMap<BackendKey, BackendHealth>) -> io::Result<()> {
+    let saved = Saved { backends: states.iter().map(|(k, v)| (k.clone(), v.clone())).collect() };
+    crate::state::write_atomic_with(&state_dir.join(SAVED_FILE), |w| {
+        serde_json::to_writer(w, &saved).map_err(io::Error::other)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::health::Health;
+
+    #[test]
+    fn saved_states_load_back_and_a_missing_file_is_none() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(load(dir.path()).unwrap().is_empty());
+        let key = BackendKey { service: "web".into(), backend: "10.0.1.1:80".parse().unwrap() };
+        let states = BTreeMap::from([(key, BackendHealth::new(Health::Down, 7))]);
+        save(dir.path(), &states).unwrap();
+        assert_eq!(load(dir.path()).unwrap(), states);
+        std::fs::write(dir.path().join(SAVED_FILE), "{").unwrap();
+        assert!(load(dir.path()).unwrap_err().to_string().contains(SAVED_FILE));
+    }
+}

@@ -1,0 +1,353 @@
+//! Backends that fail (issue 14): health checks take a backend out of its
+//! service's tables and bring it back, on the connect-time path and the
+//! bpfnat veth path, with real servers stopped and started in another
+//! namespace. Interval 200 ms, rise 2, fall 2 (health_net.rs).
+
+use std::time::{Duration, Instant};
+
+use hm_testkit::scaled;
+use hostmesh::state::BackendState;
+
+use crate::fixtures::*;
+use crate::health_net::*;
+use crate::topology::Held;
+
+const REQUESTS: u32 = 32;
+
+/// interval × fall + 1 s: by then a failed backend takes no new connection.
+fn down_bound() -> Duration {
+    interval() * 2 + scaled(Duration::from_secs(1))
+}
+
+fn assert_only(net: &HealthNet, proto: &str, name: &str, what: &str) {
+    let (answers, errors) = net.requests(proto, REQUESTS);
+    assert!(errors.is_empty(), "{what}, {proto}: {errors:?}");
+    assert_eq!(answers, [(name.to_string(), u64::from(REQUESTS))], "{what}, {proto}");
+}
+
+fn assert_both(net: &HealthNet, proto: &str, what: &str) {
+    let (answers, errors) = net.requests(proto, REQUESTS);
+    assert!(errors.is_empty(), "{what}, {proto}: {errors:?}");
+    let names: Vec<&str> = answers.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, NAMES, "{what}, {proto}: both backends are used: {answers:?}");
+}
+
+fn killed_backend_leaves_and_comes_back(mode: &str) {
+    let services = services("kind = \"tcp\"", "kind = \"udp\", send = \"hello\"", [1, 1]);
+    let mut net = HealthNet::new(&format!("connect_time_lb = \"{mode}\""), &services);
+    let d = net.host.start_ready();
+    for (service, port) in [("web", 8080), ("dns", 5353)] {
+        for i in 0..2 {
+            net.wait_state(service, i, port, BackendState::Up, Duration::from_secs(5));
+        }
+    }
+    assert_both(&net, "tcp", mode);
+    assert_both(&net, "udp", mode);
+
+    net.stop_main(1);
+    let killed = Instant::now();
+    std::thread::sleep(down_bound());
+    let what = format!("mode {mode}, {:?} after b2 was killed", killed.elapsed());
+    assert_only(&net, "tcp", "b1", &what);
+    assert_only(&net, "udp", "b1", &what);
+    let web = net.backend("web", 1, 8080).unwrap();
+    assert_eq!(
+        (web.state, web.reason.as_deref()),
+        (BackendState::Down, Some("connect: connection refused")),
+        "{web:?}"
+    );
+    let dns = net.backend("dns", 1, 5353).unwrap();
+    assert_eq!((dns.state, dns.reason.as_deref()), (BackendState::Down, Some("udp: connection refused")), "{dns:?}");
+    let (text, _) = net.host.status_text();
+    assert!(text.contains("192.168.10.12:8080  down") && text.contains("connect: connection refused"), "{text}");
+    assert!(d.log_text().contains("backend down"), "one log line per transition");
+
+    net.start_main(1);
+    for (service, port) in [("web", 8080), ("dns", 5353)] {
+        net.wait_state(service, 1, port, BackendState::Up, interval() * 2 + Duration::from_secs(2));
+    }
+    assert_both(&net, "tcp", &format!("mode {mode}, b2 back"));
+    assert_both(&net, "udp", &format!("mode {mode}, b2 back"));
+    assert!(d.log_text().contains("backend up"), "{}", d.log_text());
+}
+
+#[test]
+fn a_killed_backend_gets_no_new_connections_and_comes_back_connect_time() {
+    let _serial = serial();
+    killed_backend_leaves_and_comes_back("all");
+}
+
+#[test]
+fn a_killed_backend_gets_no_new_connections_and_comes_back_veth_path() {
+    let _serial = serial();
+    killed_backend_leaves_and_comes_back("off");
+}
+
+/// Checks on the check port, so a backend fails them while it serves.
+fn port_checks(weights: [u32; 2]) -> String {
+    let check = format!("kind = \"tcp\", port = {CHECK_PORT}");
+    services(&check, &check, weights)
+}
+
+fn index_of(name: &str) -> usize {
+    NAMES.iter().position(|n| *n == name).unwrap()
+}
+
+#[test]
+fn an_established_veth_tcp_flow_survives_draining_and_a_flap_and_a_udp_flow_moves() {
+    let _serial = serial();
+    let mut net = HealthNet::new("connect_time_lb = \"off\"", &port_checks([1, 1]));
+    let _d = net.host.start_ready();
+    for i in 0..2 {
+        net.wait_state("web", i, 8080, BackendState::Up, Duration::from_secs(5));
+        net.wait_state("dns", i, 5353, BackendState::Up, Duration::from_secs(5));
+    }
+    let mut tcp = Held::start(&net.host, &["hold", "10.96.0.10", "80"]);
+    let first = tcp.answer();
+    let i = index_of(&first);
+
+    // Draining: weight 0.
+    let mut weights = [1, 1];
+    weights[i] = 0;
+    net.host.write("services.toml", &port_checks(weights));
+    net.wait_state("web", i, 8080, BackendState::Draining, Duration::from_secs(5));
+    assert_only(&net, "tcp", NAMES[1 - i], "draining");
+    assert_eq!(tcp.again(), first, "the established flow keeps its draining backend");
+
+    // A flap: down, then up, while the connection lives.
+    net.host.write("services.toml", &port_checks([1, 1]));
+    net.wait_state("web", i, 8080, BackendState::Up, Duration::from_secs(5));
+    net.stop_check(i);
+    net.wait_state("web", i, 8080, BackendState::Down, down_bound());
+    assert_eq!(tcp.again(), first, "the established flow keeps its backend while it is down");
+    net.start_check(i);
+    net.wait_state("web", i, 8080, BackendState::Up, Duration::from_secs(3));
+    assert_eq!(tcp.again(), first, "and after it is back");
+
+    // A UDP flow (one socket, one 5-tuple) moves when its backend goes down.
+    let mut udp = Held::start(&net.host, &["hold-udp", "10.96.0.10", "53", "unconnected"]);
+    let flow_backend = udp.answer();
+    let j = index_of(&flow_backend);
+    net.stop_check(j);
+    net.wait_state("dns", j, 5353, BackendState::Down, down_bound());
+    let moved = (0..20).map(|_| udp.again()).find(|a| *a != flow_backend);
+    assert_eq!(moved.as_deref(), Some(NAMES[1 - j]), "the UDP flow moved to the serving backend");
+    assert_eq!(udp.again(), NAMES[1 - j], "and stays there");
+}
+
+#[test]
+fn a_connected_udp_socket_whose_backend_goes_down_gets_an_error() {
+    let _serial = serial();
+    let mut net = HealthNet::new("connect_time_lb = \"all\"", &port_checks([1, 1]));
+    let d = net.host.start_ready();
+    for i in 0..2 {
+        net.wait_state("dns", i, 5353, BackendState::Up, Duration::from_secs(5));
+    }
+    let mut udp = Held::start(&net.host, &["hold-udp", "10.96.0.10", "53", "connected"]);
+    let backend = udp.answer();
+    let i = index_of(&backend);
+    net.stop_check(i);
+    let stopped = Instant::now();
+    let error = loop {
+        udp.send_again();
+        match udp.outcome() {
+            Ok(answer) => assert_eq!(answer, backend, "the socket stays connected to its backend until destroyed"),
+            Err(e) => break e,
+        }
+        assert!(stopped.elapsed() < down_bound(), "no error within {:?}\n{}", down_bound(), d.log_text());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // A destroyed socket is aborted and disconnected: a call blocked in
+    // recv() gets ECONNABORTED, the next send() EDESTADDRREQ.
+    assert!(["ECONNABORTED", "EDESTADDRREQ"].contains(&error.as_str()), "{error} after {:?}", stopped.elapsed());
+    assert!(stopped.elapsed() < down_bound(), "{:?}", stopped.elapsed());
+    // A new socket reaches the serving backend.
+    assert_only(&net, "udp", NAMES[1 - i], "after the destroy");
+}
+
+#[test]
+fn with_every_backend_down_the_vip_refuses_at_once() {
+    let _serial = serial();
+    for mode in ["all", "off"] {
+        let check = format!("kind = \"tcp\", port = {CHECK_PORT}");
+        let mut net = HealthNet::new(&format!("connect_time_lb = \"{mode}\""), &services(&check, &check, [1, 1]));
+        let _d = net.host.start_ready();
+        for i in 0..2 {
+            net.wait_state("web", i, 8080, BackendState::Up, Duration::from_secs(5));
+        }
+        net.stop_check(0);
+        net.stop_check(1);
+        for i in 0..2 {
+            net.wait_state("web", i, 8080, BackendState::Down, down_bound());
+            net.wait_state("dns", i, 5353, BackendState::Down, down_bound());
+        }
+        let status = net.host.status();
+        assert_eq!(status.counts.backends_down, 4, "{:?}", status.backends);
+        let v = net.client(&["refused", "tcp", "10.96.0.10", "80"]);
+        assert_eq!(v["error"], "ECONNREFUSED", "mode {mode}: {v}");
+        let seconds = v["seconds"].as_f64().unwrap();
+        assert!(seconds < hm_testkit::scaled_secs(0.1), "mode {mode}: refused after {seconds} s");
+    }
+}
+
+/// An HTTP health endpoint in the backends' namespace (health_http.py),
+/// killed when dropped.
+struct HttpHealth {
+    child: std::process::Child,
+    status: std::path::PathBuf,
+    log: std::path::PathBuf,
+}
+
+impl HttpHealth {
+    fn start(net: &HealthNet, dir: &hm_testkit::TempDir, i: usize, port: u16) -> HttpHealth {
+        use std::io::BufRead;
+        let (status, log) = (dir.join(&format!("status-{i}")), dir.join(&format!("log-{i}")));
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/clients/health_http.py");
+        let mut child = net
+            .backends
+            .command("python3")
+            .args([script, BACKENDS[i], &port.to_string(), status.to_str().unwrap(), log.to_str().unwrap()])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start health_http.py");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "listening");
+        HttpHealth { child, status, log }
+    }
+
+    fn answer(&self, code: u16) {
+        std::fs::write(&self.status, code.to_string()).unwrap();
+    }
+
+    fn requests(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.log).unwrap_or_default().lines().map(str::to_string).collect()
+    }
+}
+
+impl Drop for HttpHealth {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn http_exec_and_udp_checks_take_a_backend_down_and_back_and_checks_leave_from_source() {
+    let _serial = serial();
+    let dir = hm_testkit::TempDir::new("hm-health");
+    let script = dir.join("check-app");
+    std::fs::write(&script, "#!/bin/sh\n# down while <script>.fail-<address> exists\n! [ -e \"$0.fail-$1\" ]\n")
+        .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let timing = format!("interval = \"{}ms\", rise = 2, fall = 2", interval().as_millis());
+    let both = |port: u16| format!("[\"{}:{port}\", \"{}:{port}\"]", BACKENDS[0], BACKENDS[1]);
+    let services = format!(
+        "[[service]]\nname = \"web\"\nvip = \"10.96.0.10\"\nport = 80\nbackends = {}\n\
+         health_check = {{ kind = \"http\", port = 9091, path = \"/healthz\", host = \"web.internal\", expect = \"200-299\", source = \"192.168.10.2\", {timing} }}\n\n\
+         [[service]]\nname = \"dns\"\nvip = \"10.96.0.10\"\nport = 53\nprotocol = \"udp\"\nbackends = {}\n\
+         health_check = {{ kind = \"udp\", port = 9092, send = 'ping\\x00', expect = \"b\", {timing} }}\n\n\
+         [[service]]\nname = \"app\"\nvip = \"10.96.0.11\"\nport = 80\nbackends = {}\n\
+         health_check = {{ kind = \"exec\", command = [\"{}\", \"{{address}}\", \"{{port}}\"], {timing} }}\n",
+        both(8080),
+        both(5353),
+        both(8080),
+        script.display()
+    );
+    let net = HealthNet::new("connect_time_lb = \"all\"", &services);
+    let http: Vec<HttpHealth> = (0..2).map(|i| HttpHealth::start(&net, &dir, i, 9091)).collect();
+    let mut udp: Vec<Option<hm_testkit::Servers>> = (0..2)
+        .map(|i| {
+            let addr = format!("{}:9092", BACKENDS[i]);
+            Some(hm_testkit::Servers::start(&net.backends, &[(&addr, hm_testkit::Proto::Udp, NAMES[i])]))
+        })
+        .collect();
+    let _d = net.host.start_ready();
+    for i in 0..2 {
+        for (service, port) in [("web", 8080), ("dns", 5353), ("app", 8080)] {
+            net.wait_state(service, i, port, BackendState::Up, Duration::from_secs(5));
+        }
+    }
+
+    // http: 503 takes b2 down, 200 brings it back.
+    http[1].answer(503);
+    net.wait_state("web", 1, 8080, BackendState::Down, down_bound());
+    assert_eq!(net.backend("web", 1, 8080).unwrap().reason.as_deref(), Some("http 503"));
+    assert_only(&net, "tcp", "b1", "b2 answers 503");
+    http[1].answer(200);
+    net.wait_state("web", 1, 8080, BackendState::Up, Duration::from_secs(3));
+    for (i, h) in http.iter().enumerate() {
+        let seen = h.requests();
+        assert!(!seen.is_empty(), "b{} was checked", i + 1);
+        assert!(
+            seen.iter().all(|l| l == "192.168.10.2 /healthz web.internal"),
+            "every check came from source: {seen:?}"
+        );
+    }
+
+    // udp: a socket that never answers takes b1 down.
+    udp[0] = None;
+    let silent = net.backends.run(|| std::net::UdpSocket::bind("192.168.10.11:9092").unwrap());
+    net.wait_state("dns", 0, 5353, BackendState::Down, down_bound());
+    let reason = net.backend("dns", 0, 5353).unwrap().reason.unwrap();
+    assert!(reason.starts_with("timeout after"), "{reason}");
+    assert_only(&net, "udp", "b2", "b1 does not answer its checks");
+    drop(silent);
+
+    // exec: exit 1 takes b2 down.
+    std::fs::write(format!("{}.fail-{}", script.display(), BACKENDS[1]), "").unwrap();
+    net.wait_state("app", 1, 8080, BackendState::Down, down_bound());
+    assert_eq!(net.backend("app", 1, 8080).unwrap().reason.as_deref(), Some("exec: exit status 1"));
+    let (answers, errors) = {
+        let v = net.client(&["requests", "tcp", "10.96.0.11", "80", &REQUESTS.to_string()]);
+        (v["answers"].clone(), v["errors"].clone())
+    };
+    assert_eq!(answers, serde_json::json!({ "b1": REQUESTS }), "{errors}");
+    assert_eq!(net.backend("web", 1, 8080).unwrap().state, BackendState::Up, "each service has its own checks");
+}
+
+#[test]
+fn a_new_backend_gets_nothing_before_its_first_check_passes_and_a_restart_keeps_every_state() {
+    let _serial = serial();
+    let check = |initial: &str| format!("kind = \"tcp\", port = {CHECK_PORT}, initial = \"{initial}\"");
+    let only_b1 = |initial: &str| {
+        services(&check(initial), &check(initial), [1, 1])
+            .replace(", { address = \"192.168.10.12:8080\", weight = 1 }", "")
+    };
+    let mut net = HealthNet::new("connect_time_lb = \"all\"", &only_b1("unknown"));
+    net.stop_check(1);
+    let mut d = net.host.start_ready();
+    net.wait_state("web", 0, 8080, BackendState::Up, Duration::from_secs(5));
+
+    // b2 comes with a check that cannot pass yet: it gets nothing.
+    let generation = net.host.status().generation;
+    net.host.write("services.toml", &services(&check("unknown"), &check("unknown"), [1, 1]));
+    hm_testkit::wait_until("the sync that adds b2", Duration::from_secs(5), || {
+        net.host.status().generation > generation && net.backend("web", 1, 8080).is_some()
+    })
+    .unwrap();
+    let state = net.backend("web", 1, 8080).unwrap().state;
+    assert!([BackendState::Unknown, BackendState::Down].contains(&state), "{state}");
+    assert_only(&net, "tcp", "b1", "b2 before its first passing check");
+    net.start_check(1);
+    net.wait_state("web", 1, 8080, BackendState::Up, Duration::from_secs(3));
+    assert_both(&net, "tcp", "b2 once its check passed");
+
+    // With initial = "up", only the saved state keeps a down backend out
+    // after a restart; b1 (up) serves from the first sync on.
+    net.host.write("services.toml", &services(&check("up"), &check("up"), [1, 1]));
+    net.stop_check(1);
+    net.wait_state("web", 1, 8080, BackendState::Down, down_bound());
+    let since = net.backend("web", 1, 8080).unwrap().since;
+    d.stop(Duration::from_secs(5));
+    let d = net.host.start_ready();
+    assert_only(&net, "tcp", "b1", "right after the restart");
+    let b2 = net.backend("web", 1, 8080).unwrap();
+    assert_eq!((b2.state, b2.since), (BackendState::Down, since), "the state and its time are restored");
+    let log = d.log_text();
+    let restarted = &log[log.rfind("msg=starting").unwrap()..];
+    assert!(
+        !restarted.contains("backend up") && !restarted.contains("backend down"),
+        "no backend flipped: {restarted}"
+    );
+}
