@@ -22,6 +22,7 @@
 #define HM_MAX_MAGLEV_CHUNKS 1048576
 #define HM_MAX_CONNTRACK 131072
 #define HM_MAX_REVERSE_SOCK 131072
+#define HM_MAX_AFFINITY 131072
 
 /* A Maglev table is stored in chunks of this many slots. */
 #define HM_MAGLEV_CHUNK 64
@@ -67,6 +68,34 @@ _Static_assert(sizeof(struct hm_svc_value) == 16, "hm_svc_value layout");
 /* The VIP:port is also a [[mesh]] entry: the sidecar owns it, connect-time
  * load balancing leaves it alone. */
 #define HM_SVC_F_MESH (1u << 0)
+/* affinity = "client-ip": a client keeps its backend (HM_AFFINITY) for the
+ * service's HM_SVC_AFFINITY timeout after its last connection. */
+#define HM_SVC_F_AFFINITY (1u << 1)
+
+/* HM_SVC_AFFINITY: service id -> its affinity settings (services with
+ * HM_SVC_F_AFFINITY only). */
+struct hm_svc_affinity {
+	__u32 timeout_s; /* idle time after which a client may move */
+	__u32 _pad;
+};
+_Static_assert(sizeof(struct hm_svc_affinity) == 8, "hm_svc_affinity layout");
+
+/* HM_AFFINITY: (client, service) -> the backend it reached last. The
+ * client is the packet's source on the veth path, the socket's bound
+ * address (zero when unbound: the host) for connect-time LB. The daemon
+ * deletes entries whose backend left the service. */
+struct hm_aff_key {
+	__u8 client[16];
+	__u32 svc_id;
+};
+_Static_assert(sizeof(struct hm_aff_key) == 20, "hm_aff_key layout");
+
+struct hm_aff_value {
+	__u32 backend_id;
+	__u32 _pad;
+	__u64 last_seen_ns; /* bpf_ktime_get_ns() */
+};
+_Static_assert(sizeof(struct hm_aff_value) == 16, "hm_aff_value layout");
 
 /* Per-service counters, per CPU, indexed by hm_svc_value.id. */
 struct hm_svc_stats {

@@ -79,6 +79,28 @@ static __always_inline int refuse(void)
 	return 0;
 }
 
+/* The client, for affinity: the address the socket is bound to (all
+ * zeros when unbound: then every such socket is "the host"). */
+static __always_inline void bound_addr(struct bpf_sock_addr *ctx, int v6, __u8 addr[16])
+{
+	struct bpf_sock *sk = ctx->sk;
+
+	__builtin_memset(addr, 0, 16);
+	if (!sk)
+		return;
+	if (v6) {
+		__u32 w[4];
+
+		w[0] = sk->src_ip6[0];
+		w[1] = sk->src_ip6[1];
+		w[2] = sk->src_ip6[2];
+		w[3] = sk->src_ip6[3];
+		__builtin_memcpy(addr, w, 16);
+	} else {
+		hm_v4_mapped(addr, sk->src_ip4);
+	}
+}
+
 /* connect() and sendmsg(): VIP -> backend. Returns 1 to let the call go
  * on, 0 to refuse it. */
 static __always_inline int to_backend(struct bpf_sock_addr *ctx, int v6)
@@ -89,6 +111,7 @@ static __always_inline int to_backend(struct bpf_sock_addr *ctx, int v6)
 	struct hm_revsk_value rv = {}, *known;
 	struct hm_svc_value *svc;
 	struct hm_backend *be;
+	__u8 client[16];
 	__u32 proto;
 	__u64 cookie;
 
@@ -110,7 +133,8 @@ static __always_inline int to_backend(struct bpf_sock_addr *ctx, int v6)
 	if (svc->backend_count == 0)
 		return refuse();
 	cookie = bpf_get_socket_cookie(ctx);
-	be = hm_pick_backend(svc, hm_mix64(cookie));
+	bound_addr(ctx, v6, client);
+	be = hm_pick_backend(svc, client, hm_mix64(cookie));
 	if (!be)
 		return refuse();
 

@@ -74,6 +74,21 @@ struct {
 	__type(value, struct hm_revsk_value);
 } HM_REVERSE_SOCK SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, HM_MAX_SERVICES);
+	__type(key, __u32);
+	__type(value, struct hm_svc_affinity);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} HM_SVC_AFFINITY SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, HM_MAX_AFFINITY);
+	__type(key, struct hm_aff_key);
+	__type(value, struct hm_aff_value);
+} HM_AFFINITY SEC(".maps");
+
 static __always_inline struct hm_config *hm_config(void)
 {
 	__u32 zero = 0;
@@ -91,24 +106,64 @@ static __always_inline void hm_count(__u32 svc_id, __u32 bytes)
 	}
 }
 
-/* The backend a hash selects from the service's Maglev table. */
-static __always_inline struct hm_backend *hm_pick_backend(const struct hm_svc_value *svc, __u32 hash)
+/* The id of the backend a hash selects from the service's Maglev table;
+ * 0 when there is none (ids start at 0, so the found flag is apart). */
+static __always_inline int hm_pick_id(const struct hm_svc_value *svc, __u32 hash, __u32 *id)
 {
 	struct hm_maglev_key key = {};
 	struct hm_maglev_chunk *chunk;
 	__u32 size = svc->table_size;
-	__u32 slot, id;
+	__u32 slot;
 
 	if (size == 0)
-		return NULL;
+		return 0;
 	slot = hash % size;
 	key.svc_id = svc->id;
 	key.chunk = slot / HM_MAGLEV_CHUNK;
 	chunk = bpf_map_lookup_elem(&HM_MAGLEV, &key);
 	if (!chunk)
+		return 0;
+	*id = chunk->backend[slot & (HM_MAGLEV_CHUNK - 1)];
+	return 1;
+}
+
+/* The backend for a new connection of `client`: with affinity, the one it
+ * reached last while that is fresh (the daemon removes entries of
+ * backends that left the service), else the hash's pick, remembered. */
+static __always_inline struct hm_backend *hm_pick_backend(const struct hm_svc_value *svc, const __u8 *client,
+							  __u32 hash)
+{
+	struct hm_aff_key ak = {};
+	struct hm_aff_value av = {}, *known;
+	struct hm_svc_affinity *a = NULL;
+	struct hm_backend *be;
+	__u64 now = 0;
+	__u32 id;
+
+	if (svc->flags & HM_SVC_F_AFFINITY)
+		a = bpf_map_lookup_elem(&HM_SVC_AFFINITY, &svc->id);
+	if (a) {
+		__builtin_memcpy(ak.client, client, 16);
+		ak.svc_id = svc->id;
+		now = bpf_ktime_get_ns();
+		known = bpf_map_lookup_elem(&HM_AFFINITY, &ak);
+		if (known && now - known->last_seen_ns < (__u64)a->timeout_s * NS_PER_S) {
+			be = bpf_map_lookup_elem(&HM_BACKENDS, &known->backend_id);
+			if (be) {
+				known->last_seen_ns = now;
+				return be;
+			}
+		}
+	}
+	if (!hm_pick_id(svc, hash, &id))
 		return NULL;
-	id = chunk->backend[slot & (HM_MAGLEV_CHUNK - 1)];
-	return bpf_map_lookup_elem(&HM_BACKENDS, &id);
+	be = bpf_map_lookup_elem(&HM_BACKENDS, &id);
+	if (be && a) {
+		av.backend_id = id;
+		av.last_seen_ns = now;
+		bpf_map_update_elem(&HM_AFFINITY, &ak, &av, BPF_ANY);
+	}
+	return be;
 }
 
 /* A 64-bit mix (splitmix64's finaliser) folded to 32 bits. */

@@ -227,7 +227,7 @@ int hm_natout(struct __sk_buff *skb)
 			return refuse(skb, &f);
 		/* The flow hash: a flow whose entry was lost (evicted, expired)
 		 * gets the same backend again while the table is unchanged. */
-		be = hm_pick_backend(svc, bpf_get_hash_recalc(skb));
+		be = hm_pick_backend(svc, f.src, bpf_get_hash_recalc(skb));
 		if (!be)
 			return refuse(skb, &f);
 		__builtin_memcpy(backend, be->addr, 16);

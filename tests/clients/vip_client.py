@@ -7,13 +7,15 @@ one JSON object on stdout.
 
   requests PROTO HOST PORT COUNT   COUNT requests, each on a new socket:
       {"answers": {"b1": 10, ...}, "peers": ["10.96.0.10:80"], "errors": []}
+  requests-from SOURCE PROTO HOST PORT COUNT   the same, each socket bound
+      to SOURCE first
   loop PROTO HOST PORT INTERVAL SECONDS   a request every INTERVAL for SECONDS:
       {"ok": 80, "failures": ["12.3: timed out", ...]}
   watch PROTO HOST PORT INTERVAL SECONDS   like loop, one line per request:
       {"t": <CLOCK_MONOTONIC seconds>, "answer": "b1"} or {"t": ..., "error": "..."}
   refused PROTO HOST PORT   one connect(): {"error": "ECONNREFUSED", "seconds": 0.001}
   hold HOST PORT   one TCP connection; a request now and one per line on stdin:
-      prints {"answer": "b1"} per request
+      prints {"answer": "b1"} per request, or {"error": "ECONNRESET"} and ends
   hold-udp HOST PORT connected|unconnected   one UDP socket (one flow), a
       request now and one per line on stdin: {"answer": "b1"} or
       {"error": "ECONNABORTED"} per request
@@ -36,11 +38,14 @@ def peer_text(addr):
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def request(proto, host, port):
-    """One request on a new socket; returns (answer, peer)."""
+def request(proto, host, port, source=None):
+    """One request on a new socket (bound to source, if given); returns
+    (answer, peer)."""
     kind = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
     with socket.socket(family(host), kind) as s:
         s.settimeout(TIMEOUT)
+        if source:
+            s.bind((source, 0))
         if proto == "tcp":
             s.connect((host, port))
             peer = s.getpeername()
@@ -52,11 +57,11 @@ def request(proto, host, port):
         return data.decode().strip(), peer_text(peer)
 
 
-def requests(proto, host, port, count):
+def requests(proto, host, port, count, source=None):
     answers, peers, errors = {}, set(), []
     for _ in range(count):
         try:
-            answer, peer = request(proto, host, port)
+            answer, peer = request(proto, host, port, source)
             answers[answer] = answers.get(answer, 0) + 1
             peers.add(peer)
         except OSError as e:
@@ -112,9 +117,14 @@ def hold(host, port):
         s.settimeout(TIMEOUT)
         s.connect((host, port))
         while True:
-            s.sendall(b"hello\n")
-            print(json.dumps({"answer": s.recv(64).decode().strip()}), flush=True)
-            if not sys.stdin.readline():
+            try:
+                s.sendall(b"hello\n")
+                data = s.recv(64)
+                out = {"answer": data.decode().strip()} if data else {"error": "closed"}
+            except OSError as e:
+                out = {"error": errno.errorcode.get(e.errno, str(e)) if e.errno else str(e)}
+            print(json.dumps(out), flush=True)
+            if "error" in out or not sys.stdin.readline():
                 return
 
 
@@ -143,6 +153,8 @@ def main():
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == "requests":
         out = requests(args[0], args[1], int(args[2]), int(args[3]))
+    elif mode == "requests-from":
+        out = requests(args[1], args[2], int(args[3]), int(args[4]), args[0])
     elif mode == "loop":
         out = loop(args[0], args[1], int(args[2]), float(args[3]), float(args[4]))
     elif mode == "refused":

@@ -338,6 +338,7 @@ fn a_new_backend_gets_nothing_before_its_first_check_passes_and_a_restart_keeps_
     net.host.write("services.toml", &services(&check("up"), &check("up"), [1, 1]));
     net.stop_check(1);
     net.wait_state("web", 1, 8080, BackendState::Down, down_bound());
+    net.wait_state("dns", 1, 5353, BackendState::Down, down_bound());
     let since = net.backend("web", 1, 8080).unwrap().since;
     d.stop(Duration::from_secs(5));
     let d = net.host.start_ready();
@@ -350,4 +351,125 @@ fn a_new_backend_gets_nothing_before_its_first_check_passes_and_a_restart_keeps_
         !restarted.contains("backend up") && !restarted.contains("backend down"),
         "no backend flipped: {restarted}"
     );
+}
+
+/// Answers of 20 TCP connections to the VIP, each socket bound to
+/// `source` when given.
+fn twenty(net: &HealthNet, source: Option<&str>) -> Vec<(String, u64)> {
+    let v = match source {
+        Some(src) => net.client(&["requests-from", src, "tcp", "10.96.0.10", "80", "20"]),
+        None => net.client(&["requests", "tcp", "10.96.0.10", "80", "20"]),
+    };
+    assert!(v["errors"].as_array().unwrap().is_empty(), "{v}");
+    v["answers"].as_object().unwrap().iter().map(|(k, n)| (k.clone(), n.as_u64().unwrap())).collect()
+}
+
+fn one_backend(answers: &[(String, u64)], what: &str) -> usize {
+    assert_eq!(answers.len(), 1, "{what}: 20 connections from one client reach one backend: {answers:?}");
+    index_of(&answers[0].0)
+}
+
+/// `affinity = "client-ip"`: on the veth path the client is the source
+/// address (the host's 192.168.10.1 here); for connect-time LB it is the
+/// socket's bound address, and every unbound socket is "the host".
+fn affinity_sticks_and_moves(mode: &str) {
+    let check = format!("kind = \"tcp\", port = {CHECK_PORT}");
+    // "plain" shares web's backends without checks, so a backend that is
+    // down for web stays in the kernel's backend table: only hostmesh
+    // forgetting web's clients of it moves them.
+    let plain = format!(
+        "\n[[service]]\nname = \"plain\"\nvip = \"10.96.0.12\"\nport = 80\nbackends = [\"{}:8080\", \"{}:8080\"]\n",
+        BACKENDS[0], BACKENDS[1]
+    );
+    let services = services(&check, &check, [1, 1]).replacen(
+        "health_check",
+        "affinity = \"client-ip\"\naffinity_timeout = \"1h\"\nhealth_check",
+        1,
+    ) + &plain;
+    let mut net = HealthNet::new(&format!("connect_time_lb = \"{mode}\""), &services);
+    let _d = net.host.start_ready();
+    for i in 0..2 {
+        net.wait_state("web", i, 8080, BackendState::Up, Duration::from_secs(5));
+    }
+    let first = one_backend(&twenty(&net, None), &format!("mode {mode}"));
+    if mode == "all" {
+        // A bound socket is a client of its own, and sticks too.
+        one_backend(&twenty(&net, Some("192.168.10.2")), "bound to 192.168.10.2");
+    }
+    net.stop_check(first);
+    net.wait_state("web", first, 8080, BackendState::Down, down_bound());
+    let moved = one_backend(&twenty(&net, None), &format!("mode {mode}, its backend down"));
+    assert_eq!(moved, 1 - first, "mode {mode}: the client moved to the serving backend");
+    net.start_check(first);
+    net.wait_state("web", first, 8080, BackendState::Up, Duration::from_secs(3));
+    let after = one_backend(&twenty(&net, None), &format!("mode {mode}, the first backend back"));
+    assert_eq!(after, moved, "mode {mode}: the client stays with its new backend");
+}
+
+#[test]
+fn affinity_keeps_a_client_on_one_backend_and_moves_it_when_that_goes_down_connect_time() {
+    let _serial = serial();
+    affinity_sticks_and_moves("all");
+}
+
+#[test]
+fn affinity_keeps_a_client_on_one_backend_and_moves_it_when_that_goes_down_veth_path() {
+    let _serial = serial();
+    affinity_sticks_and_moves("off");
+}
+
+/// `drain_timeout`: an established TCP connection keeps a backend that
+/// left until the timeout, then it is dropped (reset on the veth path,
+/// destroyed for connect-time LB).
+fn drain_timeout_drops_established_flows(mode: &str) {
+    let timeout = scaled(Duration::from_secs(1));
+    let with = |weights: [u32; 2]| {
+        port_checks(weights).replacen(
+            "health_check",
+            &format!("drain_timeout = \"{}ms\"\nhealth_check", timeout.as_millis()),
+            1,
+        )
+    };
+    let net = HealthNet::new(&format!("connect_time_lb = \"{mode}\""), &with([1, 1]));
+    let _d = net.host.start_ready();
+    for i in 0..2 {
+        net.wait_state("web", i, 8080, BackendState::Up, Duration::from_secs(5));
+    }
+    let mut tcp = Held::start(&net.host, &["hold", "10.96.0.10", "80"]);
+    let first = tcp.answer();
+    let i = index_of(&first);
+    let mut weights = [1, 1];
+    weights[i] = 0;
+    net.host.write("services.toml", &with(weights));
+    net.wait_state("web", i, 8080, BackendState::Draining, Duration::from_secs(5));
+    let drained = Instant::now();
+    assert_eq!(tcp.again(), first, "mode {mode}: the flow keeps its backend within the drain timeout");
+    let error = loop {
+        tcp.send_again();
+        match tcp.outcome() {
+            Ok(answer) => assert_eq!(answer, first, "mode {mode}"),
+            Err(e) => break e,
+        }
+        assert!(
+            drained.elapsed() < timeout + scaled(Duration::from_secs(2)),
+            "mode {mode}: still up after the drain timeout"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let after = drained.elapsed();
+    assert!(["ECONNRESET", "ECONNABORTED", "EPIPE", "closed"].contains(&error.as_str()), "mode {mode}: {error}");
+    assert!(after >= timeout - Duration::from_millis(200), "mode {mode}: dropped after {after:?}, before the timeout");
+    assert_only(&net, "tcp", NAMES[1 - i], &format!("mode {mode}, after the drain"));
+}
+
+#[test]
+fn drain_timeout_drops_an_established_flow_veth_path() {
+    let _serial = serial();
+    drain_timeout_drops_established_flows("off");
+}
+
+#[test]
+fn drain_timeout_drops_an_established_flow_connect_time() {
+    let _serial = serial();
+    drain_timeout_drops_established_flows("all");
 }

@@ -56,6 +56,35 @@ pub struct HmConfig {
 /// `SvcValue::flags`: the VIP:port is also a mesh entry; connect-time LB
 /// leaves it to the sidecar.
 pub const SVC_F_MESH: u32 = 1 << 0;
+/// `SvcValue::flags`: affinity = "client-ip" (its timeout in
+/// `HM_SVC_AFFINITY`).
+pub const SVC_F_AFFINITY: u32 = 1 << 1;
+
+/// `HM_SVC_AFFINITY`: service id -> affinity settings.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SvcAffinity {
+    pub timeout_s: u32,
+    pub pad: u32,
+}
+
+/// `HM_AFFINITY` key: a client of a service.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AffKey {
+    /// IPv6, or IPv4-mapped; zero: the host (an unbound socket).
+    pub client: [u8; 16],
+    pub svc_id: u32,
+}
+
+/// `HM_AFFINITY` value: the backend that client reached last.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AffValue {
+    pub backend_id: u32,
+    pub pad: u32,
+    pub last_seen_ns: u64,
+}
 
 pub const CFG_CTLB_TCP: u32 = 1 << 0;
 pub const CFG_CTLB_UDP: u32 = 1 << 1;
@@ -228,6 +257,7 @@ pub const MAX_BACKENDS: u32 = 65536;
 pub const MAX_MAGLEV_CHUNKS: u32 = 1_048_576;
 pub const CONNTRACK_SIZE: u32 = 131072;
 pub const MAX_REVERSE_SOCK: u32 = 131072;
+pub const MAX_AFFINITY: u32 = 131072;
 pub const MESH_MAP_SIZE: u32 = 16384;
 
 /// probes/netns_cookie.c answers sockets that connect here over UDP
@@ -297,6 +327,9 @@ pub trait Pod: Copy + 'static {
 
 impl Pod for SvcKey {}
 impl Pod for SvcValue {}
+impl Pod for SvcAffinity {}
+impl Pod for AffKey {}
+impl Pod for AffValue {}
 impl Pod for SvcStats {}
 impl Pod for HmConfig {}
 impl Pod for BackendValue {}

@@ -244,8 +244,15 @@ impl BpfBackend for FakeKernel {
         Ok(Sweep::default())
     }
 
-    fn forget_udp_backends(&mut self, _stopped: &[super::StoppedBackend]) -> Result<super::Forgotten> {
+    fn drop_flows(&mut self, _stopped: &[super::StoppedBackend]) -> Result<super::Forgotten> {
         Ok(super::Forgotten::default())
+    }
+
+    fn prune_affinity(
+        &mut self,
+        _serving: &BTreeMap<crate::abi::SvcKey, std::collections::BTreeSet<std::net::SocketAddr>>,
+    ) -> Result<usize> {
+        Ok(0)
     }
 
     fn configure(&mut self, _settings: &BpfSettings) -> Result<bool> {

@@ -106,12 +106,21 @@ pub trait BpfBackend {
     /// Removes flows past their timeout from the conntrack maps (closed
     /// TCP, idle UDP); says how many, and what is left.
     fn expire_flows(&mut self) -> Result<Sweep>;
-    /// After a sync that took backends out of UDP services: forgets the
-    /// veth path's flows to them and destroys the connected UDP sockets
+    /// Drops the flows of backends that left their service: forgets the
+    /// veth path's flows to them and destroys the connected sockets
     /// connect-time LB pointed at them, so the next datagram reaches a
-    /// serving backend and a connected socket's owner gets an error
-    /// (ECONNABORTED) and reconnects. TCP is left to finish.
-    fn forget_udp_backends(&mut self, stopped: &[StoppedBackend]) -> Result<Forgotten>;
+    /// serving backend and a connected socket's owner gets an error and
+    /// reconnects. The daemon calls it for UDP at once and for TCP after
+    /// `drain_timeout`.
+    fn drop_flows(&mut self, stopped: &[StoppedBackend]) -> Result<Forgotten>;
+    /// After a sync that changed a service with affinity: deletes the
+    /// clients' remembered backends that are not in `serving` (each
+    /// affinity service's serving backends) for their service; returns how
+    /// many.
+    fn prune_affinity(
+        &mut self,
+        serving: &BTreeMap<abi::SvcKey, std::collections::BTreeSet<std::net::SocketAddr>>,
+    ) -> Result<usize>;
     /// Sets the capacity of configurable maps and how TC programs are
     /// attached. Returns true when that replaced loaded maps or changed the
     /// TC mode (the kernel must then be re-read).
@@ -128,14 +137,15 @@ pub trait BpfBackend {
 
 pub use crate::config::MapSizes;
 
-/// A backend that left a UDP service's Maglev table.
+/// A backend that left a service's Maglev table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct StoppedBackend {
-    pub vip: std::net::SocketAddr,
-    pub backend: std::net::SocketAddr,
+    pub(crate) vip: std::net::SocketAddr,
+    pub(crate) protocol: crate::config::Protocol,
+    pub(crate) backend: std::net::SocketAddr,
 }
 
-/// What `forget_udp_backends` did.
+/// What `drop_flows` did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Forgotten {
     /// Conntrack entries deleted (two per flow).

@@ -19,6 +19,9 @@ pub enum Capacity {
     Conntrack,
     /// HM_REVERSE_SOCK (connect-time LB's UDP sockets, for their replies).
     ReverseSock,
+    /// HM_AFFINITY (clients of services with affinity, one entry per
+    /// client and service).
+    Affinity,
     /// HM_MESH and HM_MESH_SOCKETS (mesh entries, sidecar listeners).
     Mesh,
 }
@@ -35,7 +38,7 @@ pub struct SizeKey {
 /// Every capacity key. The defaults are the sizes the probes declare
 /// (`HM_MAX_*` in probes/hostmesh_abi.h); the maximum of the service and
 /// backend maps is past the 1,000,000 services large fleets plan for.
-pub const SIZE_KEYS: [SizeKey; 6] = [
+pub const SIZE_KEYS: [SizeKey; 7] = [
     SizeKey { capacity: Capacity::Services, key: "service_map_size", default: 65_536, min: 1024, max: 1 << 24 },
     SizeKey { capacity: Capacity::Backends, key: "backend_map_size", default: 65_536, min: 1024, max: 1 << 24 },
     SizeKey { capacity: Capacity::MaglevChunks, key: "maglev_map_size", default: 1 << 20, min: 1024, max: 1 << 26 },
@@ -47,6 +50,7 @@ pub const SIZE_KEYS: [SizeKey; 6] = [
         min: 4096,
         max: 1 << 24,
     },
+    SizeKey { capacity: Capacity::Affinity, key: "affinity_map_size", default: 131_072, min: 4096, max: 1 << 24 },
     SizeKey { capacity: Capacity::Mesh, key: "mesh_map_size", default: 16_384, min: 4096, max: 1 << 20 },
 ];
 
@@ -64,6 +68,7 @@ pub struct MapSizes {
     pub maglev_chunks: u32,
     pub conntrack: u32,
     pub reverse_sock: u32,
+    pub affinity: u32,
     pub mesh: u32,
 }
 
@@ -75,6 +80,7 @@ impl MapSizes {
             Capacity::MaglevChunks => self.maglev_chunks,
             Capacity::Conntrack => self.conntrack,
             Capacity::ReverseSock => self.reverse_sock,
+            Capacity::Affinity => self.affinity,
             Capacity::Mesh => self.mesh,
         }
     }
@@ -86,6 +92,7 @@ impl MapSizes {
             Capacity::MaglevChunks => &mut self.maglev_chunks,
             Capacity::Conntrack => &mut self.conntrack,
             Capacity::ReverseSock => &mut self.reverse_sock,
+            Capacity::Affinity => &mut self.affinity,
             Capacity::Mesh => &mut self.mesh,
         };
         *slot = n;
@@ -94,7 +101,15 @@ impl MapSizes {
 
 impl Default for MapSizes {
     fn default() -> Self {
-        let mut s = MapSizes { services: 0, backends: 0, maglev_chunks: 0, conntrack: 0, reverse_sock: 0, mesh: 0 };
+        let mut s = MapSizes {
+            services: 0,
+            backends: 0,
+            maglev_chunks: 0,
+            conntrack: 0,
+            reverse_sock: 0,
+            affinity: 0,
+            mesh: 0,
+        };
         for k in &SIZE_KEYS {
             s.set(k.capacity, k.default);
         }
@@ -114,6 +129,7 @@ mod tests {
         assert_eq!(d.maglev_chunks, crate::abi::MAX_MAGLEV_CHUNKS);
         assert_eq!(d.conntrack, crate::abi::CONNTRACK_SIZE);
         assert_eq!(d.reverse_sock, crate::abi::MAX_REVERSE_SOCK);
+        assert_eq!(d.affinity, crate::abi::MAX_AFFINITY);
         assert_eq!(d.mesh, crate::abi::MESH_MAP_SIZE);
         for k in &SIZE_KEYS {
             assert!(k.min <= k.default && k.default <= k.max, "{}", k.key);

@@ -51,6 +51,7 @@ const KEYS: &[&str] = &[
     "backend_map_size",
     "maglev_map_size",
     "reverse_sock_map_size",
+    "affinity_map_size",
     "mesh_map_size",
     "tc_attach",
     "probe_interval",

@@ -99,6 +99,7 @@ fn capacity_text(c: Capacity, n: u32) -> String {
         Capacity::Backends => ("backend", ""),
         Capacity::Conntrack => ("conntrack", ""),
         Capacity::ReverseSock => ("reverse-socket", ""),
+        Capacity::Affinity => ("affinity", ""),
     };
     format!("the {map} map holds {n} (raise [daemon] {}{also})", c.key().key)
 }

@@ -44,6 +44,7 @@ pub(super) struct RawDaemon {
     pub maglev_map_size: Option<S<i64>>,
     pub conntrack_size: Option<S<i64>>,
     pub reverse_sock_map_size: Option<S<i64>>,
+    pub affinity_map_size: Option<S<i64>>,
     pub mesh_map_size: Option<S<i64>>,
     /// hostmesh extension: "auto" (TCX where the kernel has it) or
     /// "netlink" (clsact filters).
@@ -63,6 +64,7 @@ pub(super) struct RawService {
     pub health_check: Option<S<RawHealthCheck>>,
     pub affinity: Option<S<String>>,
     pub affinity_timeout: Option<S<String>>,
+    pub drain_timeout: Option<S<String>>,
     /// hostmesh extension: this service's Maglev table size (prime).
     pub maglev_table_size: Option<S<i64>>,
 }

@@ -858,3 +858,44 @@ health_check = { kind = "exec", command = ["/usr/local/lib/check-web", "{address
         CheckKind::Exec { command: vec!["/usr/local/lib/check-web".into(), "{address}".into(), "{port}".into()] }
     );
 }
+
+#[test]
+fn affinity_is_client_ip_with_a_three_hour_default_or_none() {
+    let svc = |extra: &str| format!("[[service]]\nname = \"web\"\nvip = \"10.0.0.1\"\nport = 80\n{extra}");
+    let parse =
+        |extra: &str| parse_file(&Source::new(Path::new("t.toml"), &svc(extra))).map(|f| f.services[0].affinity);
+    assert_eq!(parse(""), Ok(None));
+    assert_eq!(parse("affinity = \"none\"\n"), Ok(None));
+    assert_eq!(parse("affinity = \"client-ip\"\n"), Ok(Some(std::time::Duration::from_secs(10_800))));
+    assert_eq!(
+        parse("affinity = \"client-ip\"\naffinity_timeout = \"10m\"\n"),
+        Ok(Some(std::time::Duration::from_secs(600)))
+    );
+    assert_eq!(
+        one_error(&svc("affinity_timeout = \"10m\"\n")),
+        "t.toml:5:20: service \"web\": affinity_timeout needs affinity = \"client-ip\""
+    );
+    assert_eq!(
+        one_error(&svc("affinity = \"cookie\"\n")),
+        "t.toml:5:12: service \"web\": affinity \"cookie\" is not one of \"none\" or \"client-ip\""
+    );
+    assert_eq!(
+        one_error(&svc("affinity = \"client-ip\"\naffinity_timeout = \"2d\"\n")),
+        "t.toml:6:20: service \"web\": affinity_timeout \"2d\" is out of range; use 1s to 24h"
+    );
+}
+
+#[test]
+fn drain_timeout_is_for_tcp_services() {
+    let svc = |extra: &str| format!("[[service]]\nname = \"web\"\nvip = \"10.0.0.1\"\nport = 80\n{extra}");
+    let f = parse_file(&Source::new(Path::new("t.toml"), &svc("drain_timeout = \"30s\"\n"))).unwrap();
+    assert_eq!(f.services[0].drain_timeout, Some(std::time::Duration::from_secs(30)));
+    assert_eq!(
+        one_error(&svc("protocol = \"udp\"\ndrain_timeout = \"30s\"\n")),
+        "t.toml:6:17: service \"web\": drain_timeout is for TCP services; UDP flows leave a backend at once"
+    );
+    assert_eq!(
+        one_error(&svc("drain_timeout = \"0s\"\n")),
+        "t.toml:5:17: service \"web\": drain_timeout \"0s\" is out of range; use 1s to 24h"
+    );
+}

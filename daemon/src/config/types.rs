@@ -116,6 +116,9 @@ pub(crate) enum MeshBackend {
     Nftables,
 }
 
+/// Kubernetes' ClientIP affinity default.
+pub(crate) const DEFAULT_AFFINITY_TIMEOUT: Duration = Duration::from_secs(3 * 3600);
+
 pub(crate) const DEFAULT_RESYNC_INTERVAL: Duration = Duration::from_secs(30);
 /// The probes' defaults (`HM_CT_*_TIMEOUT_DEFAULT_S` in hostmesh_abi.h).
 pub(crate) const DEFAULT_CONNTRACK_TCP_TIMEOUT: Duration = Duration::from_secs(crate::abi::CT_TCP_TIMEOUT_DEFAULT_S);
@@ -179,6 +182,11 @@ pub(crate) struct Service {
     /// `None`: every backend with a weight takes traffic. Boxed: most
     /// services have none, and a service's size counts at 100,000.
     pub health_check: Option<Box<HealthCheck>>,
+    /// affinity = "client-ip": its `affinity_timeout`; `None`: no affinity.
+    pub affinity: Option<Duration>,
+    /// TCP: how long established flows keep a backend that left before
+    /// they are dropped; `None`: until they close.
+    pub drain_timeout: Option<Duration>,
     pub origin: Origin,
 }
 

@@ -17,8 +17,6 @@ pub(super) struct BackendHealthState {
     /// The states of the last run, until the checker starts with them.
     restored: BTreeMap<BackendKey, BackendHealth>,
     saved: Saved,
-    /// Each UDP service's backends in its tables as of the last clean sync.
-    udp_serving: BTreeMap<std::net::SocketAddr, std::collections::BTreeSet<std::net::SocketAddr>>,
 }
 
 impl BackendHealthState {
@@ -28,7 +26,7 @@ impl BackendHealthState {
             BTreeMap::new()
         });
         let saved = restored.iter().map(|(k, h)| (k.clone(), (h.health, h.since))).collect();
-        BackendHealthState { monitor: None, restored, saved, udp_serving: BTreeMap::new() }
+        BackendHealthState { monitor: None, restored, saved }
     }
 
     /// Every checked backend's health now.
@@ -80,30 +78,6 @@ impl Daemon {
                 _ => warn!(self.log, "backend down; no new connections go to it"; "service" => service,
                     "backend" => backend, "was" => t.from.to_string(), "reason" => t.reason),
             }
-        }
-    }
-
-    /// After a clean sync: the flows and connected sockets of backends
-    /// that left UDP services are forgotten (`forget_udp_backends`).
-    pub(super) fn forget_stopped_udp(
-        &mut self,
-        now: BTreeMap<std::net::SocketAddr, std::collections::BTreeSet<std::net::SocketAddr>>,
-    ) {
-        let stopped = health::stopped(&self.backend_health.udp_serving, &now);
-        self.backend_health.udp_serving = now;
-        if stopped.is_empty() {
-            return;
-        }
-        match self.reconciler.forget_udp_backends(&stopped) {
-            Ok(f) => {
-                info!(self.log, "UDP flows and connected sockets of backends that left moved on"; "backends" => stopped.len(),
-                    "flow_entries" => f.flow_entries, "sockets_destroyed" => f.sockets);
-                if let Some(why) = f.sockets_error {
-                    warn!(self.log, "connected UDP sockets not destroyed"; "reason" => why);
-                }
-            }
-            Err(e) => warn!(self.log, "cannot forget UDP flows of backends that left; they end at their idle timeout";
-                "error" => e.to_string()),
         }
     }
 

@@ -68,6 +68,9 @@ impl Daemon {
             t.pending_incremental = false;
             return Ok(true);
         }
+        if self.leaving.next_drop().is_some_and(|at| now >= at) {
+            self.drop_drained();
+        }
         if now >= t.next_sweep {
             self.expire_flows();
             t.next_sweep = Instant::now() + CONNTRACK_SWEEP;
@@ -109,7 +112,7 @@ impl Daemon {
             Some(t.next_sidecars)
         };
         let mut deadline = t.next_full.min(t.next_sweep).min(t.next_sysctl_check);
-        for at in [t.next_watchdog, next_sidecar_check].into_iter().flatten() {
+        for at in [t.next_watchdog, next_sidecar_check, self.leaving.next_drop()].into_iter().flatten() {
             deadline = deadline.min(at);
         }
         deadline

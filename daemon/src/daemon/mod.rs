@@ -8,6 +8,7 @@ mod backend_health;
 mod drift;
 mod event_loop;
 mod events;
+mod leaving;
 pub(crate) use events::Event;
 mod notify;
 pub(crate) mod report;
@@ -111,6 +112,8 @@ struct Daemon {
     health: Option<PeerHealth>,
     /// Checks the backends of services with a `health_check`.
     backend_health: backend_health::BackendHealthState,
+    /// Flows and affinity of backends that left their services.
+    leaving: leaving::Leaving,
     /// For threads started later (peer health) to wake the loop.
     events: Sender<Event>,
     /// What the kernel offers (probed once, at start).
@@ -187,6 +190,7 @@ pub(crate) fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
         registrar: Registrar::new(LiveSidecars::new(&paths.bpffs)),
         health: None,
         backend_health: backend_health::BackendHealthState::restore(&paths.state_dir, &log),
+        leaving: Default::default(),
         events: tx,
         features,
         sweep: Default::default(),
@@ -260,12 +264,14 @@ impl Daemon {
         // Compile sees only the backends that take new connections.
         let serving = crate::health::serving(&self.loaded.config, &states);
         let result = self.reconciler.sync(&serving, full);
-        let udp_serving = crate::health::udp_serving(&serving);
+        // What left, for after a clean sync (services with UDP, a drain
+        // timeout or affinity only: cheap beside the sync).
+        let left = (crate::health::drop_sets(&serving), crate::health::affinity_serving(&serving));
         drop(serving);
-        self.save_backend_health(&states);
         if matches!(&result, Ok(o) if !o.stopped && o.errors.is_empty()) {
-            self.forget_stopped_udp(udp_serving);
+            self.after_clean_sync(left, !self.ready);
         }
+        self.save_backend_health(&states);
         if let Ok(o) = &result {
             if o.stopped {
                 // Told to stop mid-sync: what was applied stays; the status

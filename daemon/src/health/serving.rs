@@ -7,8 +7,10 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use super::{BackendHealth, BackendKey, Health};
+use crate::abi::SvcKey;
 use crate::backends::StoppedBackend;
 use crate::config::{Config, InitialState, Protocol, Service};
 
@@ -39,32 +41,53 @@ pub(crate) fn serving<'c>(config: &'c Config, states: &BTreeMap<BackendKey, Back
     Cow::Owned(out)
 }
 
-/// The serving backends of each UDP service, by VIP:port.
-pub(crate) fn udp_serving(config: &Config) -> BTreeMap<SocketAddr, BTreeSet<SocketAddr>> {
+/// The serving backends of each service with affinity, by service key.
+pub(crate) fn affinity_serving(config: &Config) -> BTreeMap<SvcKey, BTreeSet<SocketAddr>> {
     config
         .services
         .iter()
-        .filter(|s| s.protocol == Protocol::Udp)
-        .map(|s| (SocketAddr::new(s.vip, s.port), s.backends.iter().map(|b| b.addr).collect()))
+        .filter(|s| s.affinity.is_some())
+        .map(|s| (SvcKey::new(s.vip, s.port, s.protocol.number()), s.backends.iter().map(|b| b.addr).collect()))
         .collect()
 }
 
-/// The backends that left a UDP service between `before` and `after`
-/// (stopped serving, or removed from it or with it).
-pub(crate) fn stopped(
-    before: &BTreeMap<SocketAddr, BTreeSet<SocketAddr>>,
-    after: &BTreeMap<SocketAddr, BTreeSet<SocketAddr>>,
-) -> Vec<StoppedBackend> {
+/// The serving backends of each service whose leaving backends' flows
+/// are dropped, with when: every UDP service (at once, `None`) and each
+/// TCP service with a `drain_timeout` (that long after).
+pub(crate) type DropSets = BTreeMap<(SocketAddr, Protocol), (Option<Duration>, BTreeSet<SocketAddr>)>;
+
+pub(crate) fn drop_sets(config: &Config) -> DropSets {
+    config
+        .services
+        .iter()
+        .filter(|s| s.protocol == Protocol::Udp || s.drain_timeout.is_some())
+        .map(|s| {
+            let delay = if s.protocol == Protocol::Udp { None } else { s.drain_timeout };
+            ((SocketAddr::new(s.vip, s.port), s.protocol), (delay, s.backends.iter().map(|b| b.addr).collect()))
+        })
+        .collect()
+}
+
+/// The backends that left a service between `before` and `after`
+/// (stopped serving, or removed from it or with it), each with the delay
+/// before its flows are dropped.
+pub(crate) fn stopped(before: &DropSets, after: &DropSets) -> Vec<(StoppedBackend, Option<Duration>)> {
     let mut out = Vec::new();
-    for (vip, backends) in before {
-        let now = after.get(vip);
-        for b in backends {
-            if !now.is_some_and(|n| n.contains(b)) {
-                out.push(StoppedBackend { vip: *vip, backend: *b });
+    for (&(vip, protocol), (delay, backends)) in before {
+        let now = after.get(&(vip, protocol));
+        for &backend in backends {
+            if !now.is_some_and(|(_, n)| n.contains(&backend)) {
+                out.push((StoppedBackend { vip, protocol, backend }, *delay));
             }
         }
     }
     out
+}
+
+/// Whether `b` serves in `sets` (a backend that came back before its
+/// drain timeout keeps its flows).
+pub(crate) fn serves(sets: &DropSets, b: &StoppedBackend) -> bool {
+    sets.get(&(b.vip, b.protocol)).is_some_and(|(_, set)| set.contains(&b.backend))
 }
 
 #[cfg(test)]
@@ -116,15 +139,26 @@ health_check = { kind = "tcp" }
     }
 
     #[test]
-    fn backends_leaving_a_udp_service_are_stopped_and_tcp_ones_are_not() {
-        let text = "[[service]]\nname = \"d\"\nvip = \"10.0.0.1\"\nport = 53\nprotocol = \"udp\"\nbackends = [\"10.0.1.1:53\", \"10.0.1.2:53\"]\n\n[[service]]\nname = \"w\"\nvip = \"10.0.0.1\"\nport = 80\nbackends = [\"10.0.1.1:80\"]\n";
-        let before = udp_serving(&crate::config::from_text(text));
-        assert_eq!(before.len(), 1, "TCP services have nothing to forget");
-        let after = udp_serving(&crate::config::from_text(&text.replace(", \"10.0.1.2:53\"", "")));
-        let vip = "10.0.0.1:53".parse().unwrap();
-        assert_eq!(stopped(&before, &after), [StoppedBackend { vip, backend: "10.0.1.2:53".parse().unwrap() }]);
-        assert_eq!(stopped(&after, &before), [], "a backend that comes has nothing to forget");
-        assert_eq!(stopped(&before, &BTreeMap::new()).len(), 2, "a removed service's backends all left");
+    fn backends_leaving_a_udp_service_stop_at_once_and_tcp_ones_only_with_a_drain_timeout() {
+        let text = "[[service]]\nname = \"d\"\nvip = \"10.0.0.1\"\nport = 53\nprotocol = \"udp\"\nbackends = [\"10.0.1.1:53\", \"10.0.1.2:53\"]\n\n[[service]]\nname = \"w\"\nvip = \"10.0.0.1\"\nport = 80\nbackends = [\"10.0.1.1:80\"]\n\n[[service]]\nname = \"t\"\nvip = \"10.0.0.2\"\nport = 80\nbackends = [\"10.0.1.1:80\"]\ndrain_timeout = \"30s\"\n";
+        let before = drop_sets(&crate::config::from_text(text));
+        assert_eq!(before.len(), 2, "a TCP service without drain_timeout has nothing to drop");
+        let after = drop_sets(&crate::config::from_text(&text.replace(", \"10.0.1.2:53\"", "")));
+        let (vip, backend) = ("10.0.0.1:53".parse().unwrap(), "10.0.1.2:53".parse().unwrap());
+        let gone = StoppedBackend { vip, protocol: Protocol::Udp, backend };
+        assert_eq!(stopped(&before, &after), [(gone, None)]);
+        assert!(!serves(&after, &gone) && serves(&before, &gone));
+        assert_eq!(stopped(&after, &before), [], "a backend that comes has nothing to drop");
+        let all = stopped(&before, &BTreeMap::new());
+        assert_eq!(all.len(), 3, "a removed service's backends all left");
+        assert!(all.contains(&(
+            StoppedBackend {
+                vip: "10.0.0.2:80".parse().unwrap(),
+                protocol: Protocol::Tcp,
+                backend: "10.0.1.1:80".parse().unwrap()
+            },
+            Some(Duration::from_secs(30))
+        )));
     }
 
     #[test]

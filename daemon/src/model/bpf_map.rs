@@ -14,6 +14,7 @@ pub enum BpfMap {
     Config,
     Backends,
     Maglev,
+    SvcAffinity,
     Services,
     Mesh,
     GwConfig,
@@ -23,10 +24,11 @@ pub enum BpfMap {
 }
 
 impl BpfMap {
-    pub const ALL: [BpfMap; 9] = [
+    pub const ALL: [BpfMap; 10] = [
         BpfMap::Config,
         BpfMap::Backends,
         BpfMap::Maglev,
+        BpfMap::SvcAffinity,
         BpfMap::Services,
         BpfMap::Mesh,
         BpfMap::GwConfig,
@@ -41,6 +43,7 @@ impl BpfMap {
             BpfMap::Config => "HM_CONFIG",
             BpfMap::Backends => "HM_BACKENDS",
             BpfMap::Maglev => "HM_MAGLEV",
+            BpfMap::SvcAffinity => "HM_SVC_AFFINITY",
             BpfMap::Services => "HM_SERVICES",
             BpfMap::Mesh => "HM_MESH",
             BpfMap::GwConfig => "HM_GW_CONFIG",

@@ -32,10 +32,12 @@ pub enum Feature {
     RedirectNeigh,
     /// A tunnel source address in `bpf_skb_set_tunnel_key()`.
     TunnelSource,
+    /// sock_diag's SOCK_DESTROY (`CONFIG_INET_DIAG_DESTROY`).
+    SockDestroy,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 7] = [
+    pub const ALL: [Feature; 8] = [
         Feature::Tcx,
         Feature::NetnsCookieSockopt,
         Feature::SetRetval,
@@ -43,6 +45,7 @@ impl Feature {
         Feature::SkLookup,
         Feature::RedirectNeigh,
         Feature::TunnelSource,
+        Feature::SockDestroy,
     ];
 
     pub fn name(self) -> &'static str {
@@ -54,6 +57,7 @@ impl Feature {
             Feature::SkLookup => "sk_lookup",
             Feature::RedirectNeigh => "redirect_neigh",
             Feature::TunnelSource => "tunnel_source",
+            Feature::SockDestroy => "sock_destroy",
         }
     }
 
@@ -71,6 +75,7 @@ impl Feature {
             Feature::SkLookup => "sk_lookup programs",
             Feature::RedirectNeigh => "bpf_redirect_neigh() in TC programs",
             Feature::TunnelSource => "a tunnel source address in bpf_skb_set_tunnel_key()",
+            Feature::SockDestroy => "destroying sockets with sock_diag (CONFIG_INET_DIAG_DESTROY)",
         }
     }
 
@@ -84,6 +89,7 @@ impl Feature {
             Feature::SkLookup => "5.9",
             Feature::RedirectNeigh => "5.10",
             Feature::TunnelSource => "6.0",
+            Feature::SockDestroy => "4.5",
         }
     }
 
@@ -109,6 +115,10 @@ impl Feature {
             Feature::TunnelSource => {
                 "gateway tunnels and probes leave from the address the kernel's route picks, not always local_ip (on a \
                  multi-homed gateway, give the route to the peers src local_ip)"
+            }
+            Feature::SockDestroy => {
+                "a connected UDP socket that connect-time LB pointed at a backend that went down or was removed keeps \
+                 that backend until its owner reconnects"
             }
         }
     }
@@ -195,7 +205,9 @@ mod tests {
     fn names_round_trip_and_every_feature_says_what_it_costs() {
         for f in Feature::ALL {
             assert_eq!(Feature::from_name(f.name()), Some(f));
-            assert!(!f.what().is_empty() && !f.without().is_empty() && f.since().starts_with(['5', '6']));
+            assert!(!f.what().is_empty() && !f.without().is_empty(), "{f}");
+            let (major, minor) = f.since().split_once('.').unwrap();
+            assert!(major.parse::<u32>().is_ok() && minor.parse::<u32>().is_ok(), "{f}: {}", f.since());
         }
     }
 

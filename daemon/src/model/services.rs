@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 
-use crate::abi::{self, BackendValue, HmConfig, MaglevKey, Pod, SvcKey, SvcValue, MAGLEV_CHUNK};
+use crate::abi::{self, BackendValue, HmConfig, MaglevKey, Pod, SvcAffinity, SvcKey, SvcValue, MAGLEV_CHUNK};
 use crate::config::{Config, CtlbMode, DaemonSettings, Mesh, Protocol, Service};
 
 use super::ids::{self, Prior};
@@ -149,15 +149,17 @@ pub(super) fn chunks_of(s: &Service, table_size: u32) -> usize {
     crate::table_size::chunks_for(s.backends.len(), table_size)
 }
 
-/// The keys of one service's entries in HM_BACKENDS, HM_MAGLEV and
-/// HM_SERVICES, in that order, given its id and its backends' ids (in the
-/// order of `svc.backends`). Removing a service needs only these.
+/// The keys of one service's entries in HM_BACKENDS, HM_MAGLEV,
+/// HM_SVC_AFFINITY (with affinity) and HM_SERVICES, in that order, given
+/// its id and its backends' ids (in the order of `svc.backends`). Removing
+/// a service needs only these.
 pub(super) fn service_keys(svc: &Service, id: u32, backend_ids: &[u32], table_size: u32) -> Vec<MapEntryKey> {
     let backends = backend_ids.iter().map(|b| MapEntryKey { map: BpfMap::Backends, key: b.to_bytes().into() });
     let chunks = (0..chunks_of(svc, table_size) as u32)
         .map(|chunk| MapEntryKey { map: BpfMap::Maglev, key: MaglevKey { svc_id: id, chunk }.to_bytes().into() });
+    let affinity = svc.affinity.map(|_| MapEntryKey { map: BpfMap::SvcAffinity, key: id.to_bytes().into() });
     let service = MapEntryKey { map: BpfMap::Services, key: key_of(svc).to_bytes().into() };
-    backends.chain(chunks).chain(std::iter::once(service)).collect()
+    backends.chain(chunks).chain(affinity).chain(std::iter::once(service)).collect()
 }
 
 /// One service's entries: `service_keys` with their values. The full
@@ -170,7 +172,7 @@ pub(super) fn service_entries(
     table_size: u32,
     meshes: &[Mesh],
 ) -> Vec<(MapEntryKey, MapValue)> {
-    let mut values: Vec<MapValue> = Vec::with_capacity(backend_ids.len() + chunks_of(svc, table_size) + 1);
+    let mut values: Vec<MapValue> = Vec::with_capacity(backend_ids.len() + chunks_of(svc, table_size) + 2);
     for b in &svc.backends {
         values.push(
             BackendValue { addr: abi::addr16(b.addr.ip()), port_be: b.addr.port().to_be(), pad: 0 }.to_bytes().into(),
@@ -180,7 +182,11 @@ pub(super) fn service_entries(
     let table = MaglevTable::new(entries, backend_ids.to_vec(), table_size);
     values.extend((0..table.chunks()).map(|chunk| MapValue::chunk(&table, chunk)));
     // The sidecar owns a VIP:port that is also a mesh entry.
-    let flags = if mesh::covers(meshes, svc.vip, svc.port, svc.protocol) { abi::SVC_F_MESH } else { 0 };
+    let mut flags = if mesh::covers(meshes, svc.vip, svc.port, svc.protocol) { abi::SVC_F_MESH } else { 0 };
+    if let Some(timeout) = svc.affinity {
+        flags |= abi::SVC_F_AFFINITY;
+        values.push(SvcAffinity { timeout_s: abi::secs(timeout), pad: 0 }.to_bytes().into());
+    }
     values.push(SvcValue { id, backend_count: svc.backends.len() as u32, flags, table_size }.to_bytes().into());
     let keys = service_keys(svc, id, backend_ids, table_size);
     debug_assert_eq!(keys.len(), values.len());

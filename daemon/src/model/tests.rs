@@ -466,3 +466,21 @@ fn a_service_on_a_mesh_vip_port_is_left_to_the_sidecar() {
     // With connect-time LB for UDP too, nothing is lost.
     assert!(compile_new(&config(&format!("[daemon]\nconnect_time_lb = \"all\"\n{TWO}{MESH}"))).warnings.is_empty());
 }
+
+#[test]
+fn a_service_with_affinity_gets_its_timeout_entry_and_flag_and_loses_them_without() {
+    let text = "[[service]]\nname = \"web\"\nvip = \"10.96.0.10\"\nport = 80\nbackends = [\"10.0.1.1:80\"]\naffinity = \"client-ip\"\naffinity_timeout = \"90s\"\n";
+    let d = compile_new(&config(text));
+    let svc = SvcValue::from_bytes(entries(&d, BpfMap::Services).values().next().unwrap()).unwrap();
+    assert_eq!(svc.flags & abi::SVC_F_AFFINITY, abi::SVC_F_AFFINITY);
+    let affinity = entries(&d, BpfMap::SvcAffinity);
+    assert_eq!(affinity.len(), 1);
+    let (key, value) = affinity.iter().next().unwrap();
+    assert_eq!(*key, svc.id.to_bytes().to_vec(), "keyed by the service's id");
+    assert_eq!(abi::SvcAffinity::from_bytes(value).unwrap().timeout_s, 90);
+
+    let d = compile_new(&config(&text.replace("affinity = \"client-ip\"\naffinity_timeout = \"90s\"\n", "")));
+    let svc = SvcValue::from_bytes(entries(&d, BpfMap::Services).values().next().unwrap()).unwrap();
+    assert_eq!(svc.flags & abi::SVC_F_AFFINITY, 0);
+    assert!(entries(&d, BpfMap::SvcAffinity).is_empty());
+}

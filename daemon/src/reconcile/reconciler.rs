@@ -294,12 +294,21 @@ impl Reconciler {
         self.backends.bpf.expire_flows()
     }
 
-    /// After a sync: flows and connected sockets of backends that left UDP
-    /// services (`BpfBackend::forget_udp_backends`).
-    pub(crate) fn forget_udp_backends(
+    /// Flows and connected sockets of backends that left their services
+    /// (`BpfBackend::drop_flows`).
+    pub(crate) fn drop_flows(
         &mut self,
         stopped: &[crate::backends::StoppedBackend],
     ) -> Result<crate::backends::Forgotten, BackendError> {
-        self.backends.bpf.forget_udp_backends(stopped)
+        self.backends.bpf.drop_flows(stopped)
+    }
+
+    /// After a sync: affinity entries of backends that left their service
+    /// (`BpfBackend::prune_affinity`).
+    pub(crate) fn prune_affinity(
+        &mut self,
+        serving: &std::collections::BTreeMap<crate::abi::SvcKey, std::collections::BTreeSet<std::net::SocketAddr>>,
+    ) -> Result<usize, BackendError> {
+        self.backends.bpf.prune_affinity(serving)
     }
 }

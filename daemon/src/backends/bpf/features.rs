@@ -135,6 +135,7 @@ fn has(feature: Feature) -> bool {
             let Ok(prog) = sys::prog_load(BPF_PROG_TYPE_SCHED_CLS, 0, &insns) else { return false };
             sys::prog_test_run(prog.as_fd(), &[0u8; 64]).is_ok_and(|rc| rc == 0)
         }
+        Feature::SockDestroy => crate::backends::netlink::sock_destroy::supported(),
         // return bpf_redirect_neigh(1, NULL, 0, 0);
         Feature::RedirectNeigh => loads(
             BPF_PROG_TYPE_SCHED_CLS,

@@ -7,8 +7,10 @@
 //! The objects are loaded lazily, the first time a map or program is
 //! needed: a host with nothing configured gets no BPF state at all.
 
+mod affinity;
 mod conntrack;
 pub(crate) mod features;
+mod flows_drop;
 mod load;
 pub(crate) mod netns_cookie;
 pub mod objects;
@@ -16,7 +18,6 @@ pub(crate) mod pins;
 mod resize;
 pub mod sys;
 mod tc;
-mod udp_forget;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -401,10 +402,7 @@ impl BpfBackend for PinnedBpf {
         Ok(sweep)
     }
 
-    fn forget_udp_backends(
-        &mut self,
-        stopped: &[crate::backends::StoppedBackend],
-    ) -> Result<crate::backends::Forgotten> {
+    fn drop_flows(&mut self, stopped: &[crate::backends::StoppedBackend]) -> Result<crate::backends::Forgotten> {
         let mut out = crate::backends::Forgotten::default();
         if stopped.is_empty() || self.conntrack_fd()?.is_none() {
             return Ok(out);
@@ -412,18 +410,33 @@ impl BpfBackend for PinnedBpf {
         let stopped: std::collections::BTreeSet<_> = stopped.iter().copied().collect();
         let ct = self.map_fd("HM_CT")?.try_clone().map_err(|e| bpf_err("HM_CT", e))?;
         out.flow_entries =
-            udp_forget::forget_flows(ct.as_fd(), &stopped).map_err(|e| bpf_err("forget UDP flows in HM_CT", e))?;
+            flows_drop::forget_flows(ct.as_fd(), &stopped).map_err(|e| bpf_err("drop flows in HM_CT", e))?;
+        if !self.features.has(crate::model::Feature::SockDestroy) {
+            // `hostmesh status` lists the feature as missing, with its cost.
+            return Ok(out);
+        }
         let revsk = self.map_fd("HM_REVERSE_SOCK")?.try_clone().map_err(|e| bpf_err("HM_REVERSE_SOCK", e))?;
-        match udp_forget::destroy_sockets(revsk.as_fd(), &stopped) {
+        match flows_drop::destroy_sockets(revsk.as_fd(), &stopped) {
             Ok(n) => out.sockets = n,
-            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
-                out.sockets_error = Some(
-                    "the kernel cannot destroy sockets (CONFIG_INET_DIAG_DESTROY): connected UDP sockets keep a backend that left until they reconnect".into(),
-                )
-            }
-            Err(e) => out.sockets_error = Some(format!("cannot destroy connected UDP sockets: {e}")),
+            Err(e) => out.sockets_error = Some(format!("cannot destroy connected sockets: {e}")),
         }
         Ok(out)
+    }
+
+    fn prune_affinity(
+        &mut self,
+        serving: &BTreeMap<crate::abi::SvcKey, std::collections::BTreeSet<std::net::SocketAddr>>,
+    ) -> Result<usize> {
+        if self.loaded.is_none() && !self.has_pins() {
+            return Ok(0);
+        }
+        let fd = |this: &mut Self, name: &'static str| -> Result<OwnedFd> {
+            this.map_fd(name)?.try_clone().map_err(|e| bpf_err(name, e))
+        };
+        let (services, backends, table) =
+            (fd(self, "HM_SERVICES")?, fd(self, "HM_BACKENDS")?, fd(self, "HM_AFFINITY")?);
+        let maps = affinity::Maps { services: services.as_fd(), backends: backends.as_fd(), affinity: table.as_fd() };
+        affinity::prune(maps, serving).map_err(|e| bpf_err("prune HM_AFFINITY", e))
     }
 
     fn configure(&mut self, settings: &BpfSettings) -> Result<bool> {

@@ -93,6 +93,15 @@ pub const MAPS: &[MapDef] = &[
         abi::CONNTRACK_SIZE,
         0,
     ),
+    def("HM_SVC_AFFINITY", BPF_MAP_TYPE_HASH, 4, size_of::<abi::SvcAffinity>(), abi::MAX_SERVICES, BPF_F_NO_PREALLOC),
+    def(
+        "HM_AFFINITY",
+        BPF_MAP_TYPE_LRU_HASH,
+        size_of::<abi::AffKey>(),
+        size_of::<abi::AffValue>(),
+        abi::MAX_AFFINITY,
+        0,
+    ),
     def(
         "HM_REVERSE_SOCK",
         BPF_MAP_TYPE_LRU_HASH,
@@ -141,7 +150,8 @@ pub const MAPS: &[MapDef] = &[
 /// The capacity key that sizes a map, if the configuration sizes it.
 pub fn sized_by(name: &str) -> Option<Capacity> {
     Some(match name {
-        "HM_SERVICES" | "HM_SVC_STATS" => Capacity::Services,
+        "HM_SERVICES" | "HM_SVC_STATS" | "HM_SVC_AFFINITY" => Capacity::Services,
+        "HM_AFFINITY" => Capacity::Affinity,
         "HM_BACKENDS" => Capacity::Backends,
         "HM_MAGLEV" => Capacity::MaglevChunks,
         "HM_CT" | "HM_CT_CLOSING" => Capacity::Conntrack,

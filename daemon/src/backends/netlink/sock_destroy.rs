@@ -1,12 +1,15 @@
-//! UDP sockets of this network namespace by peer, and destroying one
-//! (sock_diag SOCK_DESTROY, CONFIG_INET_DIAG_DESTROY): its owner's next
-//! call fails with ECONNABORTED. What `ss -K` does.
+//! TCP and UDP sockets of this network namespace by peer, and destroying
+//! one (sock_diag SOCK_DESTROY, CONFIG_INET_DIAG_DESTROY): its owner's
+//! next call fails (a TCP peer also gets a RST). What `ss -K` does.
 
 use std::collections::BTreeSet;
 use std::io;
 use std::net::SocketAddr;
 
 use netlink_packet_sock_diag::constants::{AF_INET, AF_INET6, IPPROTO_UDP};
+
+/// TCP_LISTEN's bit in the states of a request: listeners have no peer.
+const LISTEN_STATE: u32 = 1 << 10;
 use netlink_packet_sock_diag::inet::{ExtensionFlags, InetRequest, SocketId, StateFlags};
 use netlink_packet_sock_diag::SockDiagMessage;
 use netlink_sys::protocols::NETLINK_SOCK_DIAG;
@@ -16,17 +19,19 @@ use super::NetlinkSocket;
 /// The sock_diag message type that destroys a socket (linux/sock_diag.h).
 const SOCK_DESTROY: u16 = 21;
 
-/// A connected UDP socket as sock_diag names it.
+/// A connected socket as sock_diag names it.
 #[derive(Debug, Clone)]
-pub(crate) struct UdpSocketId {
+pub(crate) struct SocketRef {
     pub peer: SocketAddr,
     pub cookie: u64,
     id: SocketId,
     family: u8,
+    protocol: u8,
 }
 
-/// Every UDP socket (both families) connected to one of `peers`.
-pub(crate) fn udp_sockets_to(peers: &BTreeSet<SocketAddr>) -> io::Result<Vec<UdpSocketId>> {
+/// Every socket of `protocol` (IPPROTO_TCP or IPPROTO_UDP; both families)
+/// connected to one of `peers`.
+pub(crate) fn sockets_to(protocol: u8, peers: &BTreeSet<SocketAddr>) -> io::Result<Vec<SocketRef>> {
     let mut sock: NetlinkSocket<SockDiagMessage> = NetlinkSocket::open_protocol(NETLINK_SOCK_DIAG)?;
     let mut out = Vec::new();
     for (family, v6) in [(AF_INET, false), (AF_INET6, true)] {
@@ -37,9 +42,9 @@ pub(crate) fn udp_sockets_to(peers: &BTreeSet<SocketAddr>) -> io::Result<Vec<Udp
         }
         let request = InetRequest {
             family,
-            protocol: IPPROTO_UDP,
+            protocol,
             extensions: ExtensionFlags::empty(),
-            states: StateFlags::all(),
+            states: StateFlags::from_bits_truncate(StateFlags::all().bits() & !LISTEN_STATE),
             socket_id: if v6 { SocketId::new_v6() } else { SocketId::new_v4() },
         };
         for msg in sock.dump(SockDiagMessage::InetRequest(request))? {
@@ -52,19 +57,33 @@ pub(crate) fn udp_sockets_to(peers: &BTreeSet<SocketAddr>) -> io::Result<Vec<Udp
             };
             let peer = SocketAddr::new(peer_ip, id.destination_port);
             if peers.contains(&peer) {
-                out.push(UdpSocketId { peer, cookie: u64::from_ne_bytes(id.cookie), id, family });
+                out.push(SocketRef { peer, cookie: u64::from_ne_bytes(id.cookie), id, family, protocol });
             }
         }
     }
     Ok(out)
 }
 
-/// Destroys one socket found by `udp_sockets_to` (ENOENT: it is gone).
-pub(crate) fn destroy(socket: &UdpSocketId) -> io::Result<()> {
+/// Whether this kernel destroys sockets: asked to destroy a UDP socket
+/// that does not exist, it answers ENOENT; without
+/// CONFIG_INET_DIAG_DESTROY, EOPNOTSUPP.
+pub(crate) fn supported() -> bool {
+    let socket = SocketRef {
+        peer: SocketAddr::from(([0, 0, 0, 0], 0)),
+        cookie: 0,
+        id: SocketId::new_v4(),
+        family: AF_INET,
+        protocol: IPPROTO_UDP,
+    };
+    !matches!(destroy(&socket), Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP))
+}
+
+/// Destroys one socket found by `sockets_to` (ENOENT: it is gone).
+pub(crate) fn destroy(socket: &SocketRef) -> io::Result<()> {
     let mut sock: NetlinkSocket<SockDiagMessage> = NetlinkSocket::open_protocol(NETLINK_SOCK_DIAG)?;
     let request = InetRequest {
         family: socket.family,
-        protocol: IPPROTO_UDP,
+        protocol: socket.protocol,
         extensions: ExtensionFlags::empty(),
         states: StateFlags::all(),
         socket_id: socket.id.clone(),

@@ -143,6 +143,7 @@ fn raw_size(d: &RawDaemon, c: Capacity) -> Option<&toml::Spanned<i64>> {
         Capacity::MaglevChunks => d.maglev_map_size.as_ref(),
         Capacity::Conntrack => d.conntrack_size.as_ref(),
         Capacity::ReverseSock => d.reverse_sock_map_size.as_ref(),
+        Capacity::Affinity => d.affinity_map_size.as_ref(),
         Capacity::Mesh => d.mesh_map_size.as_ref(),
     }
 }

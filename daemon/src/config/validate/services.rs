@@ -1,6 +1,7 @@
 //! `[[service]]` with its backends, and `[[mesh]]`.
 
 use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
 use super::{is_unicast, Check, MAX_WEIGHT};
 use crate::config::error::Origin;
@@ -41,11 +42,7 @@ impl Check<'_, '_> {
                 }
             }
         }
-        for (key, span) in [
-            ("node_port", s.node_port.as_ref().map(|v| v.span())),
-            ("affinity", s.affinity.as_ref().map(|v| v.span())),
-            ("affinity_timeout", s.affinity_timeout.as_ref().map(|v| v.span())),
-        ] {
+        for (key, span) in [("node_port", s.node_port.as_ref().map(|v| v.span()))] {
             if let Some(span) = span {
                 self.fail(
                     &span,
@@ -55,6 +52,8 @@ impl Check<'_, '_> {
             }
         }
         let maglev_table_size = s.maglev_table_size.as_ref().and_then(|v| self.table_size(&ctx, v));
+        let affinity = self.affinity(&ctx, &s);
+        let drain_timeout = self.drain_timeout(&ctx, &s, protocol);
         let health_check =
             s.health_check.as_ref().and_then(|h| self.health_check(&ctx, h.get_ref(), vip)).map(Box::new);
         if self.errors.len() > before {
@@ -68,8 +67,45 @@ impl Check<'_, '_> {
             backends,
             maglev_table_size,
             health_check,
+            affinity: affinity?,
+            drain_timeout: drain_timeout?,
             origin: Origin::at(self.src, &s.name.span()),
         })
+    }
+
+    /// `affinity` and `affinity_timeout`: `Some(None)` without affinity.
+    fn affinity(&mut self, ctx: &str, s: &RawService) -> Option<Option<Duration>> {
+        let on = match &s.affinity {
+            None => false,
+            Some(v) => self.choice(ctx, "affinity", v, &[("none", false), ("client-ip", true)])?,
+        };
+        match (&s.affinity_timeout, on) {
+            (None, on) => Some(on.then_some(DEFAULT_AFFINITY_TIMEOUT)),
+            (Some(v), false) => {
+                self.fail(
+                    &v.span(),
+                    "affinity_timeout",
+                    format!("{ctx}: affinity_timeout needs affinity = \"client-ip\""),
+                );
+                None
+            }
+            (Some(v), true) => {
+                let range = (Duration::from_secs(1), Duration::from_secs(86_400));
+                self.duration_within(ctx, "affinity_timeout", v, range, "is out of range; use 1s to 24h").map(Some)
+            }
+        }
+    }
+
+    /// `drain_timeout`, for TCP services (UDP flows move at once).
+    fn drain_timeout(&mut self, ctx: &str, s: &RawService, protocol: Option<Protocol>) -> Option<Option<Duration>> {
+        let Some(v) = &s.drain_timeout else { return Some(None) };
+        if protocol == Some(Protocol::Udp) {
+            let msg = format!("{ctx}: drain_timeout is for TCP services; UDP flows leave a backend at once");
+            self.fail(&v.span(), "drain_timeout", msg);
+            return None;
+        }
+        let range = (Duration::from_secs(1), Duration::from_secs(86_400));
+        self.duration_within(ctx, "drain_timeout", v, range, "is out of range; use 1s to 24h").map(Some)
     }
 
     fn backend(&mut self, ctx: &str, b: &toml::Spanned<RawBackend>, vip: Option<IpAddr>) -> Option<Backend> {

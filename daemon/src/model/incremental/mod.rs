@@ -176,6 +176,7 @@ fn same_service(a: &Service, b: &Service) -> bool {
         && a.protocol == b.protocol
         && a.backends == b.backends
         && a.maglev_table_size == b.maglev_table_size
+        && a.affinity == b.affinity
 }
 
 impl Compiled {

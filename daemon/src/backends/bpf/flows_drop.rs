@@ -1,9 +1,11 @@
-//! When backends leave UDP services: the veth path's flows to them are
-//! forgotten (the next datagram of such a flow is balanced afresh, onto a
-//! serving backend), and connected UDP sockets that connect-time LB
-//! pointed at them (their cookie and backend are in HM_REVERSE_SOCK) are
-//! destroyed with sock_diag, so their owner sees ECONNABORTED and
-//! reconnects. A datagram flow never sticks to a backend that left.
+//! Dropping the flows of backends that left a service: the veth path's
+//! flows to them are forgotten (the next datagram of a UDP flow is
+//! balanced afresh, onto a serving backend; the next segment of a TCP
+//! flow meets a backend that resets it), and the connected sockets that
+//! connect-time LB pointed at them (their cookie and backend are in
+//! HM_REVERSE_SOCK) are destroyed with sock_diag, so their owner gets an
+//! error and reconnects. UDP flows are dropped as soon as their backend
+//! leaves; TCP flows only after the service's `drain_timeout`.
 
 use std::collections::BTreeSet;
 use std::io;
@@ -17,34 +19,30 @@ use crate::config::Protocol;
 
 use super::sys;
 
-fn udp() -> u8 {
-    Protocol::Udp.number()
-}
-
 fn sock_addr(addr: [u8; 16], port_be: u16) -> SocketAddr {
     SocketAddr::new(ip_from16(addr), u16::from_be(port_be))
 }
 
-/// Deletes both entries of every UDP flow from a VIP to a stopped backend;
-/// returns how many entries.
+/// Deletes both entries of every flow from a VIP to a stopped backend (of
+/// its protocol); returns how many entries.
 pub(super) fn forget_flows(fd: BorrowedFd<'_>, stopped: &BTreeSet<StoppedBackend>) -> io::Result<usize> {
     let entries = sys::map_dump(fd, std::mem::size_of::<CtKey>(), std::mem::size_of::<CtValue>())?;
     let mut gone = 0;
     for (k, v) in entries {
         let (Some(key), Some(value)) = (CtKey::from_bytes(&k), CtValue::from_bytes(&v)) else { continue };
-        if key.proto != udp() {
-            continue;
-        }
+        let Some(protocol) = Protocol::from_number(key.proto) else { continue };
         // Forward: client -> VIP, holding the backend; reverse: backend ->
         // client, holding the VIP.
         let pair = if key.dir == CT_FORWARD {
             StoppedBackend {
                 vip: sock_addr(key.dst, key.dport_be),
+                protocol,
                 backend: sock_addr(value.nat_addr, value.nat_port_be),
             }
         } else {
             StoppedBackend {
                 vip: sock_addr(value.nat_addr, value.nat_port_be),
+                protocol,
                 backend: sock_addr(key.src, key.sport_be),
             }
         };
@@ -59,12 +57,28 @@ pub(super) fn forget_flows(fd: BorrowedFd<'_>, stopped: &BTreeSet<StoppedBackend
     Ok(gone)
 }
 
-/// Destroys connected UDP sockets whose peer is a stopped backend that
+/// Destroys connected sockets whose peer is a stopped backend that
 /// connect-time LB chose for the socket's VIP; returns how many.
 pub(super) fn destroy_sockets(revsk: BorrowedFd<'_>, stopped: &BTreeSet<StoppedBackend>) -> io::Result<usize> {
-    let backends: BTreeSet<SocketAddr> = stopped.iter().map(|s| s.backend).collect();
     let mut destroyed = 0;
-    for socket in sock_destroy::udp_sockets_to(&backends)? {
+    for protocol in Protocol::ALL {
+        let backends: BTreeSet<SocketAddr> =
+            stopped.iter().filter(|s| s.protocol == protocol).map(|s| s.backend).collect();
+        if !backends.is_empty() {
+            destroyed += destroy_sockets_of(revsk, protocol, &backends, stopped)?;
+        }
+    }
+    Ok(destroyed)
+}
+
+fn destroy_sockets_of(
+    revsk: BorrowedFd<'_>,
+    protocol: Protocol,
+    backends: &BTreeSet<SocketAddr>,
+    stopped: &BTreeSet<StoppedBackend>,
+) -> io::Result<usize> {
+    let mut destroyed = 0;
+    for socket in sock_destroy::sockets_to(protocol.number(), backends)? {
         let key = RevSkKey {
             cookie: socket.cookie,
             addr: addr16(socket.peer.ip()),
@@ -76,7 +90,7 @@ pub(super) fn destroy_sockets(revsk: BorrowedFd<'_>, stopped: &BTreeSet<StoppedB
             continue; // not one hostmesh steered
         }
         let Some(vip) = RevSkValue::from_bytes(&value) else { continue };
-        let pair = StoppedBackend { vip: sock_addr(vip.addr, vip.port_be), backend: socket.peer };
+        let pair = StoppedBackend { vip: sock_addr(vip.addr, vip.port_be), protocol, backend: socket.peer };
         if stopped.contains(&pair) {
             match sock_destroy::destroy(&socket) {
                 Ok(()) => destroyed += 1,

@@ -1,0 +1,59 @@
+//! Session affinity's memory (HM_AFFINITY, written by the probes) kept to
+//! backends that serve: an entry whose backend left its service (down,
+//! draining, removed), or whose service no longer has affinity, is
+//! deleted, so the client's next connection is balanced afresh and then
+//! sticks to its new backend.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::BorrowedFd;
+
+use crate::abi::*;
+
+use super::sys;
+
+/// The maps it reads and the one it prunes.
+pub(super) struct Maps<'a> {
+    pub services: BorrowedFd<'a>,
+    pub backends: BorrowedFd<'a>,
+    pub affinity: BorrowedFd<'a>,
+}
+
+/// Deletes every entry not pointing at a backend in `serving` for its
+/// service; returns how many.
+pub(super) fn prune(maps: Maps<'_>, serving: &BTreeMap<SvcKey, BTreeSet<SocketAddr>>) -> io::Result<usize> {
+    let entries = sys::map_dump(maps.affinity, std::mem::size_of::<AffKey>(), std::mem::size_of::<AffValue>())?;
+    if entries.is_empty() {
+        return Ok(0);
+    }
+    let services: HashMap<u32, SvcKey> =
+        sys::map_dump(maps.services, std::mem::size_of::<SvcKey>(), std::mem::size_of::<SvcValue>())?
+            .into_iter()
+            .filter_map(|(k, v)| Some((SvcValue::from_bytes(&v)?.id, SvcKey::from_bytes(&k)?)))
+            .collect();
+    let mut backends: HashMap<u32, Option<SocketAddr>> = HashMap::new();
+    let mut gone = 0;
+    for (k, v) in entries {
+        let (Some(key), Some(value)) = (AffKey::from_bytes(&k), AffValue::from_bytes(&v)) else { continue };
+        let backend = *backends.entry(value.backend_id).or_insert_with(|| {
+            let mut b = vec![0u8; std::mem::size_of::<BackendValue>()];
+            let found = sys::map_lookup(maps.backends, &value.backend_id.to_ne_bytes(), &mut b).unwrap_or(false);
+            let b = found.then(|| BackendValue::from_bytes(&b)).flatten()?;
+            Some(SocketAddr::new(ip_from16(b.addr), u16::from_be(b.port_be)))
+        });
+        let serves = services
+            .get(&key.svc_id)
+            .and_then(|svc| serving.get(svc))
+            .zip(backend)
+            .is_some_and(|(set, addr)| set.contains(&addr));
+        if !serves {
+            match sys::map_delete(maps.affinity, &k) {
+                Ok(()) => gone += 1,
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(gone)
+}
