@@ -104,6 +104,25 @@ struct hm_svc_stats {
 };
 _Static_assert(sizeof(struct hm_svc_stats) == 16, "hm_svc_stats layout");
 
+/* HM_BACKEND_STATS (per CPU): (service, backend) -> what went to that
+ * backend. The backend is its address, not its id, so the veth path's
+ * replies (which carry only the backend's address) count too. */
+struct hm_bstats_key {
+	__u8 addr[16];
+	__be16 port;
+	__u16 _pad;
+	__u32 svc_id;
+};
+_Static_assert(sizeof(struct hm_bstats_key) == 24, "hm_bstats_key layout");
+
+struct hm_bstats {
+	__u64 ctlb_connections; /* connect() and unconnected UDP sendmsg() rewritten to it */
+	__u64 veth_connections; /* new flows of the veth path */
+	__u64 bytes_to;         /* veth path: client -> backend, IP bytes */
+	__u64 bytes_from;       /* veth path: backend -> client, IP bytes */
+};
+_Static_assert(sizeof(struct hm_bstats) == 32, "hm_bstats layout");
+
 /* HM_BACKENDS: backend id -> address. */
 struct hm_backend {
 	__u8 addr[16];

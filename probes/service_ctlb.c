@@ -151,6 +151,7 @@ static __always_inline int to_backend(struct bpf_sock_addr *ctx, int v6)
 		bpf_map_update_elem(&HM_REVERSE_SOCK, &rk, &rv, BPF_ANY);
 	}
 
+	hm_count_backend(svc->id, be->addr, be->port, HM_STAT_CTLB, 0, 0);
 	write_addr(ctx, v6, be->addr, be->port);
 	return 1;
 }

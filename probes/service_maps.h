@@ -89,6 +89,17 @@ struct {
 	__type(value, struct hm_aff_value);
 } HM_AFFINITY SEC(".maps");
 
+/* Kernel-written counters; entries are made on first use (so a full map
+ * loses the counts of new pairs, never traffic). The daemon deletes the
+ * entries of pairs that are no longer configured. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, HM_MAX_BACKENDS);
+	__type(key, struct hm_bstats_key);
+	__type(value, struct hm_bstats);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} HM_BACKEND_STATS SEC(".maps");
+
 static __always_inline struct hm_config *hm_config(void)
 {
 	__u32 zero = 0;
@@ -104,6 +115,36 @@ static __always_inline void hm_count(__u32 svc_id, __u32 bytes)
 		stats->packets++;
 		stats->bytes += bytes;
 	}
+}
+
+/* Counts for (service, backend): a new connection or flow on one of the
+ * two paths (`connections`), or IP bytes each way on the veth path. */
+#define HM_STAT_CTLB 0
+#define HM_STAT_VETH 1
+static __always_inline void hm_count_backend(__u32 svc_id, const __u8 *addr, __be16 port, int new_flow_on,
+					     __u32 to, __u32 from)
+{
+	struct hm_bstats_key k = {};
+	struct hm_bstats *st, zero = {};
+
+	__builtin_memcpy(k.addr, addr, 16);
+	k.port = port;
+	k.svc_id = svc_id;
+	st = bpf_map_lookup_elem(&HM_BACKEND_STATS, &k);
+	if (!st) {
+		/* Another CPU may make it first: BPF_NOEXIST fails then, and the
+		 * lookup finds theirs (this CPU's slot of it is zero). */
+		bpf_map_update_elem(&HM_BACKEND_STATS, &k, &zero, BPF_NOEXIST);
+		st = bpf_map_lookup_elem(&HM_BACKEND_STATS, &k);
+		if (!st)
+			return;
+	}
+	if (new_flow_on == HM_STAT_CTLB)
+		st->ctlb_connections++;
+	else if (new_flow_on == HM_STAT_VETH)
+		st->veth_connections++;
+	st->bytes_to += to;
+	st->bytes_from += from;
 }
 
 /* The id of the backend a hash selects from the service's Maglev table;

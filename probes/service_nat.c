@@ -201,6 +201,7 @@ int hm_natout(struct __sk_buff *skb)
 		__builtin_memcpy(backend, ct->nat_addr, 16);
 		backend_port = ct->nat_port;
 		hm_count(ct->svc_id, skb->len);
+		hm_count_backend(ct->svc_id, backend, backend_port, -1, skb->len, 0);
 		if (closed) {
 			ct->last_seen_ns = now;
 		} else {
@@ -248,6 +249,7 @@ int hm_natout(struct __sk_buff *skb)
 		if (!(fv.flags & HM_CT_F_RESET) &&
 		    (bpf_map_update_elem(&HM_CT, &rk, &rv, BPF_ANY) || bpf_map_update_elem(&HM_CT, &fk, &fv, BPF_ANY)))
 			return TC_ACT_SHOT;
+		hm_count_backend(svc->id, backend, backend_port, HM_STAT_VETH, skb->len, 0);
 	}
 
 	if (rewrite(skb, &f, 1, backend, backend_port))
@@ -286,6 +288,7 @@ int hm_reply(struct __sk_buff *skb)
 	struct hm_ct_value *rev, *fwd, *state;
 	__u8 vip[16];
 	__be16 vport;
+	__u32 svc_id;
 	__u64 now;
 	int closed;
 
@@ -297,6 +300,7 @@ int hm_reply(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	__builtin_memcpy(vip, rev->nat_addr, 16);
 	vport = rev->nat_port;
+	svc_id = rev->svc_id;
 	ct_key(&fk, f.dst, vip, f.dport, vport, f.proto, HM_CT_FORWARD);
 	fwd = ct_peer(&fk, closed);
 
@@ -316,6 +320,7 @@ int hm_reply(struct __sk_buff *skb)
 		ct_seen(&fk, fwd, &rk, rev, HM_CT_F_REPLIED | ct_end(&f, HM_CT_F_FIN_BACK), now);
 	}
 
+	hm_count_backend(svc_id, f.src, f.sport, -1, 0, skb->len);
 	if (rewrite(skb, &f, 0, vip, vport))
 		return TC_ACT_SHOT;
 	return TC_ACT_UNSPEC;

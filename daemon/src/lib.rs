@@ -18,6 +18,7 @@ mod config;
 mod daemon;
 mod health;
 mod log;
+mod metrics;
 mod model;
 mod paths;
 mod peer_health;

@@ -8,6 +8,7 @@
 //! - `NotifyListener`: an sd_notify socket recording what a daemon says;
 //! - `Daemon`: a hostmesh process in a namespace, ended by PID;
 //! - `Servers`: echo servers naming themselves, stopped on drop;
+//! - `Prometheus`: a real Prometheus server scraping a daemon, ended by PID;
 //! - `sites`: the two-site gateway topology (wiring and configs).
 //!
 //! Tests must run as root: nothing here skips when it is not.
@@ -16,6 +17,7 @@ mod cgroup;
 mod daemon;
 mod netns;
 mod notify;
+mod prometheus;
 mod servers;
 pub mod sites;
 mod tempdir;
@@ -25,6 +27,7 @@ pub use cgroup::Cgroup;
 pub use daemon::{cli, Daemon, DaemonOptions};
 pub use netns::Netns;
 pub use notify::NotifyListener;
+pub use prometheus::{http_get, Prometheus};
 pub use servers::{Proto, Servers};
 pub use tempdir::TempDir;
 pub use wait::{scaled, scaled_secs, time_scale, wait_until, Waited};

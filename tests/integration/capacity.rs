@@ -13,16 +13,19 @@ use crate::fixtures::*;
 use crate::topology::*;
 
 /// Every map a capacity key sizes, with its key.
-const SIZED: [(&str, Capacity); 9] = [
+const SIZED: [(&str, Capacity); 12] = [
     ("HM_SERVICES", Capacity::Services),
     ("HM_SVC_STATS", Capacity::Services),
     ("HM_BACKENDS", Capacity::Backends),
+    ("HM_BACKEND_STATS", Capacity::Backends),
     ("HM_MAGLEV", Capacity::MaglevChunks),
     ("HM_CT", Capacity::Conntrack),
     ("HM_CT_CLOSING", Capacity::Conntrack),
     ("HM_REVERSE_SOCK", Capacity::ReverseSock),
     ("HM_MESH", Capacity::Mesh),
     ("HM_MESH_SOCKETS", Capacity::Mesh),
+    ("HM_SVC_AFFINITY", Capacity::Services),
+    ("HM_AFFINITY", Capacity::Affinity),
 ];
 
 /// `[daemon]` lines setting every capacity key to `n` times its minimum.

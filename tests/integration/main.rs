@@ -10,6 +10,7 @@ mod health_net;
 mod kernel;
 mod lifecycle;
 mod mesh;
+mod metrics;
 mod resync;
 mod service_veth;
 mod services;

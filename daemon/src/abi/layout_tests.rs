@@ -67,6 +67,13 @@ fn mirrors() -> Vec<(&'static str, &'static str, usize, Vec<Field>)> {
             id => "id", backend_count => "backend_count", flags => "flags", table_size => "table_size",
         }),
         mirror!(SvcStats, "hm_svc_stats", { packets => "packets", bytes => "bytes" }),
+        mirror!(BackendStatsKey, "hm_bstats_key", {
+            addr => "addr", port_be => "port", pad => "_pad", svc_id => "svc_id",
+        }),
+        mirror!(BackendStats, "hm_bstats", {
+            ctlb_connections => "ctlb_connections", veth_connections => "veth_connections",
+            bytes_to => "bytes_to", bytes_from => "bytes_from",
+        }),
         mirror!(SvcAffinity, "hm_svc_affinity", { timeout_s => "timeout_s", pad => "_pad" }),
         mirror!(AffKey, "hm_aff_key", { client => "client", svc_id => "svc_id" }),
         mirror!(AffValue, "hm_aff_value", { backend_id => "backend_id", pad => "_pad", last_seen_ns => "last_seen_ns" }),

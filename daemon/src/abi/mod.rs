@@ -42,6 +42,30 @@ pub struct SvcStats {
     pub bytes: u64,
 }
 
+/// `HM_BACKEND_STATS` key: a (service, backend) pair.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BackendStatsKey {
+    pub addr: [u8; 16],
+    pub port_be: u16,
+    pub pad: u16,
+    pub svc_id: u32,
+}
+
+/// One CPU's counters in `HM_BACKEND_STATS`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BackendStats {
+    /// connect() and unconnected UDP sendmsg() calls rewritten to it.
+    pub ctlb_connections: u64,
+    /// New flows of the veth path.
+    pub veth_connections: u64,
+    /// Veth path: IP bytes client -> backend.
+    pub bytes_to: u64,
+    /// Veth path: IP bytes backend -> client.
+    pub bytes_from: u64,
+}
+
 /// `HM_CONFIG[0]`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -331,6 +355,8 @@ impl Pod for SvcAffinity {}
 impl Pod for AffKey {}
 impl Pod for AffValue {}
 impl Pod for SvcStats {}
+impl Pod for BackendStatsKey {}
+impl Pod for BackendStats {}
 impl Pod for HmConfig {}
 impl Pod for BackendValue {}
 impl Pod for MaglevKey {}

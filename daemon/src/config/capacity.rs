@@ -11,7 +11,8 @@ use serde::Serialize;
 pub enum Capacity {
     /// HM_SERVICES and HM_SVC_STATS (VIP:port/protocol entries).
     Services,
-    /// HM_BACKENDS (distinct backend addresses).
+    /// HM_BACKENDS (distinct backend addresses) and HM_BACKEND_STATS
+    /// ((service, backend) pairs that carried traffic).
     Backends,
     /// HM_MAGLEV (chunks of `MAGLEV_CHUNK` slots of Maglev tables).
     MaglevChunks,

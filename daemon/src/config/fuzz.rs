@@ -54,6 +54,8 @@ const KEYS: &[&str] = &[
     "affinity_map_size",
     "mesh_map_size",
     "tc_attach",
+    "metrics_listen",
+    "metrics_backend_limit",
     "probe_interval",
     "nonsense",
     "k.k",

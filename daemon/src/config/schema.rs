@@ -49,6 +49,9 @@ pub(super) struct RawDaemon {
     /// hostmesh extension: "auto" (TCX where the kernel has it) or
     /// "netlink" (clsact filters).
     pub tc_attach: Option<S<String>>,
+    /// hostmesh extension: the Prometheus endpoint, "IP:PORT" or "off".
+    pub metrics_listen: Option<S<String>>,
+    pub metrics_backend_limit: Option<S<i64>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -899,3 +899,21 @@ fn drain_timeout_is_for_tcp_services() {
         "t.toml:5:17: service \"web\": drain_timeout \"0s\" is out of range; use 1s to 24h"
     );
 }
+
+#[test]
+fn metrics_listen_is_on_loopback_by_default_and_takes_an_address_or_off() {
+    let daemon = |text: &str| parse_file(&Source::new(Path::new("t.toml"), text)).expect("valid").daemon.unwrap();
+    let d = daemon("[daemon]\n");
+    assert_eq!(d.metrics_listen, Some("127.0.0.1:9853".parse().unwrap()));
+    assert_eq!(d.metrics_backend_limit, 1000);
+    assert_eq!(daemon("[daemon]\nmetrics_listen = \"off\"\n").metrics_listen, None);
+    let d = daemon("[daemon]\nmetrics_listen = \"[::1]:9900\"\nmetrics_backend_limit = 0\n");
+    assert_eq!(d.metrics_listen, Some("[::1]:9900".parse().unwrap()));
+    assert_eq!(d.metrics_backend_limit, 0);
+    assert_eq!(
+        one_error("[daemon]\nmetrics_listen = \"localhost\"\n"),
+        "t.toml:2:18: [daemon]: metrics_listen \"localhost\" is not \"off\" or an address with a port (\"127.0.0.1:9853\", \"[::1]:9853\")"
+    );
+    assert!(one_error("[daemon]\nmetrics_listen = \"127.0.0.1:0\"\n").contains("with a port"));
+    assert!(one_error("[daemon]\nmetrics_backend_limit = -1\n").contains("use 0 to 1000000"));
+}

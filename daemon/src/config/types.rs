@@ -119,6 +119,12 @@ pub(crate) enum MeshBackend {
 /// Kubernetes' ClientIP affinity default.
 pub(crate) const DEFAULT_AFFINITY_TIMEOUT: Duration = Duration::from_secs(3 * 3600);
 
+/// `[daemon] metrics_listen`: loopback only, on a port outside those of
+/// the well-known exporters (node 9100, blackbox 9115, ...).
+pub(crate) const DEFAULT_METRICS_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9853);
+pub(crate) const DEFAULT_METRICS_BACKEND_LIMIT: u32 = 1000;
+
 pub(crate) const DEFAULT_RESYNC_INTERVAL: Duration = Duration::from_secs(30);
 /// The probes' defaults (`HM_CT_*_TIMEOUT_DEFAULT_S` in hostmesh_abi.h).
 pub(crate) const DEFAULT_CONNTRACK_TCP_TIMEOUT: Duration = Duration::from_secs(crate::abi::CT_TCP_TIMEOUT_DEFAULT_S);
@@ -142,6 +148,11 @@ pub(crate) struct DaemonSettings {
     pub sizes: MapSizes,
     /// How TC programs are attached.
     pub tc_attach: TcAttachPref,
+    /// Where the Prometheus endpoint listens; `None`: "off".
+    pub metrics_listen: Option<SocketAddr>,
+    /// Above this many backends in all, per-backend series are summed per
+    /// service.
+    pub metrics_backend_limit: u32,
     pub origin: Option<Origin>,
 }
 
@@ -158,6 +169,8 @@ impl Default for DaemonSettings {
             conntrack_udp_timeout: DEFAULT_CONNTRACK_UDP_TIMEOUT,
             sizes: MapSizes::default(),
             tc_attach: TcAttachPref::default(),
+            metrics_listen: Some(DEFAULT_METRICS_LISTEN),
+            metrics_backend_limit: DEFAULT_METRICS_BACKEND_LIMIT,
             origin: None,
         }
     }

@@ -9,6 +9,7 @@ mod drift;
 mod event_loop;
 mod events;
 mod leaving;
+mod metrics_feed;
 pub(crate) use events::Event;
 mod notify;
 pub(crate) mod report;
@@ -128,6 +129,9 @@ struct Daemon {
     host_indexes: drift::HostIndexes,
     /// Drift found since the last sync, not yet repaired.
     drift_seen: usize,
+    /// What the metrics endpoint shows, and the endpoint.
+    metrics: crate::metrics::Metrics,
+    metrics_endpoint: metrics_feed::MetricsEndpoint,
 }
 
 pub(crate) fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
@@ -198,6 +202,8 @@ pub(crate) fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
         start_failure: None,
         host_indexes: Default::default(),
         drift_seen: 0,
+        metrics: crate::metrics::Metrics::new(crate::backends::bpf::traffic::TrafficReader::new(&paths.bpffs)),
+        metrics_endpoint: Default::default(),
         paths,
         log,
     };
@@ -258,6 +264,7 @@ impl Daemon {
     /// not be read), in which case it is retried soon as a full resync.
     fn sync(&mut self, full: bool) -> bool {
         self.read_config(full);
+        self.track_metrics_server();
         self.generation += 1;
         self.track_peers();
         let states = self.track_backends();
@@ -281,6 +288,9 @@ impl Daemon {
             }
         }
         let ok = result.is_ok();
+        if let Ok(o) = &result {
+            self.metrics.sync_done(o.full, o.duration, o.errors.iter().flat_map(|e| e.owners.iter()));
+        }
         match &result {
             Ok(outcome) => self.log_outcome(outcome),
             Err(e) => {
@@ -340,8 +350,12 @@ impl Daemon {
             self.store.load_changed(&self.paths.config_dir)
         };
         match loaded {
-            Ok(loaded) => self.loaded = loaded,
+            Ok(loaded) => {
+                self.loaded = loaded;
+                self.metrics.reload(if self.loaded.rejected().next().is_some() { "rejected" } else { "applied" });
+            }
             Err(e) => {
+                self.metrics.reload("failed");
                 // A vanished dir must not tear down every service.
                 error!(self.log, "cannot read the config dir; keeping the configuration in force"; "error" => e.to_string());
             }

@@ -6,9 +6,10 @@ use super::*;
 impl Daemon {
     /// Writes the status file from the last sync and the sidecar
     /// registrations; returns the one-line STATUS=.
-    pub(super) fn write_status(&self) -> String {
+    pub(super) fn write_status(&mut self) -> String {
         let started = Instant::now();
         let status = self.status(self.last_outcome.as_ref(), false);
+        self.publish_metrics(&status);
         if let Err(e) = status.write(&self.paths.state_dir) {
             warn!(self.log, "cannot write the status file"; "path" => Status::path(&self.paths.state_dir).display().to_string(), "error" => e.to_string());
         }
@@ -76,7 +77,12 @@ impl Daemon {
                 .zip(desired)
                 .map(|(o, d)| report::objects(&self.loaded, o, d, self.registrar.report(), self.health.as_ref()))
                 .unwrap_or_default(),
-            warnings: desired.map(|d| d.warnings.clone()).unwrap_or_default(),
+            warnings: desired
+                .map(|d| d.warnings.clone())
+                .unwrap_or_default()
+                .into_iter()
+                .chain(self.metrics_endpoint.error.clone())
+                .collect(),
             kernel: Some(report::kernel(&self.features, self.loaded.config.daemon.tc_attach)),
             backends,
         }

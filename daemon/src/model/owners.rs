@@ -82,6 +82,18 @@ impl fmt::Display for Object<'_> {
     }
 }
 
+impl Object<'_> {
+    /// Every kind of object, as `kind_of` names them.
+    pub(crate) const KINDS: [&'static str; 7] = ["service", "services", "bpfnat", "mesh", "gateway", "peer", "member"];
+
+    /// The kind of object an owner names (`service/web` -> "service"), by
+    /// the names of the table above; "other" for a name it does not make.
+    pub(crate) fn kind_of(owner: &str) -> &'static str {
+        let head = owner.split_once('/').map_or(owner, |(kind, _)| kind);
+        Self::KINDS.into_iter().find(|k| *k == head).unwrap_or("other")
+    }
+}
+
 impl IntoOwner for Object<'_> {
     fn into_owner(self) -> Owner {
         self.to_string().into()
@@ -211,6 +223,23 @@ impl Serialize for Owners {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_owner_names_its_kind() {
+        let objects = [
+            Object::Service("web"),
+            Object::Services,
+            Object::Bpfnat,
+            Object::Mesh("m"),
+            Object::Meshes,
+            Object::Gateway,
+            Object::Peer("b"),
+            Object::Member("w"),
+        ];
+        let kinds: Vec<&str> = objects.iter().map(|o| Object::kind_of(&o.to_string())).collect();
+        assert_eq!(kinds, ["service", "services", "bpfnat", "mesh", "mesh", "gateway", "peer", "member"]);
+        assert_eq!(Object::kind_of("nonsense/x"), "other");
+    }
 
     fn names(o: &Owners) -> Vec<&str> {
         o.iter().collect()

@@ -18,6 +18,7 @@ pub(crate) mod pins;
 mod resize;
 pub mod sys;
 mod tc;
+pub(crate) mod traffic;
 
 use std::collections::BTreeMap;
 use std::fs::File;

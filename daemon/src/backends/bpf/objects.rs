@@ -34,6 +34,7 @@ pub const MESH_OBJECT: usize = 2;
 
 pub const BPF_MAP_TYPE_HASH: u32 = 1;
 pub const BPF_MAP_TYPE_ARRAY: u32 = 2;
+pub const BPF_MAP_TYPE_PERCPU_HASH: u32 = 5;
 pub const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
 pub const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
 pub const BPF_MAP_TYPE_LPM_TRIE: u32 = 11;
@@ -75,6 +76,14 @@ pub const MAPS: &[MapDef] = &[
         BPF_F_NO_PREALLOC,
     ),
     def("HM_SVC_STATS", BPF_MAP_TYPE_PERCPU_ARRAY, 4, size_of::<abi::SvcStats>(), abi::MAX_SERVICES, 0),
+    def(
+        "HM_BACKEND_STATS",
+        BPF_MAP_TYPE_PERCPU_HASH,
+        size_of::<abi::BackendStatsKey>(),
+        size_of::<abi::BackendStats>(),
+        abi::MAX_BACKENDS,
+        BPF_F_NO_PREALLOC,
+    ),
     def("HM_BACKENDS", BPF_MAP_TYPE_HASH, 4, size_of::<abi::BackendValue>(), abi::MAX_BACKENDS, BPF_F_NO_PREALLOC),
     def(
         "HM_MAGLEV",
@@ -152,7 +161,7 @@ pub fn sized_by(name: &str) -> Option<Capacity> {
     Some(match name {
         "HM_SERVICES" | "HM_SVC_STATS" | "HM_SVC_AFFINITY" => Capacity::Services,
         "HM_AFFINITY" => Capacity::Affinity,
-        "HM_BACKENDS" => Capacity::Backends,
+        "HM_BACKENDS" | "HM_BACKEND_STATS" => Capacity::Backends,
         "HM_MAGLEV" => Capacity::MaglevChunks,
         "HM_CT" | "HM_CT_CLOSING" => Capacity::Conntrack,
         "HM_REVERSE_SOCK" => Capacity::ReverseSock,

@@ -19,7 +19,34 @@ impl Check<'_, '_> {
         self.daemon_paths(&d, &mut out);
         self.daemon_sizes(&d, &mut out);
         self.daemon_timeouts(&d, &mut out);
+        self.daemon_metrics(&d, &mut out);
         out
+    }
+
+    fn daemon_metrics(&mut self, d: &RawDaemon, out: &mut DaemonSettings) {
+        if let Some(v) = &d.metrics_listen {
+            match v.get_ref().as_str() {
+                "off" => out.metrics_listen = None,
+                text => match text.parse::<std::net::SocketAddr>() {
+                    Ok(a) if a.port() != 0 => out.metrics_listen = Some(a),
+                    _ => self.fail(
+                        &v.span(),
+                        "metrics_listen",
+                        format!("{CTX}: metrics_listen \"{text}\" is not \"off\" or an address with a port (\"127.0.0.1:9853\", \"[::1]:9853\")"),
+                    ),
+                },
+            }
+        }
+        if let Some(v) = &d.metrics_backend_limit {
+            match u32::try_from(*v.get_ref()) {
+                Ok(n) if n <= 1_000_000 => out.metrics_backend_limit = n,
+                _ => self.fail(
+                    &v.span(),
+                    "metrics_backend_limit",
+                    format!("{CTX}: metrics_backend_limit {} is out of range; use 0 to 1000000", v.get_ref()),
+                ),
+            }
+        }
     }
 
     fn daemon_modes(&mut self, d: &RawDaemon, out: &mut DaemonSettings) {

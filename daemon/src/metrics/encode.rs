@@ -1,0 +1,251 @@
+//! Every metric family: its name, help text and series, rendered at
+//! scrape time from the published snapshot, the event counts and the
+//! probes' counters. This is the one table of the metric set (the
+//! README's "Metrics" section lists it for operators).
+
+use std::collections::BTreeMap;
+use std::fmt::Error;
+use std::sync::{Arc, PoisonError};
+
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+
+use super::{Shared, Snapshot};
+use crate::backends::bpf::traffic::PairTraffic;
+use crate::state::BackendState;
+
+/// Per-backend series say this when they may be summed per service.
+const COLLAPSE: &str = "With more than [daemon] metrics_backend_limit backends configured in all, one series per \
+                        service with backend=\"all\".";
+
+#[derive(Debug)]
+pub(super) struct Collector(pub(super) Arc<Shared>);
+
+type Labels = Vec<(&'static str, String)>;
+
+fn gauges(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: impl IntoIterator<Item = (Labels, i64)>,
+) -> Result<(), Error> {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, v) in rows {
+        ConstGauge::new(v).encode(m.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// `name` without `_total`: the encoder adds it to counters.
+fn counters(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: impl IntoIterator<Item = (Labels, u64)>,
+) -> Result<(), Error> {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, v) in rows {
+        ConstCounter::new(v).encode(m.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn state_name(s: BackendState) -> &'static str {
+    match s {
+        BackendState::Up => "up",
+        BackendState::Down => "down",
+        BackendState::Unknown => "unknown",
+        BackendState::Draining => "draining",
+    }
+}
+
+impl prometheus_client::collector::Collector for Collector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), Error> {
+        let snap = self.0.snapshot.read().unwrap_or_else(PoisonError::into_inner).clone();
+        let events = self.0.events.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        daemon(&mut enc, &snap)?;
+        backends(&mut enc, &snap)?;
+        traffic(&mut enc, &snap, &self.0)?;
+        let kinds = [("full", &self.0.sync_full), ("incremental", &self.0.sync_incremental)];
+        let mut m = enc.encode_descriptor(
+            "hostmesh_sync_duration_seconds",
+            "How long each sync took: full (SIGHUP, the periodic resync, a repair) or incremental (an edit).",
+            None,
+            MetricType::Histogram,
+        )?;
+        for (kind, h) in kinds {
+            h.encode(m.encode_family(&vec![("kind", kind.to_string())])?)?;
+        }
+        counters(
+            &mut enc,
+            "hostmesh_sync_errors",
+            "Steps of syncs that failed, by the kind of object they were for (`hostmesh status` names the objects).",
+            // Every kind from the start (at 0), so a rate sees the first error.
+            crate::model::Object::KINDS
+                .into_iter()
+                .chain(events.sync_errors.contains_key("other").then_some("other"))
+                .map(|k| (vec![("object_kind", k.to_string())], events.sync_errors.get(k).copied().unwrap_or(0))),
+        )?;
+        counters(
+            &mut enc,
+            "hostmesh_config_reloads",
+            "Reads of the config dir by outcome: applied (every file), rejected (some file rejected), failed (the dir \
+             could not be read).",
+            ["applied", "rejected", "failed"]
+                .map(|o| (vec![("outcome", o.to_string())], events.reloads.get(o).copied().unwrap_or(0))),
+        )?;
+        counters(
+            &mut enc,
+            "hostmesh_gateway_peer_transitions",
+            "Times each gateway peer went up or down.",
+            snap.peers
+                .keys()
+                .map(|p| (vec![("peer", p.clone())], events.peer_transitions.get(p).copied().unwrap_or(0))),
+        )
+    }
+}
+
+fn daemon(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), Error> {
+    let (kernel, tc) = snap.kernel.clone().unwrap_or_default();
+    gauges(
+        enc,
+        "hostmesh_build_info",
+        "Always 1: this daemon's version, the kernel release and how TC programs are attached (tcx or netlink).",
+        [(vec![("version", env!("CARGO_PKG_VERSION").to_string()), ("kernel", kernel), ("tc_attach", tc)], 1)],
+    )?;
+    gauges(
+        enc,
+        "hostmesh_services",
+        "Services in force, by the path that handles them: connect_time (cgroup programs) or veth (bpfnat).",
+        snap.services.iter().map(|(k, n)| (vec![("kind", k.to_string())], *n as i64)),
+    )?;
+    gauges(
+        enc,
+        "hostmesh_config_files",
+        "Config files by state: applied, or rejected (`hostmesh status` says why).",
+        snap.files.iter().map(|(s, n)| (vec![("state", s.to_string())], *n as i64)),
+    )?;
+    gauges(
+        enc,
+        "hostmesh_bpf_map_entries",
+        "Entries of the maps hostmesh writes, as the last sync left them; conntrack's as the last sweep counted.",
+        snap.maps.iter().filter_map(|m| Some((vec![("map", m.map.to_string())], m.entries? as i64))),
+    )?;
+    gauges(
+        enc,
+        "hostmesh_bpf_map_capacity",
+        "The most entries each map holds ([daemon] *_map_size keys).",
+        snap.maps.iter().map(|m| (vec![("map", m.map.to_string())], m.capacity as i64)),
+    )?;
+    gauges(
+        enc,
+        "hostmesh_conntrack_entries",
+        "Flows tracked by the veth path (open and closing), as the last sweep counted; connect-time LB keeps no \
+         conntrack.",
+        [(vec![("path", "veth".to_string())], snap.conntrack_veth as i64)],
+    )?;
+    gauges(
+        enc,
+        "hostmesh_mesh_listener_registered",
+        "1 when the sidecar listener of a mesh entry is registered, 0 when none listens.",
+        snap.meshes.iter().map(|(m, up)| (vec![("mesh", m.clone())], i64::from(*up))),
+    )?;
+    gauges(
+        enc,
+        "hostmesh_gateway_peer_up",
+        "1 when a gateway peer answers its probes.",
+        snap.peers.iter().map(|(p, up)| (vec![("peer", p.clone())], i64::from(*up))),
+    )
+}
+
+fn backends(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), Error> {
+    let mut by_state: BTreeMap<(&str, &'static str), i64> = BTreeMap::new();
+    for b in &snap.backends {
+        for s in ["up", "down", "unknown", "draining"] {
+            *by_state.entry((b.service.as_str(), s)).or_default() += i64::from(state_name(b.state) == s);
+        }
+    }
+    gauges(
+        enc,
+        "hostmesh_backends",
+        "Backends of each service by state: up (serving; unchecked backends with a weight), down (failed its \
+         health check), unknown (not checked yet), draining (weight 0).",
+        by_state.into_iter().map(|((svc, s), n)| (vec![("service", svc.to_string()), ("state", s.to_string())], n)),
+    )?;
+    let help = format!("1 when a backend takes new connections (up), 0 when down, unknown or draining. {COLLAPSE}");
+    let rows: Vec<(Labels, i64)> = if snap.collapsed() {
+        let mut up: BTreeMap<&str, i64> = BTreeMap::new();
+        for b in &snap.backends {
+            *up.entry(&b.service).or_default() += i64::from(b.state == BackendState::Up);
+        }
+        up.into_iter().map(|(s, n)| (vec![("service", s.to_string()), ("backend", "all".to_string())], n)).collect()
+    } else {
+        snap.backends
+            .iter()
+            .map(|b| {
+                let labels = vec![("service", b.service.clone()), ("backend", b.backend.to_string())];
+                (labels, i64::from(b.state == BackendState::Up))
+            })
+            .collect()
+    };
+    gauges(enc, "hostmesh_backend_up", &help, rows)
+}
+
+/// The probes' counters, by (service, backend), summed over a service's
+/// VIP:port keys (a TCP and a UDP service may share a name).
+fn traffic(enc: &mut DescriptorEncoder, snap: &Snapshot, shared: &Shared) -> Result<(), Error> {
+    // A read error leaves the families empty for this scrape; the next
+    // one reads again.
+    let pairs: Vec<PairTraffic> = shared.traffic.read().unwrap_or_default();
+    let collapsed = snap.collapsed();
+    let mut per: BTreeMap<(&str, String), crate::abi::BackendStats> = BTreeMap::new();
+    for p in &pairs {
+        let Some(service) = snap.names.get(&p.service) else { continue };
+        let backend = if collapsed { "all".to_string() } else { p.backend.to_string() };
+        let e = per.entry((service.as_str(), backend)).or_default();
+        e.ctlb_connections += p.stats.ctlb_connections;
+        e.veth_connections += p.stats.veth_connections;
+        e.bytes_to += p.stats.bytes_to;
+        e.bytes_from += p.stats.bytes_from;
+    }
+    let mut per_service: BTreeMap<&str, (u64, u64)> = snap.names.values().map(|n| (n.as_str(), (0, 0))).collect();
+    for ((svc, _), st) in &per {
+        let e = per_service.entry(svc).or_default();
+        e.0 += st.ctlb_connections;
+        e.1 += st.veth_connections;
+    }
+    counters(
+        enc,
+        "hostmesh_service_connections",
+        "Connections each service sent to a backend, by path: connect_time (a connect(), or an unconnected UDP \
+         sendmsg(), rewritten in the cgroup programs) or veth (a new flow of the bpfnat path).",
+        per_service.iter().flat_map(|(svc, (ct, veth))| {
+            [("connect_time", *ct), ("veth", *veth)]
+                .map(|(path, n)| (vec![("service", svc.to_string()), ("path", path.to_string())], n))
+        }),
+    )?;
+    let pair = |svc: &str, backend: &str| vec![("service", svc.to_string()), ("backend", backend.to_string())];
+    counters(
+        enc,
+        "hostmesh_backend_connections",
+        &format!("Connections each backend got from a service, on both paths. {COLLAPSE}"),
+        per.iter().map(|((svc, b), st)| (pair(svc, b), st.ctlb_connections + st.veth_connections)),
+    )?;
+    counters(
+        enc,
+        "hostmesh_backend_bytes",
+        &format!(
+            "IP bytes between clients and each backend through the veth path, by direction (to_backend, \
+             from_backend). Connect-time LB hands sockets to the kernel and cannot count bytes. {COLLAPSE}"
+        ),
+        per.iter().flat_map(|((svc, b), st)| {
+            [("to_backend", st.bytes_to), ("from_backend", st.bytes_from)].map(|(dir, n)| {
+                let mut l = pair(svc, b);
+                l.push(("direction", dir.to_string()));
+                (l, n)
+            })
+        }),
+    )
+}

@@ -1,0 +1,115 @@
+//! The Prometheus endpoint (`[daemon] metrics_listen`). The daemon hands
+//! over a snapshot of what it knows after every status write, and counts
+//! syncs and reloads as they happen; a scrape renders that snapshot and
+//! reads the probes' traffic counters from the pinned maps. The endpoint
+//! runs on a thread of its own, so a scrape never waits for a sync and a
+//! slow scraper never holds up the daemon (docs/design.md, "Metrics").
+
+mod encode;
+mod server;
+mod snapshot;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::backends::bpf::traffic::TrafficReader;
+
+pub(crate) use server::MetricsServer;
+pub(crate) use snapshot::{MapRow, Snapshot};
+
+/// Buckets of `hostmesh_sync_duration_seconds`: 1 ms to ~65 s.
+fn sync_buckets() -> Histogram {
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 17))
+}
+
+/// Counts of events since the daemon started.
+#[derive(Debug, Default, Clone)]
+struct Events {
+    /// Step errors of syncs, by the kind of object they were for.
+    sync_errors: BTreeMap<&'static str, u64>,
+    /// Config reads, by outcome.
+    reloads: BTreeMap<&'static str, u64>,
+    /// Up/down changes of each gateway peer.
+    peer_transitions: BTreeMap<String, u64>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    snapshot: RwLock<Arc<Snapshot>>,
+    events: Mutex<Events>,
+    sync_full: Histogram,
+    sync_incremental: Histogram,
+    traffic: TrafficReader,
+}
+
+/// The daemon's side: what it records. Cheap to clone (shared).
+#[derive(Debug, Clone)]
+pub(crate) struct Metrics {
+    shared: Arc<Shared>,
+    registry: Arc<Registry>,
+}
+
+impl Metrics {
+    pub(crate) fn new(traffic: TrafficReader) -> Self {
+        let shared = Arc::new(Shared {
+            snapshot: RwLock::new(Arc::new(Snapshot::default())),
+            events: Mutex::new(Events::default()),
+            sync_full: sync_buckets(),
+            sync_incremental: sync_buckets(),
+            traffic,
+        });
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(encode::Collector(shared.clone())));
+        Metrics { shared, registry: Arc::new(registry) }
+    }
+
+    /// A new snapshot; peers whose up/down state differs from the last one
+    /// count a transition.
+    pub(crate) fn publish(&self, snapshot: Snapshot) {
+        let mut slot = self.shared.snapshot.write().unwrap_or_else(PoisonError::into_inner);
+        {
+            let mut events = self.events();
+            for (peer, up) in &snapshot.peers {
+                if slot.peers.get(peer).is_some_and(|was| was != up) {
+                    *events.peer_transitions.entry(peer.clone()).or_default() += 1;
+                }
+            }
+        }
+        *slot = Arc::new(snapshot);
+    }
+
+    /// One sync: its duration, and the owners of each failed step.
+    pub(crate) fn sync_done<'a>(&self, full: bool, took: Duration, owners: impl Iterator<Item = &'a str>) {
+        let h = if full { &self.shared.sync_full } else { &self.shared.sync_incremental };
+        h.observe(took.as_secs_f64());
+        let mut events = self.events();
+        for owner in owners {
+            *events.sync_errors.entry(crate::model::Object::kind_of(owner)).or_default() += 1;
+        }
+    }
+
+    /// One read of the config dir: "applied" (every file), "rejected"
+    /// (some file was rejected) or "failed" (the dir could not be read).
+    pub(crate) fn reload(&self, outcome: &'static str) {
+        *self.events().reloads.entry(outcome).or_default() += 1;
+    }
+
+    /// The text exposition format, as a scrape gets it.
+    pub(crate) fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail; the collector's own errors are
+        // fmt::Error from the same writer.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry);
+        out
+    }
+
+    fn events(&self) -> std::sync::MutexGuard<'_, Events> {
+        self.shared.events.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
