@@ -112,7 +112,7 @@ static __always_inline int to_backend(struct bpf_sock_addr *ctx, int v6)
 	struct hm_svc_value *svc;
 	struct hm_backend *be;
 	__u8 client[16];
-	__u32 proto;
+	__u32 proto, sport, hash;
 	__u64 cookie;
 
 	if (!cfg)
@@ -134,7 +134,16 @@ static __always_inline int to_backend(struct bpf_sock_addr *ctx, int v6)
 		return refuse();
 	cookie = bpf_get_socket_cookie(ctx);
 	bound_addr(ctx, v6, client);
-	be = hm_pick_backend(svc, client, hm_mix64(cookie));
+	/* A socket bound to a source port has its 5-tuple now: it gets that
+	 * tuple's backend, as the veth path would pick it (and as `hostmesh
+	 * explain --from ADDR:PORT` predicts); any other socket a backend by
+	 * its cookie, at random. */
+	sport = ctx->sk ? ctx->sk->src_port : 0;
+	if (sport)
+		hash = hm_flow_hash(client, key.addr, bpf_htons((__u16)sport), key.port, (__u8)proto);
+	else
+		hash = hm_mix64(cookie);
+	be = hm_pick_backend(svc, client, hash);
 	if (!be)
 		return refuse();
 

@@ -207,15 +207,43 @@ static __always_inline struct hm_backend *hm_pick_backend(const struct hm_svc_va
 	return be;
 }
 
-/* A 64-bit mix (splitmix64's finaliser) folded to 32 bits. */
-static __always_inline __u32 hm_mix64(__u64 x)
+/* splitmix64's finaliser. */
+static __always_inline __u64 hm_mix(__u64 x)
 {
 	x ^= x >> 30;
 	x *= 0xbf58476d1ce4e5b9ULL;
 	x ^= x >> 27;
 	x *= 0x94d049bb133111ebULL;
 	x ^= x >> 31;
+	return x;
+}
+
+/* A 64-bit mix folded to 32 bits. */
+static __always_inline __u32 hm_mix64(__u64 x)
+{
+	x = hm_mix(x);
 	return (__u32)(x ^ (x >> 32));
+}
+
+/* The backend hash of a 5-tuple (ports in network byte order, as in the
+ * packet): the same on every host and boot, unlike the kernel's skb hash
+ * (seeded per boot), so `hostmesh explain --from` computes it too
+ * (daemon/src/model/flow_hash.rs is its mirror; the explain test checks
+ * the two agree on real connections). Words are read little-endian, as
+ * the BPF target is. */
+static __always_inline __u32 hm_flow_hash(const __u8 *src, const __u8 *dst, __be16 sport, __be16 dport, __u8 proto)
+{
+	__u64 w[4];
+	__u64 h = 0x9e3779b97f4a7c15ULL;
+
+	__builtin_memcpy(w, src, 16);
+	__builtin_memcpy(&w[2], dst, 16);
+	h = hm_mix(h ^ w[0]);
+	h = hm_mix(h ^ w[1]);
+	h = hm_mix(h ^ w[2]);
+	h = hm_mix(h ^ w[3]);
+	h = hm_mix(h ^ ((__u64)sport << 24 | (__u64)dport << 8 | proto));
+	return (__u32)(h ^ (h >> 32));
 }
 
 

@@ -226,9 +226,10 @@ int hm_natout(struct __sk_buff *skb)
 		hm_count(svc->id, skb->len);
 		if (svc->backend_count == 0)
 			return refuse(skb, &f);
-		/* The flow hash: a flow whose entry was lost (evicted, expired)
-		 * gets the same backend again while the table is unchanged. */
-		be = hm_pick_backend(svc, f.src, bpf_get_hash_recalc(skb));
+		/* The 5-tuple's hash: a flow whose entry was lost (evicted,
+		 * expired) gets the same backend again while the table is
+		 * unchanged, and `hostmesh explain --from` can say which. */
+		be = hm_pick_backend(svc, f.src, hm_flow_hash(f.src, f.dst, f.sport, f.dport, f.proto));
 		if (!be)
 			return refuse(skb, &f);
 		__builtin_memcpy(backend, be->addr, 16);

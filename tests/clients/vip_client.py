@@ -9,6 +9,8 @@ one JSON object on stdout.
       {"answers": {"b1": 10, ...}, "peers": ["10.96.0.10:80"], "errors": []}
   requests-from SOURCE PROTO HOST PORT COUNT   the same, each socket bound
       to SOURCE first
+  from-port SOURCE SPORT PROTO HOST PORT   one request on a socket bound to
+      SOURCE:SPORT: {"answer": "b1"} or {"error": "..."}
   loop PROTO HOST PORT INTERVAL SECONDS   a request every INTERVAL for SECONDS:
       {"ok": 80, "failures": ["12.3: timed out", ...]}
   watch PROTO HOST PORT INTERVAL SECONDS   like loop, one line per request:
@@ -38,14 +40,15 @@ def peer_text(addr):
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def request(proto, host, port, source=None):
-    """One request on a new socket (bound to source, if given); returns
-    (answer, peer)."""
+def request(proto, host, port, source=None, sport=0):
+    """One request on a new socket (bound to source and sport, if given);
+    returns (answer, peer)."""
     kind = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
     with socket.socket(family(host), kind) as s:
         s.settimeout(TIMEOUT)
         if source:
-            s.bind((source, 0))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((source, sport))
         if proto == "tcp":
             s.connect((host, port))
             peer = s.getpeername()
@@ -155,6 +158,11 @@ def main():
         out = requests(args[0], args[1], int(args[2]), int(args[3]))
     elif mode == "requests-from":
         out = requests(args[1], args[2], int(args[3]), int(args[4]), args[0])
+    elif mode == "from-port":
+        try:
+            out = {"answer": request(args[2], args[3], int(args[4]), args[0], int(args[1]))[0]}
+        except OSError as e:
+            out = {"error": str(e)}
     elif mode == "loop":
         out = loop(args[0], args[1], int(args[2]), float(args[3]), float(args[4]))
     elif mode == "refused":

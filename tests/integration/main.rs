@@ -3,6 +3,7 @@
 
 mod capacity;
 mod conntrack;
+mod explain;
 mod fixtures;
 mod gateway;
 mod health;

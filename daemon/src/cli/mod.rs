@@ -1,6 +1,7 @@
-//! The command line: `hostmesh run | check | status | teardown`.
+//! The command line: `hostmesh run | check | status | explain | teardown`.
 
 mod check;
+mod explain;
 mod status;
 
 use std::path::PathBuf;
@@ -37,6 +38,20 @@ pub enum Command {
         /// Print the status file as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Say how an address is handled: the path, the service and its
+    /// backends, the backend a source reaches, the kernel objects.
+    Explain {
+        /// ADDR[:PORT][/tcp|udp] (IPv6 with a port in brackets).
+        target: String,
+        /// SRC[:PORT]: predict the backend a connection from there gets.
+        #[arg(long)]
+        from: Option<String>,
+        /// Print it as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        paths: PathArgs,
     },
     /// Remove everything hostmesh owns: links, routes, pins, programs.
     Teardown {
@@ -90,6 +105,14 @@ pub fn main() -> ExitCode {
         }
         Command::Check { config_dir } => check::run(&config_dir),
         Command::Status { state_dir, json } => status::run(&state_dir, json),
+        Command::Explain { target, from, json, paths } => explain::run(explain::ExplainArgs {
+            target,
+            from,
+            json,
+            config_dir: paths.config_dir,
+            state_dir: paths.state_dir,
+            bpffs: paths.bpffs,
+        }),
         Command::Teardown { paths, force } => teardown(paths.into(), force),
     }
 }

@@ -264,7 +264,6 @@ impl Daemon {
     /// not be read), in which case it is retried soon as a full resync.
     fn sync(&mut self, full: bool) -> bool {
         self.read_config(full);
-        self.track_metrics_server();
         self.generation += 1;
         self.track_peers();
         let states = self.track_backends();
@@ -325,6 +324,8 @@ impl Daemon {
             self.last_outcome = Some(outcome);
         }
         self.tick_sidecars();
+        // After the sync, so the endpoint's first snapshot is of it.
+        self.track_metrics_server();
         let line = self.write_status();
         if ok {
             // READY=1 after every completed sync: the first tells systemd we

@@ -3,8 +3,9 @@
 //! probes' counters. This is the one table of the metric set (the
 //! README's "Metrics" section lists it for operators).
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::fmt::Error;
+use std::net::SocketAddr;
 use std::sync::{Arc, PoisonError};
 
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -161,26 +162,33 @@ fn daemon(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), Error> {
 }
 
 fn backends(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), Error> {
-    let mut by_state: BTreeMap<(&str, &'static str), i64> = BTreeMap::new();
+    const STATES: [BackendState; 4] =
+        [BackendState::Up, BackendState::Down, BackendState::Unknown, BackendState::Draining];
+    // Rows come service by service (config order): one count per run.
+    let mut by_state: Vec<(&str, [i64; 4])> = Vec::new();
     for b in &snap.backends {
-        for s in ["up", "down", "unknown", "draining"] {
-            *by_state.entry((b.service.as_str(), s)).or_default() += i64::from(state_name(b.state) == s);
+        if by_state.last().is_none_or(|(s, _)| *s != b.service) {
+            by_state.push((&b.service, [0; 4]));
         }
+        let counts = &mut by_state.last_mut().expect("pushed above").1;
+        counts[STATES.iter().position(|s| *s == b.state).expect("every state is listed")] += 1;
     }
     gauges(
         enc,
         "hostmesh_backends",
         "Backends of each service by state: up (serving; unchecked backends with a weight), down (failed its \
          health check), unknown (not checked yet), draining (weight 0).",
-        by_state.into_iter().map(|((svc, s), n)| (vec![("service", svc.to_string()), ("state", s.to_string())], n)),
+        by_state.iter().flat_map(|(svc, counts)| {
+            STATES
+                .iter()
+                .zip(counts)
+                .map(|(s, n)| (vec![("service", svc.to_string()), ("state", state_name(*s).to_string())], *n))
+        }),
     )?;
     let help = format!("1 when a backend takes new connections (up), 0 when down, unknown or draining. {COLLAPSE}");
+    let all = || "all".to_string();
     let rows: Vec<(Labels, i64)> = if snap.collapsed() {
-        let mut up: BTreeMap<&str, i64> = BTreeMap::new();
-        for b in &snap.backends {
-            *up.entry(&b.service).or_default() += i64::from(b.state == BackendState::Up);
-        }
-        up.into_iter().map(|(s, n)| (vec![("service", s.to_string()), ("backend", "all".to_string())], n)).collect()
+        by_state.iter().map(|(s, counts)| (vec![("service", s.to_string()), ("backend", all())], counts[0])).collect()
     } else {
         snap.backends
             .iter()
@@ -193,35 +201,51 @@ fn backends(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), Error> {
     gauges(enc, "hostmesh_backend_up", &help, rows)
 }
 
-/// The probes' counters, by (service, backend), summed over a service's
-/// VIP:port keys (a TCP and a UDP service may share a name).
+/// The probes' counters of every configured (service, backend) pair,
+/// summed over a service's VIP:port keys (a TCP and a UDP service may
+/// share a name), in config order; pairs no longer configured are left
+/// out.
 fn traffic(enc: &mut DescriptorEncoder, snap: &Snapshot, shared: &Shared) -> Result<(), Error> {
-    // A read error leaves the families empty for this scrape; the next
+    use crate::abi::BackendStats;
+    // A read error leaves the counts at zero for this scrape; the next
     // one reads again.
     let pairs: Vec<PairTraffic> = shared.traffic.read().unwrap_or_default();
-    let collapsed = snap.collapsed();
-    let mut per: BTreeMap<(&str, String), crate::abi::BackendStats> = BTreeMap::new();
+    let mut per: HashMap<(&str, SocketAddr), BackendStats> = HashMap::with_capacity(pairs.len());
     for p in &pairs {
         let Some(service) = snap.names.get(&p.service) else { continue };
-        let backend = if collapsed { "all".to_string() } else { p.backend.to_string() };
-        let e = per.entry((service.as_str(), backend)).or_default();
+        let e = per.entry((service.as_str(), p.backend)).or_default();
         e.ctlb_connections += p.stats.ctlb_connections;
         e.veth_connections += p.stats.veth_connections;
         e.bytes_to += p.stats.bytes_to;
         e.bytes_from += p.stats.bytes_from;
     }
-    let mut per_service: BTreeMap<&str, (u64, u64)> = snap.names.values().map(|n| (n.as_str(), (0, 0))).collect();
-    for ((svc, _), st) in &per {
-        let e = per_service.entry(svc).or_default();
-        e.0 += st.ctlb_connections;
-        e.1 += st.veth_connections;
+    // (service, backend label, counts) in config order; per service when
+    // collapsed.
+    let mut rows: Vec<(&str, String, BackendStats)> = Vec::with_capacity(snap.backends.len());
+    let collapsed = snap.collapsed();
+    for b in &snap.backends {
+        let st = per.get(&(b.service.as_str(), b.backend)).copied().unwrap_or_default();
+        match rows.last_mut() {
+            Some((svc, _, sum)) if collapsed && *svc == b.service => *sum = add(*sum, st),
+            _ => rows.push((&b.service, if collapsed { "all".to_string() } else { b.backend.to_string() }, st)),
+        }
+    }
+    let mut per_service: Vec<(&str, u64, u64)> = Vec::new();
+    for (svc, _, st) in &rows {
+        match per_service.last_mut() {
+            Some((s, ct, veth)) if s == svc => {
+                *ct += st.ctlb_connections;
+                *veth += st.veth_connections;
+            }
+            _ => per_service.push((svc, st.ctlb_connections, st.veth_connections)),
+        }
     }
     counters(
         enc,
         "hostmesh_service_connections",
         "Connections each service sent to a backend, by path: connect_time (a connect(), or an unconnected UDP \
          sendmsg(), rewritten in the cgroup programs) or veth (a new flow of the bpfnat path).",
-        per_service.iter().flat_map(|(svc, (ct, veth))| {
+        per_service.iter().flat_map(|(svc, ct, veth)| {
             [("connect_time", *ct), ("veth", *veth)]
                 .map(|(path, n)| (vec![("service", svc.to_string()), ("path", path.to_string())], n))
         }),
@@ -231,7 +255,7 @@ fn traffic(enc: &mut DescriptorEncoder, snap: &Snapshot, shared: &Shared) -> Res
         enc,
         "hostmesh_backend_connections",
         &format!("Connections each backend got from a service, on both paths. {COLLAPSE}"),
-        per.iter().map(|((svc, b), st)| (pair(svc, b), st.ctlb_connections + st.veth_connections)),
+        rows.iter().map(|(svc, b, st)| (pair(svc, b), st.ctlb_connections + st.veth_connections)),
     )?;
     counters(
         enc,
@@ -240,7 +264,7 @@ fn traffic(enc: &mut DescriptorEncoder, snap: &Snapshot, shared: &Shared) -> Res
             "IP bytes between clients and each backend through the veth path, by direction (to_backend, \
              from_backend). Connect-time LB hands sockets to the kernel and cannot count bytes. {COLLAPSE}"
         ),
-        per.iter().flat_map(|((svc, b), st)| {
+        rows.iter().flat_map(|(svc, b, st)| {
             [("to_backend", st.bytes_to), ("from_backend", st.bytes_from)].map(|(dir, n)| {
                 let mut l = pair(svc, b);
                 l.push(("direction", dir.to_string()));
@@ -248,4 +272,13 @@ fn traffic(enc: &mut DescriptorEncoder, snap: &Snapshot, shared: &Shared) -> Res
             })
         }),
     )
+}
+
+fn add(a: crate::abi::BackendStats, b: crate::abi::BackendStats) -> crate::abi::BackendStats {
+    crate::abi::BackendStats {
+        ctlb_connections: a.ctlb_connections + b.ctlb_connections,
+        veth_connections: a.veth_connections + b.veth_connections,
+        bytes_to: a.bytes_to + b.bytes_to,
+        bytes_from: a.bytes_from + b.bytes_from,
+    }
 }

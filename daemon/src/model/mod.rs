@@ -4,6 +4,7 @@
 
 mod bpf_map;
 mod bpfnat;
+pub(crate) mod flow_hash;
 pub(crate) mod gateway;
 pub(crate) mod ids;
 pub(crate) mod incremental;

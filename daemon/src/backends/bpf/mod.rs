@@ -11,6 +11,7 @@ mod affinity;
 mod conntrack;
 pub(crate) mod features;
 mod flows_drop;
+pub(crate) mod inspect;
 mod load;
 pub(crate) mod netns_cookie;
 pub mod objects;

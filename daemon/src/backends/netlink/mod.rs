@@ -105,7 +105,37 @@ pub fn owned_links(links: &[Link]) -> BTreeMap<String, LinkSpec> {
     out
 }
 
+/// The route the kernel picks for an address, for `hostmesh explain`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct RouteTo {
+    /// "unicast", "local", "unreachable", ...
+    pub kind: String,
+    pub dev: Option<String>,
+    pub gateway: Option<std::net::IpAddr>,
+    /// hostmesh's own (`proto hostmesh`).
+    pub hostmesh: bool,
+}
+
 impl Rtnetlink {
+    /// What `ip route get ADDR` would say.
+    pub(crate) fn route_to(&mut self, ip: std::net::IpAddr) -> Result<Option<RouteTo>> {
+        let Some(r) = route::get(&mut self.sock, ip).map_err(err(format!("look up the route to {ip}")))? else {
+            return Ok(None);
+        };
+        let links = self.all_links()?;
+        let dev = r.oif.and_then(|i| links.iter().find(|l| l.index == i)).map(|l| l.name.clone());
+        let kind = format!("{:?}", r.kind).to_lowercase();
+        // `route get` answers without the route's protocol: find the
+        // route itself, the longest prefix holding ip in the answer's table.
+        let routes = route::dump(&mut self.sock).map_err(err("list routes".to_string()))?;
+        let protocol = routes
+            .iter()
+            .filter(|x| x.table == r.table && x.dst.contains(&ip))
+            .max_by_key(|x| x.dst.prefix_len())
+            .map(|x| x.protocol);
+        Ok(Some(RouteTo { kind, dev, gateway: r.gateway, hostmesh: protocol == Some(crate::model::RTPROT_HOSTMESH) }))
+    }
+
     /// The MTU of the path to each address: the route's MTU if it has one,
     /// else its output link's.
     pub fn path_mtus(&mut self, to: &[std::net::IpAddr]) -> Result<BTreeMap<std::net::IpAddr, u32>> {

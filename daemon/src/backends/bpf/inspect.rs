@@ -1,0 +1,133 @@
+//! Read-only lookups in the pinned maps for `hostmesh explain`: the same
+//! kernel state the daemon observes, read while it runs or not. Nothing
+//! here writes.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsFd, OwnedFd};
+
+use crate::abi::*;
+
+use super::pins::PinDir;
+use super::sys;
+
+/// The pinned maps under one bpffs dir; a map that is not pinned reads as
+/// empty (nothing of that feature is configured).
+pub(crate) struct Inspector {
+    pins: PinDir,
+}
+
+/// A service's entry and its Maglev table.
+#[derive(Debug, Clone)]
+pub(crate) struct ServiceEntry {
+    pub value: SvcValue,
+    /// The backend of each slot (`None`: a chunk is missing).
+    pub slots: Vec<Option<SocketAddr>>,
+    /// The service's affinity timeout, if it has affinity.
+    pub affinity_s: Option<u32>,
+}
+
+impl Inspector {
+    pub(crate) fn new(bpffs: &std::path::Path) -> Self {
+        Inspector { pins: PinDir::new(bpffs) }
+    }
+
+    fn map(&self, name: &str) -> io::Result<Option<OwnedFd>> {
+        match sys::obj_get(&self.pins.map(name)) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io::Error::new(e.kind(), format!("open the pinned {name}: {e}"))),
+        }
+    }
+
+    fn lookup<V: Pod>(&self, name: &str, key: &[u8]) -> io::Result<Option<V>> {
+        let Some(fd) = self.map(name)? else { return Ok(None) };
+        let mut v = vec![0u8; std::mem::size_of::<V>()];
+        Ok(if sys::map_lookup(fd.as_fd(), key, &mut v)? { V::from_bytes(&v) } else { None })
+    }
+
+    /// HM_CONFIG's flags (which protocols connect-time LB handles), if
+    /// the service maps exist.
+    pub(crate) fn config(&self) -> io::Result<Option<HmConfig>> {
+        self.lookup("HM_CONFIG", &0u32.to_ne_bytes())
+    }
+
+    /// The service at (VIP, port, protocol) with its table.
+    pub(crate) fn service(&self, key: SvcKey) -> io::Result<Option<ServiceEntry>> {
+        let Some(value) = self.lookup::<SvcValue>("HM_SERVICES", &key.to_bytes())? else { return Ok(None) };
+        let mut backends: BTreeMap<u32, Option<SocketAddr>> = BTreeMap::new();
+        let mut slots = Vec::with_capacity(value.table_size as usize);
+        let chunks = (value.table_size as usize).div_ceil(MAGLEV_CHUNK);
+        for chunk in 0..chunks {
+            let k = MaglevKey { svc_id: value.id, chunk: chunk as u32 };
+            let ids = self.lookup::<MaglevChunk>("HM_MAGLEV", &k.to_bytes())?;
+            for i in 0..MAGLEV_CHUNK.min(value.table_size as usize - chunk * MAGLEV_CHUNK) {
+                let Some(ids) = &ids else {
+                    slots.push(None);
+                    continue;
+                };
+                let id = ids.backend[i];
+                if let std::collections::btree_map::Entry::Vacant(v) = backends.entry(id) {
+                    let b = self.lookup::<BackendValue>("HM_BACKENDS", &id.to_ne_bytes())?;
+                    v.insert(b.map(|b| SocketAddr::new(ip_from16(b.addr), u16::from_be(b.port_be))));
+                }
+                slots.push(backends[&id]);
+            }
+        }
+        let affinity_s = if value.flags & SVC_F_AFFINITY != 0 {
+            self.lookup::<SvcAffinity>("HM_SVC_AFFINITY", &value.id.to_ne_bytes())?.map(|a| a.timeout_s)
+        } else {
+            None
+        };
+        Ok(Some(ServiceEntry { value, slots, affinity_s }))
+    }
+
+    /// The backend a client's affinity entry names and how long ago it was
+    /// last used, in nanoseconds of CLOCK_MONOTONIC (the probes' clock).
+    pub(crate) fn affinity(&self, client: IpAddr, svc_id: u32) -> io::Result<Option<(SocketAddr, u64)>> {
+        let key = AffKey { client: addr16(client), svc_id };
+        let Some(v) = self.lookup::<AffValue>("HM_AFFINITY", &key.to_bytes())? else { return Ok(None) };
+        let Some(b) = self.lookup::<BackendValue>("HM_BACKENDS", &v.backend_id.to_ne_bytes())? else { return Ok(None) };
+        let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+            .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+            .unwrap_or(0);
+        Ok(Some((SocketAddr::new(ip_from16(b.addr), u16::from_be(b.port_be)), now.saturating_sub(v.last_seen_ns))))
+    }
+
+    /// The mesh entry for (VIP, port, protocol): the exact port, else the
+    /// VIP's every-port entry, as hm_mesh looks them up.
+    pub(crate) fn mesh(&self, vip: IpAddr, port: u16, proto: u8) -> io::Result<Option<(u16, u16)>> {
+        for p in [port, 0] {
+            if let Some(v) = self.lookup::<MeshValue>("HM_MESH", &MeshKey::new(vip, p, proto).to_bytes())? {
+                return Ok(Some((p, v.redirect_port)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The gateway peer endpoint whose CIDR holds `addr` (longest prefix),
+    /// and whether it is up.
+    pub(crate) fn peer(&self, addr: IpAddr) -> io::Result<Option<(IpAddr, bool)>> {
+        let key = LpmKey { prefixlen: 128, addr: addr16(addr) };
+        Ok(self.lookup::<Endpoint>("HM_PEERS", &key.to_bytes())?.map(|e| (ip_from16(e.addr), e.flags & EP_UP != 0)))
+    }
+
+    /// The traffic counters of (service id, backend), summed over CPUs.
+    pub(crate) fn counters(&self, svc_id: u32, backend: SocketAddr) -> io::Result<BackendStats> {
+        let Some(fd) = self.map("HM_BACKEND_STATS")? else { return Ok(BackendStats::default()) };
+        let key = BackendStatsKey { addr: addr16(backend.ip()), port_be: backend.port().to_be(), pad: 0, svc_id };
+        let one = std::mem::size_of::<BackendStats>();
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
+        let mut v = vec![0u8; one * cpus];
+        if !sys::map_lookup(fd.as_fd(), &key.to_bytes(), &mut v)? {
+            return Ok(BackendStats::default());
+        }
+        Ok(v.chunks(one).filter_map(BackendStats::from_bytes).fold(BackendStats::default(), |a, b| BackendStats {
+            ctlb_connections: a.ctlb_connections + b.ctlb_connections,
+            veth_connections: a.veth_connections + b.veth_connections,
+            bytes_to: a.bytes_to + b.bytes_to,
+            bytes_from: a.bytes_from + b.bytes_from,
+        }))
+    }
+}

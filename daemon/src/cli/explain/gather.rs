@@ -1,0 +1,287 @@
+//! How hostmesh handles one address, from what the kernel holds (the
+//! pinned maps, read through `KernelView`), named with the configuration
+//! and the last status file. The order is the kernel's: a mesh entry wins
+//! over a service (connect-time LB leaves mesh VIPs alone), a service over
+//! a gateway peer's CIDR.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+
+use super::target::Target;
+use super::view::*;
+use crate::abi::{BackendStats, HmConfig, SvcKey, CFG_CTLB_TCP, CFG_CTLB_UDP};
+use crate::backends::bpf::inspect::ServiceEntry;
+use crate::backends::netlink::RouteTo;
+use crate::config::{Config, Protocol};
+use crate::model::flow_hash::flow_hash;
+use crate::state::{ObjectKind, Status};
+
+/// The kernel lookups explain needs (`backends::bpf::inspect::Inspector`).
+pub(crate) trait KernelView {
+    fn config(&self) -> io::Result<Option<HmConfig>>;
+    fn service(&self, key: SvcKey) -> io::Result<Option<ServiceEntry>>;
+    fn affinity(&self, client: IpAddr, svc_id: u32) -> io::Result<Option<(SocketAddr, u64)>>;
+    fn mesh(&self, vip: IpAddr, port: u16, proto: u8) -> io::Result<Option<(u16, u16)>>;
+    fn peer(&self, addr: IpAddr) -> io::Result<Option<(IpAddr, bool)>>;
+    fn counters(&self, svc_id: u32, backend: SocketAddr) -> io::Result<BackendStats>;
+}
+
+pub(crate) struct Sources<'a> {
+    pub kernel: &'a dyn KernelView,
+    pub config: &'a Config,
+    pub status: Option<&'a Status>,
+    pub route: Option<RouteTo>,
+}
+
+/// Port and protocol when the target leaves them out: the configured
+/// services on the address say which.
+fn resolve(t: Target, src: &Sources<'_>, sentences: &mut Vec<String>) -> io::Result<(u16, Protocol)> {
+    let on_addr: Vec<_> = src.config.services.iter().filter(|s| s.vip == t.addr).collect();
+    let port = match t.port {
+        Some(p) => p,
+        None => match on_addr.iter().find(|s| t.proto.is_none_or(|p| p == s.protocol)) {
+            Some(s) => {
+                let all: Vec<String> =
+                    on_addr.iter().map(|s| format!("{} ({}/{})", s.name, s.port, s.protocol)).collect();
+                sentences.push(format!("{} has services {}; this is {}.", t.addr, all.join(", "), s.name));
+                return Ok((s.port, s.protocol));
+            }
+            None => 0,
+        },
+    };
+    if let Some(p) = t.proto {
+        return Ok((port, p));
+    }
+    for p in Protocol::ALL {
+        if src.kernel.service(SvcKey::new(t.addr, port, p.number()))?.is_some() {
+            return Ok((port, p));
+        }
+    }
+    Ok((port, Protocol::Tcp))
+}
+
+pub(crate) fn explain(t: Target, from: Option<(IpAddr, Option<u16>)>, src: &Sources<'_>) -> io::Result<Explanation> {
+    let mut sentences = Vec::new();
+    let (port, proto) = resolve(t, src, &mut sentences)?;
+    let shown = match (t.addr, port) {
+        (a, 0) => a.to_string(),
+        (a, p) => format!("{}/{proto}", SocketAddr::new(a, p)),
+    };
+    let mut e = Explanation {
+        target: shown,
+        path: PathKind::None,
+        sentences,
+        service: None,
+        mesh: None,
+        gateway: None,
+        from: None,
+        route: src.route.clone(),
+        kernel: Vec::new(),
+    };
+    if let Some(route) = &src.route {
+        e.kernel.push(format!(
+            "route: {} {}{}{}",
+            route.kind,
+            route.dev.as_ref().map(|d| format!("dev {d}")).unwrap_or_default(),
+            route.gateway.map(|g| format!(" via {g}")).unwrap_or_default(),
+            if route.hostmesh { " (proto hostmesh)" } else { "" }
+        ));
+    }
+    if let Some((entry_port, redirect)) = src.kernel.mesh(t.addr, port, proto.number())? {
+        mesh(&mut e, t.addr, entry_port, redirect, proto, src);
+    } else if let Some(svc) = src.kernel.service(SvcKey::new(t.addr, port, proto.number()))? {
+        service(&mut e, SvcKey::new(t.addr, port, proto.number()), proto, &svc, src)?;
+        if let Some(from) = from {
+            e.from = Some(predict(from, t.addr, port, proto, &svc, e.path, src)?);
+        }
+    } else if let Some((endpoint, up)) = src.kernel.peer(t.addr)? {
+        gateway(&mut e, t.addr, endpoint, up, src);
+    } else {
+        nothing(&mut e, t.addr, port, proto, src);
+    }
+    if let (Some(f), Some(p)) = (from, &e.from) {
+        let at = f.1.map_or(f.0.to_string(), |port| SocketAddr::new(f.0, port).to_string());
+        let said = match (&p.backend, p.by.as_str()) {
+            (Some(b), "affinity") => format!("From {at}: {b}, the backend its affinity entry names."),
+            (Some(b), _) => format!("From {at}: {b} (the 5-tuple's slot of the Maglev table)."),
+            (None, "random") => format!(
+                "From {at}: a socket bound to no port gets a backend by its cookie: any of them, by share; \
+                 give SRC:PORT for a socket bound to that port."
+            ),
+            (None, _) => format!("From {at}: no backend (the table is empty: connections are refused)."),
+        };
+        e.sentences.push(said);
+    }
+    Ok(e)
+}
+
+fn mesh(e: &mut Explanation, vip: IpAddr, entry_port: u16, redirect: u16, proto: Protocol, src: &Sources<'_>) {
+    let name = src
+        .config
+        .meshes
+        .iter()
+        .find(|m| m.vip == vip && m.port == entry_port && m.protocol == proto)
+        .map(|m| m.name.clone());
+    let listener = name.as_ref().and_then(|n| {
+        src.status?.objects.iter().find(|o| o.kind == ObjectKind::Mesh && &o.name == n).map(|o| o.detail.clone())
+    });
+    e.path = PathKind::Mesh;
+    e.sentences.push(format!(
+        "{} is a mesh redirect{}: sockets and packets to it are handed to the local sidecar listening on port \
+         {redirect} (sk_lookup, or the nftables fallback){}.",
+        e.target,
+        name.as_ref().map(|n| format!(" ({n})")).unwrap_or_default(),
+        listener.as_ref().map(|l| format!("; {l}")).unwrap_or_default()
+    ));
+    e.kernel.push(format!("HM_MESH[{vip} port {entry_port}/{proto}] = redirect port {redirect}"));
+    e.mesh = Some(MeshView { name, redirect_port: redirect, port: entry_port, listener });
+}
+
+fn service(e: &mut Explanation, key: SvcKey, proto: Protocol, svc: &ServiceEntry, src: &Sources<'_>) -> io::Result<()> {
+    let cfg = src.kernel.config()?;
+    let ctlb = cfg.is_some_and(|c| c.flags & if proto == Protocol::Tcp { CFG_CTLB_TCP } else { CFG_CTLB_UDP } != 0);
+    let named = src.config.services.iter().find(|s| s.vip == key.vip() && s.port == key.port() && s.protocol == proto);
+    e.path = if ctlb { PathKind::ConnectTime } else { PathKind::Veth };
+    let how = if ctlb {
+        format!("connect-time load balancing: the cgroup programs give each {proto} socket a backend at connect() or sendmsg(), so no packet is translated")
+    } else {
+        "the bpfnat veth path: packets are routed into hm-natin and translated per packet on hm-natout, with conntrack"
+            .to_string()
+    };
+    let live = svc.slots.iter().flatten().count();
+    e.sentences.push(format!(
+        "{} is service {}{}, handled by {how}. {}",
+        e.target,
+        named.map_or("(not in the config: left from an earlier one?)".to_string(), |s| format!("\"{}\"", s.name)),
+        named.map(|s| format!(" ({})", s.origin)).unwrap_or_default(),
+        if svc.value.backend_count == 0 || live == 0 {
+            "It has no backend taking connections: connections are refused at once.".to_string()
+        } else {
+            format!("{} backends take new connections.", svc.value.backend_count)
+        }
+    ));
+    let mut slots: BTreeMap<SocketAddr, usize> = BTreeMap::new();
+    for b in svc.slots.iter().flatten() {
+        *slots.entry(*b).or_default() += 1;
+    }
+    let mut addrs: Vec<SocketAddr> = named.map(|s| s.backends.iter().map(|b| b.addr).collect()).unwrap_or_default();
+    addrs.extend(slots.keys().filter(|a| !addrs.contains(a)).copied().collect::<Vec<_>>());
+    let mut backends = Vec::new();
+    for a in addrs {
+        let weight = named.and_then(|s| s.backends.iter().find(|b| b.addr == a)).map(|b| b.weight);
+        let state = src
+            .status
+            .and_then(|st| st.backends.iter().find(|b| Some(&b.service) == named.map(|s| &s.name) && b.address == a))
+            .map(|b| b.state.to_string())
+            .unwrap_or_else(|| if weight == Some(0) { "draining" } else { "up" }.to_string());
+        let c = src.kernel.counters(svc.value.id, a)?;
+        let n = slots.get(&a).copied().unwrap_or(0);
+        backends.push(BackendView {
+            address: a,
+            weight,
+            slots: n,
+            share: if svc.slots.is_empty() { 0.0 } else { n as f64 / svc.slots.len() as f64 },
+            state,
+            connections: c.ctlb_connections + c.veth_connections,
+            bytes_to: c.bytes_to,
+            bytes_from: c.bytes_from,
+        });
+    }
+    e.kernel.push(format!(
+        "HM_SERVICES[{}] = id {}, {} backends, table {} slots; HM_MAGLEV: {} chunks",
+        e.target,
+        svc.value.id,
+        svc.value.backend_count,
+        svc.value.table_size,
+        svc.slots.len().div_ceil(crate::abi::MAGLEV_CHUNK)
+    ));
+    if let Some(c) = cfg {
+        e.kernel.push(format!(
+            "HM_CONFIG: connect-time LB handles {}",
+            match (c.flags & CFG_CTLB_TCP != 0, c.flags & CFG_CTLB_UDP != 0) {
+                (true, true) => "tcp and udp",
+                (true, false) => "tcp",
+                (false, true) => "udp",
+                (false, false) => "nothing (every service takes the veth path)",
+            }
+        ));
+    }
+    e.service = Some(ServiceView {
+        name: named.map(|s| s.name.clone()),
+        origin: named.map(|s| s.origin.to_string()),
+        id: svc.value.id,
+        table_size: svc.value.table_size,
+        affinity_timeout_s: svc.affinity_s,
+        backends,
+    });
+    Ok(())
+}
+
+/// The backend a connection from `from` gets now, as the probes choose:
+/// a fresh affinity entry first, else the table slot of the 5-tuple's
+/// hash (the veth path always; connect-time LB for a socket bound to a
+/// port), else (connect-time, no port) a random one by the cookie.
+fn predict(
+    from: (IpAddr, Option<u16>),
+    vip: IpAddr,
+    port: u16,
+    proto: Protocol,
+    svc: &ServiceEntry,
+    path: PathKind,
+    src: &Sources<'_>,
+) -> io::Result<Prediction> {
+    let source = from.1.map_or(from.0.to_string(), |p| SocketAddr::new(from.0, p).to_string());
+    if let Some(timeout) = svc.affinity_s {
+        if let Some((b, idle_ns)) = src.kernel.affinity(from.0, svc.value.id)? {
+            if idle_ns < u64::from(timeout) * 1_000_000_000 {
+                return Ok(Prediction { source, backend: Some(b), by: "affinity".into() });
+            }
+        }
+    }
+    let Some(sport) = from.1 else {
+        let by = if path == PathKind::ConnectTime { "random" } else { "hash" };
+        return Ok(Prediction { source, backend: None, by: by.into() });
+    };
+    if svc.slots.is_empty() {
+        return Ok(Prediction { source, backend: None, by: "hash".into() });
+    }
+    let slot = flow_hash(from.0, vip, sport, port, proto.number()) as usize % svc.slots.len();
+    Ok(Prediction { source, backend: svc.slots[slot], by: "hash".into() })
+}
+
+fn gateway(e: &mut Explanation, addr: IpAddr, endpoint: IpAddr, up: bool, src: &Sources<'_>) {
+    let peer = src.config.peers.iter().find(|p| p.cidrs.iter().any(|c| c.contains(&addr))).map(|p| p.name.clone());
+    e.path = PathKind::Gateway;
+    e.sentences.push(format!(
+        "{} is behind gateway peer {}: packets to it go over the VXLAN tunnel hm-tun0 to {endpoint}, which {}.",
+        e.target,
+        peer.as_ref().map_or("(not in the config)".to_string(), |p| format!("\"{p}\"")),
+        if up { "answers its probes" } else { "does not answer its probes now: traffic to it fails fast" }
+    ));
+    e.kernel.push(format!("HM_PEERS[{addr}] = endpoint {endpoint} ({})", if up { "up" } else { "down" }));
+    e.gateway = Some(GatewayView { peer, endpoint, up });
+}
+
+fn nothing(e: &mut Explanation, addr: IpAddr, port: u16, proto: Protocol, src: &Sources<'_>) {
+    let configured = src.config.services.iter().find(|s| s.vip == addr && s.port == port && s.protocol == proto);
+    let other_ports: Vec<String> = src
+        .config
+        .services
+        .iter()
+        .filter(|s| s.vip == addr && !(s.port == port && s.protocol == proto))
+        .map(|s| format!("{} ({}/{})", s.name, s.port, s.protocol))
+        .collect();
+    let why = if let Some(s) = configured {
+        format!("service \"{}\" ({}) is configured but not in the kernel: `hostmesh status` says why", s.name, s.origin)
+    } else if !other_ports.is_empty() {
+        format!("no service has this port and protocol; the address has {}", other_ports.join(", "))
+    } else {
+        "no service, mesh entry or gateway peer CIDR has it".to_string()
+    };
+    e.sentences.push(format!(
+        "hostmesh does not handle {}: {why}. The kernel routes it as it would without hostmesh{}.",
+        e.target,
+        e.route.as_ref().and_then(|r| r.dev.as_ref()).map(|d| format!(" (dev {d})")).unwrap_or_default()
+    ));
+}

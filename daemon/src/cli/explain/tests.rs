@@ -1,0 +1,131 @@
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+
+use super::gather::{explain, KernelView, Sources};
+use super::target::parse_target;
+use super::view::PathKind;
+use crate::abi::*;
+use crate::backends::bpf::inspect::ServiceEntry;
+
+/// A kernel holding what the test puts in.
+#[derive(Default)]
+struct FakeKernel {
+    flags: u32,
+    services: HashMap<SvcKey, ServiceEntry>,
+    mesh: Option<(u16, u16)>,
+    peer: Option<(IpAddr, bool)>,
+    affinity: Option<(SocketAddr, u64)>,
+}
+
+impl KernelView for FakeKernel {
+    fn config(&self) -> io::Result<Option<HmConfig>> {
+        Ok(Some(HmConfig { flags: self.flags, ..Default::default() }))
+    }
+    fn service(&self, key: SvcKey) -> io::Result<Option<ServiceEntry>> {
+        Ok(self.services.get(&key).cloned())
+    }
+    fn affinity(&self, _: IpAddr, _: u32) -> io::Result<Option<(SocketAddr, u64)>> {
+        Ok(self.affinity)
+    }
+    fn mesh(&self, _: IpAddr, _: u16, _: u8) -> io::Result<Option<(u16, u16)>> {
+        Ok(self.mesh)
+    }
+    fn peer(&self, _: IpAddr) -> io::Result<Option<(IpAddr, bool)>> {
+        Ok(self.peer)
+    }
+    fn counters(&self, _: u32, _: SocketAddr) -> io::Result<BackendStats> {
+        Ok(BackendStats { ctlb_connections: 3, ..Default::default() })
+    }
+}
+
+const CONFIG: &str = r#"
+[[service]]
+name = "web"
+vip = "10.96.0.10"
+port = 80
+backends = ["192.168.10.11:8080", { address = "192.168.10.12:8080", weight = 0 }]
+affinity = "client-ip"
+
+[[service]]
+name = "dns"
+vip = "10.96.0.10"
+port = 53
+protocol = "udp"
+backends = ["192.168.10.11:5353"]
+
+[gateway]
+role = "member"
+local_ip = "192.0.2.21"
+gateway_ip = "192.0.2.1"
+vni = 1
+
+[[peer]]
+name = "site-b"
+cidrs = ["10.20.0.0/16"]
+"#;
+
+fn a(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+/// web with a 7-slot table of one backend (the draining one left it).
+fn kernel(flags: u32) -> FakeKernel {
+    let web = ServiceEntry {
+        value: SvcValue { id: 1, backend_count: 1, flags: SVC_F_AFFINITY, table_size: 7 },
+        slots: vec![Some(a("192.168.10.11:8080")); 7],
+        affinity_s: Some(3600),
+    };
+    let mut k = FakeKernel { flags, ..Default::default() };
+    k.services.insert(SvcKey::new("10.96.0.10".parse().unwrap(), 80, 6), web);
+    k
+}
+
+fn run(k: &FakeKernel, target: &str, from: Option<(IpAddr, Option<u16>)>) -> super::view::Explanation {
+    let config = crate::config::from_text(CONFIG);
+    let src = Sources { kernel: k, config: &config, status: None, route: None };
+    explain(parse_target(target).unwrap(), from, &src).unwrap()
+}
+
+#[test]
+fn each_kind_of_address_gets_its_path() {
+    let k = kernel(CFG_CTLB_TCP);
+    let e = run(&k, "10.96.0.10:80", None);
+    assert_eq!(e.path, PathKind::ConnectTime);
+    let svc = e.service.unwrap();
+    assert_eq!(svc.name.as_deref(), Some("web"));
+    let rows: Vec<(String, usize, &str)> =
+        svc.backends.iter().map(|b| (b.address.to_string(), b.slots, b.state.as_str())).collect();
+    assert_eq!(rows, [("192.168.10.11:8080".into(), 7, "up"), ("192.168.10.12:8080".into(), 0, "draining")]);
+    assert_eq!(run(&kernel(0), "10.96.0.10:80/tcp", None).path, PathKind::Veth);
+    // Configured but not in the kernel: nothing, and it says so.
+    let e = run(&k, "10.96.0.10:53/udp", None);
+    assert_eq!(e.path, PathKind::None);
+    assert!(e.sentences[0].contains("configured but not in the kernel"), "{:?}", e.sentences);
+    let mut k = kernel(CFG_CTLB_TCP);
+    k.peer = Some(("192.0.2.1".parse().unwrap(), false));
+    let e = run(&k, "10.20.1.5", None);
+    assert_eq!((e.path, e.gateway.unwrap().peer.as_deref()), (PathKind::Gateway, Some("site-b")));
+    k.mesh = Some((0, 15001));
+    assert_eq!(run(&k, "10.96.0.10:80", None).path, PathKind::Mesh, "a mesh entry wins over the service");
+    // No port: the address's first service, named.
+    let e = run(&kernel(CFG_CTLB_TCP), "10.96.0.10", None);
+    assert!(e.sentences[0].contains("has services web (80/tcp), dns (53/udp)"), "{:?}", e.sentences);
+}
+
+#[test]
+fn from_predicts_by_affinity_then_hash_and_says_when_it_cannot() {
+    let src: IpAddr = "192.168.10.1".parse().unwrap();
+    let k = kernel(CFG_CTLB_TCP);
+    let p = run(&k, "10.96.0.10:80", Some((src, Some(40000)))).from.unwrap();
+    assert_eq!((p.backend, p.by.as_str()), (Some(a("192.168.10.11:8080")), "hash"));
+    let p = run(&k, "10.96.0.10:80", Some((src, None))).from.unwrap();
+    assert_eq!((p.backend, p.by.as_str()), (None, "random"), "connect-time, no port: by the cookie");
+    let mut k = kernel(CFG_CTLB_TCP);
+    k.affinity = Some((a("192.168.10.12:8080"), 1_000_000_000));
+    let p = run(&k, "10.96.0.10:80", Some((src, Some(40000)))).from.unwrap();
+    assert_eq!((p.backend, p.by.as_str()), (Some(a("192.168.10.12:8080")), "affinity"));
+    // An entry older than the timeout no longer holds.
+    k.affinity = Some((a("192.168.10.12:8080"), 3601 * 1_000_000_000));
+    assert_eq!(run(&k, "10.96.0.10:80", Some((src, Some(40000)))).from.unwrap().by, "hash");
+}
