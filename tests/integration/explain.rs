@@ -97,12 +97,17 @@ fn explain_names_the_path_of_each_kind_of_address_and_predicts_the_backend_a_sou
         explain(&net, &["10.96.0.60:80/tcp"])["mesh"]["listener"].as_str().is_some_and(|l| l.contains("15001"))
     })
     .unwrap_or_else(|e| panic!("{e}: {:#}", explain(&net, &["10.96.0.60:80/tcp"])));
-    let e = explain(&net, &["10.96.0.60:80/tcp"]);
+    let e = explain(&net, &["10.96.0.60:80/tcp", "--from", "192.168.10.1:41100"]);
     assert_eq!((e["path"].as_str(), e["mesh"]["name"].as_str()), (Some("mesh"), Some("api")), "{e:#}");
+    assert_eq!((e["from"]["backend"].as_str(), e["from"]["by"].as_str()), (Some("127.0.0.1:15001"), Some("listener")));
+    let real = net.client(&["from-port", "192.168.10.1", "41100", "tcp", "10.96.0.60", "80"]);
+    let answer = real["answer"].as_str().unwrap_or_default();
+    assert!(answer.starts_with("sidecar "), "the connection reached the listener explain names: {real}");
 
     // Behind the gateway peer, and not handled at all.
-    let e = explain(&net, &["10.20.1.5"]);
+    let e = explain(&net, &["10.20.1.5", "--from", "192.168.10.1"]);
     assert_eq!(e["path"], "gateway", "{e:#}");
+    assert_eq!(e["from"]["backend"], "192.168.10.200:4789", "{e:#}");
     assert_eq!(
         (e["gateway"]["peer"].as_str(), e["gateway"]["endpoint"].as_str()),
         (Some("site-b"), Some("192.168.10.200"))

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use super::target::Target;
 use super::view::*;
@@ -88,8 +88,16 @@ pub(crate) fn explain(t: Target, from: Option<(IpAddr, Option<u16>)>, src: &Sour
             if route.hostmesh { " (proto hostmesh)" } else { "" }
         ));
     }
+    let source = from.map(|(a, p)| p.map_or(a.to_string(), |p| SocketAddr::new(a, p).to_string()));
     if let Some((entry_port, redirect)) = src.kernel.mesh(t.addr, port, proto.number())? {
         mesh(&mut e, t.addr, entry_port, redirect, proto, src);
+        // Every source reaches the sidecar's listener.
+        let lo: IpAddr = if t.addr.is_ipv4() { Ipv4Addr::LOCALHOST.into() } else { Ipv6Addr::LOCALHOST.into() };
+        e.from = source.map(|source| Prediction {
+            source,
+            backend: Some(SocketAddr::new(lo, redirect)),
+            by: "listener".into(),
+        });
     } else if let Some(svc) = src.kernel.service(SvcKey::new(t.addr, port, proto.number()))? {
         service(&mut e, SvcKey::new(t.addr, port, proto.number()), proto, &svc, src)?;
         if let Some(from) = from {
@@ -97,6 +105,13 @@ pub(crate) fn explain(t: Target, from: Option<(IpAddr, Option<u16>)>, src: &Sour
         }
     } else if let Some((endpoint, up)) = src.kernel.peer(t.addr)? {
         gateway(&mut e, t.addr, endpoint, up, src);
+        // Every source's packets go to the peer's tunnel endpoint.
+        let udp = src.config.gateway.as_ref().map_or(4789, |g| g.udp_port);
+        e.from = source.map(|source| Prediction {
+            source,
+            backend: Some(SocketAddr::new(endpoint, udp)),
+            by: "endpoint".into(),
+        });
     } else {
         nothing(&mut e, t.addr, port, proto, src);
     }
@@ -104,6 +119,8 @@ pub(crate) fn explain(t: Target, from: Option<(IpAddr, Option<u16>)>, src: &Sour
         let at = f.1.map_or(f.0.to_string(), |port| SocketAddr::new(f.0, port).to_string());
         let said = match (&p.backend, p.by.as_str()) {
             (Some(b), "affinity") => format!("From {at}: {b}, the backend its affinity entry names."),
+            (Some(b), "listener") => format!("From {at}: the sidecar's listener on {b}, as from anywhere."),
+            (Some(b), "endpoint") => format!("From {at}: the tunnel to {b} (VXLAN), as from anywhere."),
             (Some(b), _) => format!("From {at}: {b} (the 5-tuple's slot of the Maglev table)."),
             (None, "random") => format!(
                 "From {at}: a socket bound to no port gets a backend by its cookie: any of them, by share; \

@@ -104,10 +104,13 @@ fn each_kind_of_address_gets_its_path() {
     assert!(e.sentences[0].contains("configured but not in the kernel"), "{:?}", e.sentences);
     let mut k = kernel(CFG_CTLB_TCP);
     k.peer = Some(("192.0.2.1".parse().unwrap(), false));
-    let e = run(&k, "10.20.1.5", None);
+    let e = run(&k, "10.20.1.5", Some(("192.168.10.1".parse().unwrap(), None)));
     assert_eq!((e.path, e.gateway.unwrap().peer.as_deref()), (PathKind::Gateway, Some("site-b")));
+    assert_eq!(e.from.unwrap().backend, Some(a("192.0.2.1:4789")), "the tunnel endpoint");
     k.mesh = Some((0, 15001));
-    assert_eq!(run(&k, "10.96.0.10:80", None).path, PathKind::Mesh, "a mesh entry wins over the service");
+    let e = run(&k, "10.96.0.10:80", Some(("192.168.10.1".parse().unwrap(), Some(1))));
+    assert_eq!(e.path, PathKind::Mesh, "a mesh entry wins over the service");
+    assert_eq!(e.from.unwrap().backend, Some(a("127.0.0.1:15001")), "the sidecar's listener");
     // No port: the address's first service, named.
     let e = run(&kernel(CFG_CTLB_TCP), "10.96.0.10", None);
     assert!(e.sentences[0].contains("has services web (80/tcp), dns (53/udp)"), "{:?}", e.sentences);
