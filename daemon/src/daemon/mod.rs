@@ -394,6 +394,7 @@ impl Daemon {
         let Some(h) = &self.health else { return };
         for (name, p) in h.report() {
             let was_down = self.reconciler.peers_down().contains(&name);
+            self.metrics.peer_state(&name, p.up);
             if p.up && was_down {
                 info!(self.log, "peer gateway up; routes to its sites restored"; "peer" => name, "endpoint" => p.endpoint.to_string());
             } else if !p.up && !was_down {

@@ -35,8 +35,9 @@ struct Events {
     sync_errors: BTreeMap<&'static str, u64>,
     /// Config reads, by outcome.
     reloads: BTreeMap<&'static str, u64>,
-    /// Up/down changes of each gateway peer.
+    /// Up/down changes of each gateway peer, and its last state.
     peer_transitions: BTreeMap<String, u64>,
+    peer_up: BTreeMap<String, bool>,
 }
 
 #[derive(Debug)]
@@ -69,19 +70,20 @@ impl Metrics {
         Metrics { shared, registry: Arc::new(registry) }
     }
 
-    /// A new snapshot; peers whose up/down state differs from the last one
-    /// count a transition.
+    /// A new snapshot.
     pub(crate) fn publish(&self, snapshot: Snapshot) {
-        let mut slot = self.shared.snapshot.write().unwrap_or_else(PoisonError::into_inner);
-        {
-            let mut events = self.events();
-            for (peer, up) in &snapshot.peers {
-                if slot.peers.get(peer).is_some_and(|was| was != up) {
-                    *events.peer_transitions.entry(peer.clone()).or_default() += 1;
-                }
-            }
+        *self.shared.snapshot.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(snapshot);
+    }
+
+    /// A gateway peer's health as the prober reports it; a change from the
+    /// last state told (peers start up) counts a transition, whether or
+    /// not a snapshot showed the state before.
+    pub(crate) fn peer_state(&self, peer: &str, up: bool) {
+        let mut events = self.events();
+        let was = events.peer_up.insert(peer.to_string(), up).unwrap_or(true);
+        if was != up {
+            *events.peer_transitions.entry(peer.to_string()).or_default() += 1;
         }
-        *slot = Arc::new(snapshot);
     }
 
     /// One sync: its duration, and the owners of each failed step.

@@ -124,11 +124,12 @@ fn syncs_reloads_and_peer_changes_are_counted() {
     m.reload("applied");
     m.reload("rejected");
     m.reload("rejected");
-    let peer = |up: bool| Snapshot { peers: BTreeMap::from([("b".to_string(), up)]), ..Default::default() };
-    m.publish(peer(true));
-    m.publish(peer(false));
-    m.publish(peer(false));
-    m.publish(peer(true));
+    m.publish(Snapshot { peers: BTreeMap::from([("b".to_string(), true)]), ..Default::default() });
+    // Down (told twice: one change), then up again.
+    m.peer_state("b", true);
+    m.peer_state("b", false);
+    m.peer_state("b", false);
+    m.peer_state("b", true);
     let text = m.render();
     for line in [
         "hostmesh_sync_errors_total{object_kind=\"service\"} 2",
