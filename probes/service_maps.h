@@ -119,6 +119,7 @@ static __always_inline void hm_count(__u32 svc_id, __u32 bytes)
 
 /* Counts for (service, backend): a new connection or flow on one of the
  * two paths (`connections`), or IP bytes each way on the veth path. */
+#define HM_STAT_NONE (-1) /* bytes only: a packet of a known flow */
 #define HM_STAT_CTLB 0
 #define HM_STAT_VETH 1
 static __always_inline void hm_count_backend(__u32 svc_id, const __u8 *addr, __be16 port, int new_flow_on,

@@ -201,7 +201,7 @@ int hm_natout(struct __sk_buff *skb)
 		__builtin_memcpy(backend, ct->nat_addr, 16);
 		backend_port = ct->nat_port;
 		hm_count(ct->svc_id, skb->len);
-		hm_count_backend(ct->svc_id, backend, backend_port, -1, skb->len, 0);
+		hm_count_backend(ct->svc_id, backend, backend_port, HM_STAT_NONE, skb->len, 0);
 		if (closed) {
 			ct->last_seen_ns = now;
 		} else {
@@ -321,7 +321,7 @@ int hm_reply(struct __sk_buff *skb)
 		ct_seen(&fk, fwd, &rk, rev, HM_CT_F_REPLIED | ct_end(&f, HM_CT_F_FIN_BACK), now);
 	}
 
-	hm_count_backend(svc_id, f.src, f.sport, -1, 0, skb->len);
+	hm_count_backend(svc_id, f.src, f.sport, HM_STAT_NONE, 0, skb->len);
 	if (rewrite(skb, &f, 0, vip, vport))
 		return TC_ACT_SHOT;
 	return TC_ACT_UNSPEC;

@@ -10,25 +10,6 @@ use crate::fixtures::*;
 use crate::mesh::Sidecar;
 use crate::topology::*;
 
-/// A mesh entry and a gateway with a peer, beside the topology's services.
-const EXTRAS: &str = r#"
-[[mesh]]
-name = "api"
-vip = "10.96.0.60"
-port = 80
-redirect_port = 15001
-
-[gateway]
-role = "gateway"
-local_ip = "192.168.10.1"
-vni = 4242
-
-[[peer]]
-name = "site-b"
-endpoint = "192.168.10.200"
-cidrs = ["10.20.0.0/16"]
-"#;
-
 fn explain(net: &Topology, args: &[&str]) -> Value {
     let mut all = vec!["explain"];
     all.extend_from_slice(args);
@@ -38,14 +19,6 @@ fn explain(net: &Topology, args: &[&str]) -> Value {
     let out = net.host.hostmesh(&all);
     assert!(out.status.success(), "explain {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
-}
-
-fn backend_of(name: &str, port: u16) -> String {
-    match name {
-        "b1" => format!("192.168.10.11:{port}"),
-        "b2" => format!("192.168.10.12:{port}"),
-        other => panic!("unexpected answer {other}"),
-    }
 }
 
 /// For 8 source ports: explain's prediction and the backend a socket bound
@@ -71,7 +44,7 @@ fn predictions_hold(net: &Topology, target: &str, proto: &str, vport: u16, backe
 fn explain_names_the_path_of_each_kind_of_address_and_predicts_the_backend_a_source_reaches() {
     let _serial = serial();
     let net = Topology::new("connect_time_lb = \"tcp\"");
-    net.host.write("extras.toml", EXTRAS);
+    net.host.write("extras.toml", &mesh_and_peer(""));
     let _d = net.host.start_ready();
     let _sidecar = Sidecar::start(&net.host, "sidecar", 15001);
 

@@ -17,27 +17,6 @@ const METRICS: &str = "127.0.0.1:9853";
 const PROMETHEUS: &str = "127.0.0.1:9090";
 const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 
-/// A mesh entry (no sidecar listens) and a gateway with a peer that never
-/// answers: so the mesh and peer families have series.
-const EXTRAS: &str = r#"
-[[mesh]]
-name = "api"
-vip = "10.96.0.60"
-port = 80
-redirect_port = 15001
-
-[gateway]
-role = "gateway"
-local_ip = "192.168.10.1"
-vni = 4242
-probe_interval = "200ms"
-
-[[peer]]
-name = "site-b"
-endpoint = "192.168.10.200"
-cidrs = ["10.20.0.0/16"]
-"#;
-
 /// Every family of the metric set (the README's "Metrics" table).
 const FAMILIES: [&str; 17] = [
     "hostmesh_build_info",
@@ -64,14 +43,6 @@ fn addr(s: &str) -> SocketAddr {
 }
 
 /// The backend address a server name stands for, on `port`.
-fn backend_of(name: &str, port: u16) -> String {
-    match name {
-        "b1" => format!("192.168.10.11:{port}"),
-        "b2" => format!("192.168.10.12:{port}"),
-        other => panic!("unexpected answer {other}"),
-    }
-}
-
 /// `expr`'s series as (service, backend or path) -> value.
 fn by(prom: &Prometheus, net: &Topology, expr: &str, label: &str) -> BTreeMap<(String, String), u64> {
     prom.query(&net.host.ns, expr)
@@ -180,7 +151,7 @@ fn promtool(args: &[&str], input: &str) -> std::process::Output {
 fn every_family_is_scraped_and_promtool_passes_it_the_rules_and_the_dashboard() {
     let _serial = serial();
     let net = Topology::new(&format!("connect_time_lb = \"tcp\"\nmetrics_listen = \"{METRICS}\""));
-    net.host.write("extras.toml", EXTRAS);
+    net.host.write("extras.toml", &mesh_and_peer("probe_interval = \"200ms\""));
     let _d = net.host.start_ready();
     for (proto, port) in [("tcp", 80), ("udp", 53)] {
         let (_, _, errors) = net.requests(proto, "10.96.0.10", port, 2);

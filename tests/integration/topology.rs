@@ -74,6 +74,27 @@ port = 53
 protocol = "udp"
 "#;
 
+/// The backend address a server's answer ("b1", "b2") stands for, on `port`.
+pub fn backend_of(name: &str, port: u16) -> String {
+    match name {
+        "b1" => format!("192.168.10.11:{port}"),
+        "b2" => format!("192.168.10.12:{port}"),
+        other => panic!("unexpected answer {other}"),
+    }
+}
+
+/// Beside SERVICES: a mesh entry for 10.96.0.60:80 (redirect port 15001)
+/// and this host as a gateway with a peer site-b (endpoint 192.168.10.200,
+/// which never answers) for 10.20.0.0/16; `gateway_extra` goes into
+/// `[gateway]`.
+pub fn mesh_and_peer(gateway_extra: &str) -> String {
+    format!(
+        "[[mesh]]\nname = \"api\"\nvip = \"10.96.0.60\"\nport = 80\nredirect_port = 15001\n\n\
+         [gateway]\nrole = \"gateway\"\nlocal_ip = \"192.168.10.1\"\nvni = 4242\n{gateway_extra}\n\
+         [[peer]]\nname = \"site-b\"\nendpoint = \"192.168.10.200\"\ncidrs = [\"10.20.0.0/16\"]\n"
+    )
+}
+
 /// SERVICES without one backend, wherever it is in its list.
 pub fn services_without(backend: &str) -> String {
     let quoted = format!("\"{backend}\"");

@@ -9,7 +9,7 @@ mod btf;
 #[cfg(test)]
 mod layout_tests;
 
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 /// (VIP, port, protocol): the key of `HM_SERVICES`.
 #[repr(C)]
@@ -310,6 +310,32 @@ impl LpmKey {
     pub fn of(net: &ipnet::IpNet) -> LpmKey {
         let extra = if net.addr().is_ipv4() { 96 } else { 0 };
         LpmKey { prefixlen: u32::from(net.prefix_len()) + extra, addr: addr16(net.addr()) }
+    }
+}
+
+/// An address and port as the probes store them (16 bytes, port in
+/// network byte order).
+pub fn socket_addr16(addr: [u8; 16], port_be: u16) -> SocketAddr {
+    SocketAddr::new(ip_from16(addr), u16::from_be(port_be))
+}
+
+impl BackendValue {
+    pub fn socket_addr(&self) -> SocketAddr {
+        socket_addr16(self.addr, self.port_be)
+    }
+}
+
+/// Counters add up (over CPUs, over a service's keys); they wrap as the
+/// probes' do.
+impl std::ops::Add for BackendStats {
+    type Output = BackendStats;
+    fn add(self, b: BackendStats) -> BackendStats {
+        BackendStats {
+            ctlb_connections: self.ctlb_connections.wrapping_add(b.ctlb_connections),
+            veth_connections: self.veth_connections.wrapping_add(b.veth_connections),
+            bytes_to: self.bytes_to.wrapping_add(b.bytes_to),
+            bytes_from: self.bytes_from.wrapping_add(b.bytes_from),
+        }
     }
 }
 

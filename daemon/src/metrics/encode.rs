@@ -214,10 +214,7 @@ fn traffic(enc: &mut DescriptorEncoder, snap: &Snapshot, shared: &Shared) -> Res
     for p in &pairs {
         let Some(service) = snap.names.get(&p.service) else { continue };
         let e = per.entry((service.as_str(), p.backend)).or_default();
-        e.ctlb_connections += p.stats.ctlb_connections;
-        e.veth_connections += p.stats.veth_connections;
-        e.bytes_to += p.stats.bytes_to;
-        e.bytes_from += p.stats.bytes_from;
+        *e = *e + p.stats;
     }
     // (service, backend label, counts) in config order; per service when
     // collapsed.
@@ -226,7 +223,7 @@ fn traffic(enc: &mut DescriptorEncoder, snap: &Snapshot, shared: &Shared) -> Res
     for b in &snap.backends {
         let st = per.get(&(b.service.as_str(), b.backend)).copied().unwrap_or_default();
         match rows.last_mut() {
-            Some((svc, _, sum)) if collapsed && *svc == b.service => *sum = add(*sum, st),
+            Some((svc, _, sum)) if collapsed && *svc == b.service => *sum = *sum + st,
             _ => rows.push((&b.service, if collapsed { "all".to_string() } else { b.backend.to_string() }, st)),
         }
     }
@@ -272,13 +269,4 @@ fn traffic(enc: &mut DescriptorEncoder, snap: &Snapshot, shared: &Shared) -> Res
             })
         }),
     )
-}
-
-fn add(a: crate::abi::BackendStats, b: crate::abi::BackendStats) -> crate::abi::BackendStats {
-    crate::abi::BackendStats {
-        ctlb_connections: a.ctlb_connections + b.ctlb_connections,
-        veth_connections: a.veth_connections + b.veth_connections,
-        bytes_to: a.bytes_to + b.bytes_to,
-        bytes_from: a.bytes_from + b.bytes_from,
-    }
 }

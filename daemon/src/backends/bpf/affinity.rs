@@ -27,11 +27,7 @@ pub(super) fn prune(maps: Maps<'_>, serving: &BTreeMap<SvcKey, BTreeSet<SocketAd
     if entries.is_empty() {
         return Ok(0);
     }
-    let services: HashMap<u32, SvcKey> =
-        sys::map_dump(maps.services, std::mem::size_of::<SvcKey>(), std::mem::size_of::<SvcValue>())?
-            .into_iter()
-            .filter_map(|(k, v)| Some((SvcValue::from_bytes(&v)?.id, SvcKey::from_bytes(&k)?)))
-            .collect();
+    let services = super::inspect::service_keys_by_id(maps.services)?;
     let mut backends: HashMap<u32, Option<SocketAddr>> = HashMap::new();
     let mut gone = 0;
     for (k, v) in entries {
@@ -39,8 +35,7 @@ pub(super) fn prune(maps: Maps<'_>, serving: &BTreeMap<SvcKey, BTreeSet<SocketAd
         let backend = *backends.entry(value.backend_id).or_insert_with(|| {
             let mut b = vec![0u8; std::mem::size_of::<BackendValue>()];
             let found = sys::map_lookup(maps.backends, &value.backend_id.to_ne_bytes(), &mut b).unwrap_or(false);
-            let b = found.then(|| BackendValue::from_bytes(&b)).flatten()?;
-            Some(SocketAddr::new(ip_from16(b.addr), u16::from_be(b.port_be)))
+            Some(found.then(|| BackendValue::from_bytes(&b)).flatten()?.socket_addr())
         });
         let serves = services
             .get(&key.svc_id)

@@ -19,10 +19,6 @@ use crate::config::Protocol;
 
 use super::sys;
 
-fn sock_addr(addr: [u8; 16], port_be: u16) -> SocketAddr {
-    SocketAddr::new(ip_from16(addr), u16::from_be(port_be))
-}
-
 /// Deletes both entries of every flow from a VIP to a stopped backend (of
 /// its protocol); returns how many entries.
 pub(super) fn forget_flows(fd: BorrowedFd<'_>, stopped: &BTreeSet<StoppedBackend>) -> io::Result<usize> {
@@ -35,15 +31,15 @@ pub(super) fn forget_flows(fd: BorrowedFd<'_>, stopped: &BTreeSet<StoppedBackend
         // client, holding the VIP.
         let pair = if key.dir == CT_FORWARD {
             StoppedBackend {
-                vip: sock_addr(key.dst, key.dport_be),
+                vip: socket_addr16(key.dst, key.dport_be),
                 protocol,
-                backend: sock_addr(value.nat_addr, value.nat_port_be),
+                backend: socket_addr16(value.nat_addr, value.nat_port_be),
             }
         } else {
             StoppedBackend {
-                vip: sock_addr(value.nat_addr, value.nat_port_be),
+                vip: socket_addr16(value.nat_addr, value.nat_port_be),
                 protocol,
-                backend: sock_addr(key.src, key.sport_be),
+                backend: socket_addr16(key.src, key.sport_be),
             }
         };
         if stopped.contains(&pair) {
@@ -90,7 +86,7 @@ fn destroy_sockets_of(
             continue; // not one hostmesh steered
         }
         let Some(vip) = RevSkValue::from_bytes(&value) else { continue };
-        let pair = StoppedBackend { vip: sock_addr(vip.addr, vip.port_be), protocol, backend: socket.peer };
+        let pair = StoppedBackend { vip: socket_addr16(vip.addr, vip.port_be), protocol, backend: socket.peer };
         if stopped.contains(&pair) {
             match sock_destroy::destroy(&socket) {
                 Ok(()) => destroyed += 1,

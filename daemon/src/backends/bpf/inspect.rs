@@ -2,10 +2,10 @@
 //! kernel state the daemon observes, read while it runs or not. Nothing
 //! here writes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use crate::abi::*;
 
@@ -14,6 +14,7 @@ use super::sys;
 
 /// The pinned maps under one bpffs dir; a map that is not pinned reads as
 /// empty (nothing of that feature is configured).
+#[derive(Debug)]
 pub(crate) struct Inspector {
     pins: PinDir,
 }
@@ -33,7 +34,7 @@ impl Inspector {
         Inspector { pins: PinDir::new(bpffs) }
     }
 
-    fn map(&self, name: &str) -> io::Result<Option<OwnedFd>> {
+    pub(super) fn map(&self, name: &str) -> io::Result<Option<OwnedFd>> {
         match sys::obj_get(&self.pins.map(name)) {
             Ok(fd) => Ok(Some(fd)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -70,7 +71,7 @@ impl Inspector {
                 let id = ids.backend[i];
                 if let std::collections::btree_map::Entry::Vacant(v) = backends.entry(id) {
                     let b = self.lookup::<BackendValue>("HM_BACKENDS", &id.to_ne_bytes())?;
-                    v.insert(b.map(|b| SocketAddr::new(ip_from16(b.addr), u16::from_be(b.port_be))));
+                    v.insert(b.map(|b| b.socket_addr()));
                 }
                 slots.push(backends[&id]);
             }
@@ -92,7 +93,7 @@ impl Inspector {
         let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
             .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
             .unwrap_or(0);
-        Ok(Some((SocketAddr::new(ip_from16(b.addr), u16::from_be(b.port_be)), now.saturating_sub(v.last_seen_ns))))
+        Ok(Some((b.socket_addr(), now.saturating_sub(v.last_seen_ns))))
     }
 
     /// The mesh entry for (VIP, port, protocol): the exact port, else the
@@ -117,17 +118,31 @@ impl Inspector {
     pub(crate) fn counters(&self, svc_id: u32, backend: SocketAddr) -> io::Result<BackendStats> {
         let Some(fd) = self.map("HM_BACKEND_STATS")? else { return Ok(BackendStats::default()) };
         let key = BackendStatsKey { addr: addr16(backend.ip()), port_be: backend.port().to_be(), pad: 0, svc_id };
-        let one = std::mem::size_of::<BackendStats>();
-        let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
-        let mut v = vec![0u8; one * cpus];
+        let mut v = vec![0u8; backend_stats_len()?];
         if !sys::map_lookup(fd.as_fd(), &key.to_bytes(), &mut v)? {
             return Ok(BackendStats::default());
         }
-        Ok(v.chunks(one).filter_map(BackendStats::from_bytes).fold(BackendStats::default(), |a, b| BackendStats {
-            ctlb_connections: a.ctlb_connections + b.ctlb_connections,
-            veth_connections: a.veth_connections + b.veth_connections,
-            bytes_to: a.bytes_to + b.bytes_to,
-            bytes_from: a.bytes_from + b.bytes_from,
-        }))
+        Ok(sum_over_cpus(&v))
     }
+}
+
+/// The size of one HM_BACKEND_STATS value as the kernel copies it out:
+/// one `BackendStats` per possible CPU.
+pub(super) fn backend_stats_len() -> io::Result<usize> {
+    Ok(std::mem::size_of::<BackendStats>() * aya::util::nr_cpus().map_err(|(_, e)| e)?)
+}
+
+/// One HM_BACKEND_STATS value, summed over its CPUs.
+pub(super) fn sum_over_cpus(v: &[u8]) -> BackendStats {
+    v.chunks(std::mem::size_of::<BackendStats>())
+        .filter_map(BackendStats::from_bytes)
+        .fold(BackendStats::default(), |a, b| a + b)
+}
+
+/// HM_SERVICES read back: the key each service id is for.
+pub(super) fn service_keys_by_id(services: BorrowedFd<'_>) -> io::Result<HashMap<u32, SvcKey>> {
+    Ok(sys::map_dump(services, std::mem::size_of::<SvcKey>(), std::mem::size_of::<SvcValue>())?
+        .into_iter()
+        .filter_map(|(k, v)| Some((SvcValue::from_bytes(&v)?.id, SvcKey::from_bytes(&k)?)))
+        .collect())
 }
