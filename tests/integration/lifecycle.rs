@@ -154,6 +154,29 @@ fn a_restarted_daemon_adopts_pinned_state_without_recreating_it() {
     assert_eq!(s.last_sync.steps, 0, "nothing re-created on restart");
 }
 
+/// The mesh (sk_lookup) and the gateway's tunnel programs too: a program
+/// that reads a constant (hm_tun_in's peer MAC) uses an unpinned map of
+/// its own, which a restart's fresh copy has under another id.
+#[test]
+fn a_restart_keeps_the_mesh_and_gateway_programs_and_maps() {
+    let _serial = serial();
+    let net = crate::topology::Topology::new("");
+    net.host.write("extras.toml", &crate::topology::mesh_and_peer(""));
+    let mut d = net.host.start_ready();
+    let ids = attached_ids(&net.host);
+    for p in ["hm_mesh@netns", "hm_tun_in@tc-ingress@hm-tun0", "hm_tun_out@tc-egress@hm-tun0"] {
+        assert!(ids.0.iter().any(|(hook, _)| hook == p), "{p} attached: {:?}", ids.0);
+    }
+    d.stop(Duration::from_secs(5));
+    drop(d);
+
+    let d = net.host.start_ready();
+    assert_eq!(attached_ids(&net.host), ids, "same links, filters, programs and maps\n{}", d.log_text());
+    let s = net.host.status();
+    assert!(s.last_sync.full && s.last_sync.ok);
+    assert_eq!(s.last_sync.steps, 0, "nothing re-attached on restart\n{}", d.log_text());
+}
+
 #[test]
 fn a_burst_of_a_thousand_drop_ins_costs_one_sync() {
     let _serial = serial();

@@ -42,6 +42,12 @@ impl PinnedBpf {
                 .map_err(|e| bpf_err(format!("open pinned map {}", def.name), e))?;
             maps.insert(def.name, fd);
         }
+        let pinned_ids = maps
+            .iter()
+            .map(|(name, fd)| {
+                sys::map_info(fd.as_fd()).map(|i| i.id).map_err(|e| bpf_err(format!("info of {name}"), e))
+            })
+            .collect::<Result<_>>()?;
         // Resized maps are filled before any program of this build uses
         // them (the sync attaches those later).
         for r in &retired {
@@ -56,7 +62,7 @@ impl PinnedBpf {
                 if copied.skipped > 0 { format!(", {} did not fit", copied.skipped) } else { String::new() }
             ));
         }
-        Ok(Loaded { objects, programs, maps, retired })
+        Ok(Loaded { objects, programs, maps, pinned_ids, retired })
     }
 
     /// A map whose pin someone removed lives on while the daemon holds it:

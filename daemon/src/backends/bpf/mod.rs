@@ -63,6 +63,10 @@ struct Loaded {
     /// is attached is this build's program.
     programs: BTreeMap<Program, ProgInfo>,
     maps: BTreeMap<&'static str, OwnedFd>,
+    /// The ids of `maps`. A program's other maps are its object's own
+    /// constants (`.rodata*`), created anew by every load: comparing
+    /// programs, only these count.
+    pinned_ids: std::collections::BTreeSet<u32>,
     /// Maps a resize replaced, until `finish_migration`.
     retired: Vec<resize::Retired>,
 }
@@ -153,7 +157,11 @@ impl PinnedBpf {
     /// Is program `prog_id`, attached at `a` (by the link or filter named
     /// `what`), this build's program with this build's maps?
     fn program_status(&mut self, a: &Attachment, prog_id: u32, what: &str) -> Result<AttachStatus> {
-        let want = self.ensure_loaded()?.programs[&a.program].clone();
+        let loaded = self.ensure_loaded()?;
+        let want = loaded.programs[&a.program].clone();
+        let ours = loaded.pinned_ids.clone();
+        let pinned = |ids: &[u32]| -> Vec<u32> { ids.iter().copied().filter(|id| ours.contains(id)).collect() };
+        let want_maps = pinned(&want.map_ids);
         let have = match self.pinned_program(a, prog_id) {
             Some(p) => Some(p),
             // No pin of the program that runs there (an older build's
@@ -166,7 +174,7 @@ impl PinnedBpf {
             },
         };
         Ok(match have {
-            Some(p) if p.tag == want.tag && p.map_ids == want.map_ids => AttachStatus::Current,
+            Some(p) if p.tag == want.tag && pinned(&p.map_ids) == want_maps => AttachStatus::Current,
             Some(_) => AttachStatus::Outdated,
             None => AttachStatus::Defunct,
         })
