@@ -37,7 +37,7 @@ fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     println!("cargo:rerun-if-env-changed=CLANG");
     println!("cargo:rerun-if-env-changed=HOSTMESH_PROBES");
-    for header in ["hostmesh_abi.h", "service_maps.h", "packet.h", "conntrack.h"] {
+    for header in ["hostmesh_abi.h", "service_maps.h", "packet.h", "conntrack.h", "build_mark.h"] {
         println!("cargo:rerun-if-changed={}", probes.join(header).display());
     }
     let result = match env::var_os("HOSTMESH_PROBES") {

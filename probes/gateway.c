@@ -18,6 +18,7 @@
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
+#include "build_mark.h"
 #include "hostmesh_abi.h"
 #include "packet.h"
 
@@ -203,6 +204,7 @@ static __always_inline int gateway_destination(const struct flow *f, __u8 to[16]
 SEC("classifier")
 int hm_tun_out(struct __sk_buff *skb)
 {
+	HM_BUILD_MARK();
 	struct hm_gw_config *cfg = gw_config();
 	struct flow f = {};
 	__u8 to[16];
@@ -221,6 +223,7 @@ int hm_tun_out(struct __sk_buff *skb)
 SEC("classifier")
 int hm_tun_in(struct __sk_buff *skb)
 {
+	HM_BUILD_MARK();
 	struct hm_gw_config *cfg = gw_config();
 	struct hm_endpoint sender = {};
 	struct flow f = {};

@@ -17,6 +17,7 @@
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
+#include "build_mark.h"
 #include "hostmesh_abi.h"
 
 struct {
@@ -37,6 +38,7 @@ struct {
 SEC("sk_lookup")
 int hm_mesh(struct bpf_sk_lookup *ctx)
 {
+	HM_BUILD_MARK();
 	struct hm_mesh_key key = {};
 	struct hm_sock_key sk_key = {};
 	struct hm_mesh_value *v;

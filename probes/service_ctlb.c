@@ -21,6 +21,7 @@
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
+#include "build_mark.h"
 #include "service_maps.h"
 
 #define ECONNREFUSED 111
@@ -185,48 +186,56 @@ static __always_inline int to_vip(struct bpf_sock_addr *ctx, int v6)
 SEC("cgroup/connect4")
 int hm_connect4(struct bpf_sock_addr *ctx)
 {
+	HM_BUILD_MARK();
 	return to_backend(ctx, 0);
 }
 
 SEC("cgroup/connect6")
 int hm_connect6(struct bpf_sock_addr *ctx)
 {
+	HM_BUILD_MARK();
 	return to_backend(ctx, 1);
 }
 
 SEC("cgroup/sendmsg4")
 int hm_sendmsg4(struct bpf_sock_addr *ctx)
 {
+	HM_BUILD_MARK();
 	return to_backend(ctx, 0);
 }
 
 SEC("cgroup/sendmsg6")
 int hm_sendmsg6(struct bpf_sock_addr *ctx)
 {
+	HM_BUILD_MARK();
 	return to_backend(ctx, 1);
 }
 
 SEC("cgroup/recvmsg4")
 int hm_recvmsg4(struct bpf_sock_addr *ctx)
 {
+	HM_BUILD_MARK();
 	return to_vip(ctx, 0);
 }
 
 SEC("cgroup/recvmsg6")
 int hm_recvmsg6(struct bpf_sock_addr *ctx)
 {
+	HM_BUILD_MARK();
 	return to_vip(ctx, 1);
 }
 
 SEC("cgroup/getpeername4")
 int hm_getpeername4(struct bpf_sock_addr *ctx)
 {
+	HM_BUILD_MARK();
 	return to_vip(ctx, 0);
 }
 
 SEC("cgroup/getpeername6")
 int hm_getpeername6(struct bpf_sock_addr *ctx)
 {
+	HM_BUILD_MARK();
 	return to_vip(ctx, 1);
 }
 

@@ -28,6 +28,7 @@
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
+#include "build_mark.h"
 #include "conntrack.h"
 #include "packet.h"
 #include "service_maps.h"
@@ -177,6 +178,7 @@ static __always_inline int refuse(struct __sk_buff *skb, const struct flow *f)
 SEC("classifier")
 int hm_natout(struct __sk_buff *skb)
 {
+	HM_BUILD_MARK();
 	struct flow f = {};
 	struct hm_ct_key fk = {};
 	struct hm_ct_value *ct;
@@ -284,6 +286,7 @@ static __always_inline int syn_ack(const struct flow *f)
 SEC("classifier")
 int hm_reply(struct __sk_buff *skb)
 {
+	HM_BUILD_MARK();
 	struct flow f = {};
 	struct hm_ct_key rk = {}, fk = {};
 	struct hm_ct_value *rev, *fwd, *state;
@@ -337,6 +340,7 @@ int hm_reply(struct __sk_buff *skb)
 SEC("classifier")
 int hm_direct(struct __sk_buff *skb)
 {
+	HM_BUILD_MARK();
 	struct flow f = {};
 	struct hm_ct_key rk = {}, fk = {};
 	struct hm_ct_value *rev;

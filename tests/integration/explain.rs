@@ -40,6 +40,24 @@ fn predictions_hold(net: &Topology, target: &str, proto: &str, vport: u16, backe
     assert_eq!(seen.len(), 2, "8 source ports predicted only {seen:?}");
 }
 
+/// The programs explain lists for a path: every one `wanted` names (by
+/// program), each this build's by its mark and on a live hook.
+fn programs_are_this_builds(e: &Value, wanted: &[&str]) {
+    let listed = e["programs"].as_array().unwrap_or_else(|| panic!("no programs: {e:#}"));
+    let mut names: Vec<&str> = listed.iter().map(|p| p["program"].as_str().unwrap()).collect();
+    names.dedup();
+    assert_eq!(names, wanted, "{e:#}");
+    for p in listed {
+        assert_eq!((p["build"].as_str(), p["live"].as_bool()), (Some("this"), Some(true)), "{p:#}");
+        assert!(p["mark"].as_str().is_some_and(|m| m.len() == 16 && m != "0000000000000000"), "{p:#}");
+    }
+    let said = e["sentences"].as_array().unwrap().last().unwrap().as_str().unwrap();
+    assert!(
+        said.ends_with("attached and are this build's.") || said.ends_with("attached and is this build's."),
+        "{e:#}"
+    );
+}
+
 #[test]
 fn explain_names_the_path_of_each_kind_of_address_and_predicts_the_backend_a_source_reaches() {
     let _serial = serial();
@@ -54,10 +72,24 @@ fn explain_names_the_path_of_each_kind_of_address_and_predicts_the_backend_a_sou
     assert_eq!(e["service"]["name"], "web");
     let shares: f64 = e["service"]["backends"].as_array().unwrap().iter().map(|b| b["share"].as_f64().unwrap()).sum();
     assert!((shares - 1.0).abs() < 1e-9, "the shares cover the table: {e:#}");
+    programs_are_this_builds(
+        &e,
+        &[
+            "hm_connect4",
+            "hm_connect6",
+            "hm_sendmsg4",
+            "hm_sendmsg6",
+            "hm_recvmsg4",
+            "hm_recvmsg6",
+            "hm_getpeername4",
+            "hm_getpeername6",
+        ],
+    );
     predictions_hold(&net, "10.96.0.10:80/tcp", "tcp", 80, 8080, "connect_time");
     let e = explain(&net, &["10.96.0.10:53/udp"]);
     assert_eq!(e["path"], "veth", "{e:#}");
     assert!(e["route"]["hostmesh"].as_bool().unwrap(), "the VIP's route is hostmesh's: {e:#}");
+    programs_are_this_builds(&e, &["hm_natout", "hm_reply", "hm_direct"]);
     predictions_hold(&net, "10.96.0.10:53/udp", "udp", 53, 5353, "veth");
     // Counters: the UDP requests just made went to dns's backends.
     let dns = explain(&net, &["10.96.0.10:53/udp"]);
@@ -73,6 +105,7 @@ fn explain_names_the_path_of_each_kind_of_address_and_predicts_the_backend_a_sou
     let e = explain(&net, &["10.96.0.60:80/tcp", "--from", "192.168.10.1:41100"]);
     assert_eq!((e["path"].as_str(), e["mesh"]["name"].as_str()), (Some("mesh"), Some("api")), "{e:#}");
     assert_eq!((e["from"]["backend"].as_str(), e["from"]["by"].as_str()), (Some("127.0.0.1:15001"), Some("listener")));
+    programs_are_this_builds(&e, &["hm_mesh"]);
     let real = net.client(&["from-port", "192.168.10.1", "41100", "tcp", "10.96.0.60", "80"]);
     let answer = real["answer"].as_str().unwrap_or_default();
     assert!(answer.starts_with("sidecar "), "the connection reached the listener explain names: {real}");
@@ -85,9 +118,11 @@ fn explain_names_the_path_of_each_kind_of_address_and_predicts_the_backend_a_sou
         (e["gateway"]["peer"].as_str(), e["gateway"]["endpoint"].as_str()),
         (Some("site-b"), Some("192.168.10.200"))
     );
+    programs_are_this_builds(&e, &["hm_tun_in", "hm_tun_out"]);
     let e = explain(&net, &["192.0.2.99:80"]);
     assert_eq!(e["path"], "none", "{e:#}");
     assert!(e["sentences"][0].as_str().unwrap().contains("does not handle"), "{e:#}");
+    assert_eq!(e["programs"].as_array().map(Vec::len), Some(0), "no program handles it: {e:#}");
 
     // The text form says the same in sentences.
     let paths = net.host.opts.path_args();
@@ -96,4 +131,5 @@ fn explain_names_the_path_of_each_kind_of_address_and_predicts_the_backend_a_sou
     let text = String::from_utf8(net.host.hostmesh(&args).stdout).unwrap();
     assert!(text.contains("service \"web\"") && text.contains("connect-time load balancing"), "{text}");
     assert!(text.contains("From 192.168.10.1:41000: 192.168.10.1"), "{text}");
+    assert!(text.contains("program hm_connect4 on cgroup ") && text.contains("this build's"), "{text}");
 }

@@ -34,6 +34,10 @@ impl Inspector {
         Inspector { pins: PinDir::new(bpffs) }
     }
 
+    pub(super) fn pins(&self) -> &PinDir {
+        &self.pins
+    }
+
     pub(super) fn map(&self, name: &str) -> io::Result<Option<OwnedFd>> {
         match sys::obj_get(&self.pins.map(name)) {
             Ok(fd) => Ok(Some(fd)),

@@ -25,6 +25,8 @@ impl PinnedBpf {
         let mut programs = BTreeMap::new();
         for (index, (source, bytes)) in objects::objects(&self.features).into_iter().enumerate() {
             let mut loader = EbpfLoader::new();
+            let mark = objects::build_mark(bytes);
+            loader.override_global("hm_build_mark", &mark, true);
             for def in &defs {
                 loader.map_pin_path(def.name, self.pins.map(def.name));
                 loader.map_max_entries(def.name, def.max_entries);

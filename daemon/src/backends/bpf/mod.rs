@@ -8,6 +8,7 @@
 //! needed: a host with nothing configured gets no BPF state at all.
 
 mod affinity;
+pub(crate) mod attached;
 mod conntrack;
 pub(crate) mod features;
 mod flows_drop;

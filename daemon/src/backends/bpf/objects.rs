@@ -192,3 +192,74 @@ pub fn object_of(program: Program) -> usize {
         _ => 1,
     }
 }
+
+/// Every object a program can come from in this build: the two
+/// connect-time variants for its programs, else the one.
+fn objects_of(program: Program) -> Vec<&'static [u8]> {
+    match object_of(program) {
+        0 => vec![SERVICE_NAT],
+        MESH_OBJECT => vec![MESH],
+        GATEWAY_OBJECT => vec![GATEWAY],
+        _ => vec![SERVICE_CTLB, SERVICE_CTLB_EPERM],
+    }
+}
+
+/// The marks this build's programs carry (probes/build_mark.h), for each
+/// object `program` can come from.
+pub fn build_marks(program: Program) -> Vec<u64> {
+    objects_of(program).iter().map(|o| build_mark(o)).collect()
+}
+
+/// The value of `hm_build_mark` the loader gives every program of
+/// `object`: FNV-1a (64 bits) over its functions' names and instructions
+/// as compiled, before relocation. A rebuild that changes no code (a
+/// comment, the BTF) keeps the mark; a change of code changes it. An
+/// object aya cannot parse (it would not load either) is hashed whole.
+pub fn build_mark(object: &[u8]) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let fnv = |h: u64, bytes: &[u8]| bytes.iter().fold(h, |h, b| (h ^ u64::from(*b)).wrapping_mul(PRIME));
+    let Ok(obj) = aya_obj::Object::parse(object) else { return fnv(OFFSET, object) };
+    let mut h = OFFSET;
+    for f in obj.functions.values() {
+        h = fnv(h, f.name.as_bytes());
+        for i in &f.instructions {
+            h = fnv(h, &[i.code, i.dst_reg() | (i.src_reg() << 4)]);
+            h = fnv(h, &i.off.to_le_bytes());
+            h = fnv(h, &i.imm.to_le_bytes());
+        }
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `object` with one byte of section `section` (at `at`) changed.
+    fn patched(object: &[u8], section: &str, at: usize) -> Vec<u8> {
+        use object::{Object, ObjectSection};
+        let file = object::File::parse(object).unwrap();
+        let (start, _) = file.section_by_name(section).unwrap().file_range().unwrap();
+        let mut bytes = object.to_vec();
+        bytes[start as usize + at] ^= 0x01;
+        bytes
+    }
+
+    #[test]
+    fn each_object_has_its_own_stable_mark_from_its_code() {
+        let marks: Vec<u64> = [SERVICE_NAT, SERVICE_CTLB, SERVICE_CTLB_EPERM, MESH, GATEWAY].map(build_mark).to_vec();
+        let mut distinct = marks.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 5, "{marks:x?}");
+        assert_eq!(build_mark(GATEWAY), marks[4], "the same object, the same mark");
+        assert_eq!(build_marks(Program::Connect4), [marks[1], marks[2]], "both connect-time variants");
+        // One instruction's immediate changed (code): another mark. The
+        // license string changed (not code): the same mark.
+        assert_ne!(build_mark(&patched(GATEWAY, "classifier", 4)), marks[4]);
+        assert_eq!(build_mark(&patched(GATEWAY, "license", 0)), marks[4]);
+        // Not an object at all: hashed whole, still a mark.
+        assert_ne!(build_mark(b"not an object"), build_mark(b"not an object!"));
+    }
+}

@@ -16,10 +16,13 @@ const BPF_OBJ_PIN: i64 = 6;
 const BPF_OBJ_GET: i64 = 7;
 const BPF_PROG_TEST_RUN: i64 = 10;
 const BPF_PROG_GET_FD_BY_ID: i64 = 13;
+const BPF_MAP_GET_FD_BY_ID: i64 = 14;
 const BPF_MAP_LOOKUP_BATCH: i64 = 24;
 const BPF_OBJ_GET_INFO_BY_FD: i64 = 15;
 const BPF_LINK_CREATE: i64 = 28;
 const BPF_LINK_UPDATE: i64 = 29;
+
+const BPF_F_RDONLY: u32 = 1 << 3;
 
 pub const BPF_LINK_TYPE_CGROUP: u32 = 3;
 pub const BPF_LINK_TYPE_NETNS: u32 = 5;
@@ -234,11 +237,17 @@ fn info_by_fd(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<()> {
     bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr).map(|_| ())
 }
 
+/// A NUL-padded name of bpf_prog_info or bpf_map_info.
+fn c_name(b: &[u8]) -> String {
+    let end = b.iter().position(|c| *c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..end]).into_owned()
+}
+
 fn rd32(b: &[u8], off: usize) -> u32 {
     u32::from_ne_bytes(b[off..off + 4].try_into().expect("4 bytes"))
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MapInfo {
     pub map_type: u32,
     pub id: u32,
@@ -246,6 +255,8 @@ pub struct MapInfo {
     pub value_size: u32,
     pub max_entries: u32,
     pub flags: u32,
+    /// Its name as created (at most 15 bytes).
+    pub name: String,
 }
 
 pub fn map_info(fd: BorrowedFd<'_>) -> io::Result<MapInfo> {
@@ -258,6 +269,7 @@ pub fn map_info(fd: BorrowedFd<'_>) -> io::Result<MapInfo> {
         value_size: rd32(&b, 12),
         max_entries: rd32(&b, 16),
         flags: rd32(&b, 20),
+        name: c_name(&b[24..40]),
     })
 }
 
@@ -351,6 +363,8 @@ pub struct ProgInfo {
     pub tag: [u8; 8],
     /// The maps the program uses, sorted.
     pub map_ids: Vec<u32>,
+    /// Its name as loaded (at most 15 bytes).
+    pub name: String,
 }
 
 pub fn prog_info(fd: BorrowedFd<'_>) -> io::Result<ProgInfo> {
@@ -364,16 +378,36 @@ pub fn prog_info(fd: BorrowedFd<'_>) -> io::Result<ProgInfo> {
     let n = (rd32(&b, 52) as usize).min(ids.len());
     let mut map_ids = ids[..n].to_vec();
     map_ids.sort_unstable();
-    Ok(ProgInfo { id: rd32(&b, 4), tag: b[8..16].try_into().expect("8 bytes"), map_ids })
+    Ok(ProgInfo { id: rd32(&b, 4), tag: b[8..16].try_into().expect("8 bytes"), map_ids, name: c_name(&b[64..80]) })
 }
 
 /// The info of a loaded program by id; `None` once it has been freed.
 /// Needs CAP_SYS_ADMIN: hostmesh reads the program a link runs from the
 /// program's pin instead, and uses this only for pins of older builds.
 pub fn prog_info_by_id(id: u32) -> io::Result<Option<ProgInfo>> {
-    let mut attr = Attr::new().u32(0, id);
-    match bpf(BPF_PROG_GET_FD_BY_ID, &mut attr) {
-        Ok(rc) => prog_info(std::os::fd::AsFd::as_fd(&fd_from(rc))).map(Some),
+    match prog_fd_by_id(id)? {
+        Some(fd) => prog_info(std::os::fd::AsFd::as_fd(&fd)).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// A loaded program by id; `None` once it has been freed. Needs
+/// CAP_SYS_ADMIN.
+pub fn prog_fd_by_id(id: u32) -> io::Result<Option<OwnedFd>> {
+    fd_by_id(BPF_PROG_GET_FD_BY_ID, id)
+}
+
+/// A map by id, opened read-only; `None` once it has been freed. Needs
+/// CAP_SYS_ADMIN.
+pub fn map_fd_by_id(id: u32) -> io::Result<Option<OwnedFd>> {
+    fd_by_id(BPF_MAP_GET_FD_BY_ID, id)
+}
+
+fn fd_by_id(cmd: i64, id: u32) -> io::Result<Option<OwnedFd>> {
+    // open_flags BPF_F_RDONLY (ignored for programs): a frozen map opens too.
+    let mut attr = Attr::new().u32(0, id).u32(8, if cmd == BPF_MAP_GET_FD_BY_ID { BPF_F_RDONLY } else { 0 });
+    match bpf(cmd, &mut attr) {
+        Ok(rc) => Ok(Some(fd_from(rc))),
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
         Err(e) => Err(e),
     }

@@ -52,7 +52,7 @@ fn direction(a: &Attachment) -> Direction {
     }
 }
 
-fn hook(dev: String, d: Direction) -> Hook {
+pub(super) fn hook(dev: String, d: Direction) -> Hook {
     match d {
         Direction::Ingress => Hook::TcIngress(dev),
         Direction::Egress => Hook::TcEgress(dev),

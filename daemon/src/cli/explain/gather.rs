@@ -11,6 +11,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use super::target::Target;
 use super::view::*;
 use crate::abi::{BackendStats, HmConfig, SvcKey, CFG_CTLB_TCP, CFG_CTLB_UDP};
+use crate::backends::bpf::attached::AttachedProgram;
 use crate::backends::bpf::inspect::ServiceEntry;
 use crate::backends::netlink::RouteTo;
 use crate::config::{Config, Protocol};
@@ -25,6 +26,8 @@ pub(crate) trait KernelView {
     fn mesh(&self, vip: IpAddr, port: u16, proto: u8) -> io::Result<Option<(u16, u16)>>;
     fn peer(&self, addr: IpAddr) -> io::Result<Option<(IpAddr, bool)>>;
     fn counters(&self, svc_id: u32, backend: SocketAddr) -> io::Result<BackendStats>;
+    /// Every program hostmesh has attached.
+    fn attached(&self) -> io::Result<Vec<AttachedProgram>>;
 }
 
 pub(crate) struct Sources<'a> {
@@ -77,6 +80,7 @@ pub(crate) fn explain(t: Target, from: Option<(IpAddr, Option<u16>)>, src: &Sour
         gateway: None,
         from: None,
         route: src.route.clone(),
+        programs: Vec::new(),
         kernel: Vec::new(),
     };
     if let Some(route) = &src.route {
@@ -130,6 +134,7 @@ pub(crate) fn explain(t: Target, from: Option<(IpAddr, Option<u16>)>, src: &Sour
         };
         e.sentences.push(said);
     }
+    super::programs::programs(&mut e, &src.kernel.attached()?);
     Ok(e)
 }
 

@@ -6,6 +6,7 @@
 //! status file for states: it works while the daemon is down.
 
 mod gather;
+mod programs;
 mod target;
 #[cfg(test)]
 mod tests;
@@ -18,6 +19,7 @@ use std::process::ExitCode;
 
 use self::gather::{KernelView, Sources};
 use crate::abi::{BackendStats, HmConfig, SvcKey};
+use crate::backends::bpf::attached::AttachedProgram;
 use crate::backends::bpf::inspect::{Inspector, ServiceEntry};
 
 impl KernelView for Inspector {
@@ -38,6 +40,9 @@ impl KernelView for Inspector {
     }
     fn counters(&self, svc_id: u32, backend: SocketAddr) -> io::Result<BackendStats> {
         Inspector::counters(self, svc_id, backend)
+    }
+    fn attached(&self) -> io::Result<Vec<AttachedProgram>> {
+        Inspector::attached(self)
     }
 }
 

@@ -4,9 +4,12 @@ use std::net::{IpAddr, SocketAddr};
 
 use super::gather::{explain, KernelView, Sources};
 use super::target::parse_target;
-use super::view::PathKind;
+use super::view::{BuildOf, PathKind};
 use crate::abi::*;
+use crate::backends::bpf::attached::{AttachedProgram, Mark};
 use crate::backends::bpf::inspect::ServiceEntry;
+use crate::backends::bpf::objects::build_marks;
+use crate::model::{Attachment, Hook, Program};
 
 /// A kernel holding what the test puts in.
 #[derive(Default)]
@@ -16,6 +19,7 @@ struct FakeKernel {
     mesh: Option<(u16, u16)>,
     peer: Option<(IpAddr, bool)>,
     affinity: Option<(SocketAddr, u64)>,
+    attached: Vec<AttachedProgram>,
 }
 
 impl KernelView for FakeKernel {
@@ -36,6 +40,9 @@ impl KernelView for FakeKernel {
     }
     fn counters(&self, _: u32, _: SocketAddr) -> io::Result<BackendStats> {
         Ok(BackendStats { ctlb_connections: 3, ..Default::default() })
+    }
+    fn attached(&self) -> io::Result<Vec<AttachedProgram>> {
+        Ok(self.attached.clone())
     }
 }
 
@@ -131,4 +138,80 @@ fn from_predicts_by_affinity_then_hash_and_says_when_it_cannot() {
     // An entry older than the timeout no longer holds.
     k.affinity = Some((a("192.168.10.12:8080"), 3601 * 1_000_000_000));
     assert_eq!(run(&k, "10.96.0.10:80", Some((src, Some(40000)))).from.unwrap().by, "hash");
+}
+
+/// The veth path's three programs as this build attaches them, each with
+/// the mark `mark` gives it.
+fn veth_programs(mark: impl Fn(Program) -> Mark) -> Vec<AttachedProgram> {
+    [
+        (Program::NatOut, Hook::TcIngress("hm-natout".into())),
+        (Program::Reply, Hook::TcIngress("lo".into())),
+        (Program::Direct, Hook::TcEgress("lo".into())),
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, (program, hook))| AttachedProgram {
+        attachment: Attachment { program, hook },
+        via: "link",
+        prog_id: 10 + i as u32,
+        tag: Some([i as u8; 8]),
+        mark: mark(program),
+        live: true,
+    })
+    .collect()
+}
+
+fn this_build(p: Program) -> Mark {
+    Mark::Build(build_marks(p)[0])
+}
+
+#[test]
+fn the_path_s_programs_are_listed_with_whose_build_they_are() {
+    let mut k = kernel(0);
+    k.attached = veth_programs(this_build);
+    let e = run(&k, "10.96.0.10:80", None);
+    assert_eq!(e.programs.len(), 3, "{:?}", e.programs);
+    assert!(e.programs.iter().all(|p| p.build == BuildOf::This && p.live), "{:?}", e.programs);
+    assert_eq!(e.sentences.last().unwrap(), "The 3 programs on this path are attached and are this build's.");
+    assert!(
+        e.kernel.iter().any(|l| l.starts_with(
+            "program hm_natout on tc ingress of hm-natout (id 10, tag 0000000000000000, by link): this build's"
+        )),
+        "{:?}",
+        e.kernel
+    );
+
+    // One of another build, one from before marks, one unreadable.
+    k.attached = veth_programs(|p| match p {
+        Program::NatOut => Mark::Build(build_marks(p)[0] ^ 1),
+        Program::Reply => Mark::Unmarked,
+        _ => Mark::Unreadable("open map 7: Operation not permitted".into()),
+    });
+    let e = run(&k, "10.96.0.10:80", None);
+    let builds: Vec<BuildOf> = e.programs.iter().map(|p| p.build).collect();
+    assert_eq!(builds, [BuildOf::Other, BuildOf::Unmarked, BuildOf::Unknown]);
+    let said = e.sentences.join("\n");
+    assert!(said.contains("hm_natout on tc ingress of hm-natout is another build's program"), "{said}");
+    assert!(said.contains("hm_reply on tc ingress of lo is a program without a build mark"), "{said}");
+    assert!(
+        said.contains(
+            "Whether hm_direct on tc egress of lo is this build's cannot be read (open map 7: Operation not permitted)"
+        ),
+        "{said}"
+    );
+    assert!(!said.contains("are attached and are this build's"), "{said}");
+
+    // Missing, and a hook that is gone.
+    let mut programs = veth_programs(this_build);
+    programs.remove(0);
+    programs[0].live = false;
+    k.attached = programs;
+    let said = run(&k, "10.96.0.10:80", None).sentences.join("\n");
+    assert!(said.contains("hm_natout is not attached: this path does not work"), "{said}");
+    assert!(said.contains("hm_reply on tc ingress of lo is pinned but the hook is gone"), "{said}");
+    // Connect-time LB wants its eight cgroup programs, not these.
+    k.attached = veth_programs(this_build);
+    let e = run(&kernel(CFG_CTLB_TCP), "10.96.0.10:80", None);
+    assert!(e.programs.is_empty());
+    assert!(e.sentences.last().unwrap().starts_with("hm_connect4, hm_connect6, hm_sendmsg4"), "{:?}", e.sentences);
 }

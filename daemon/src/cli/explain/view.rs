@@ -75,6 +75,36 @@ pub(crate) struct Prediction {
     pub by: String,
 }
 
+/// Whose an attached program is, by its build mark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum BuildOf {
+    /// The mark of an object this binary carries.
+    This,
+    /// Another mark: another build's probes.
+    Other,
+    /// No mark: a build from before marks.
+    Unmarked,
+    /// The mark could not be read (privilege).
+    Unknown,
+}
+
+/// A program on the path, where it is attached and whose it is.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ProgramView {
+    pub program: String,
+    /// Where, in words ("hm_natout on tc ingress of hm-natout").
+    pub hook: String,
+    /// "link" or "tc filter".
+    pub via: String,
+    pub id: u32,
+    pub tag: Option<String>,
+    pub mark: Option<String>,
+    pub build: BuildOf,
+    /// False when the hook is gone (the program runs nowhere).
+    pub live: bool,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Explanation {
     pub target: String,
@@ -85,6 +115,8 @@ pub(crate) struct Explanation {
     pub gateway: Option<GatewayView>,
     pub from: Option<Prediction>,
     pub route: Option<RouteTo>,
+    /// The programs on the path.
+    pub programs: Vec<ProgramView>,
     /// The kernel objects involved, one line each.
     pub kernel: Vec<String>,
 }
