@@ -38,7 +38,9 @@ pub(crate) struct FileReport {
 
 #[derive(Debug, Clone)]
 pub(crate) struct Loaded {
-    pub config: Config,
+    /// Shared, not copied, with whoever reads it off the daemon's thread
+    /// (the metrics endpoint).
+    pub config: std::sync::Arc<Config>,
     pub files: Vec<FileReport>,
     /// Entries named like drop-ins that were not read, and why (not a
     /// regular file, a dangling link, still open for writing).
@@ -232,7 +234,7 @@ impl ConfigStore {
         self.last_good = next_last_good;
         let present: std::collections::BTreeSet<&PathBuf> = files.iter().map(|f| &f.path).collect();
         self.parsed.retain(|p, _| present.contains(p));
-        Ok(Loaded { config, files, skipped, parsed_files: self.parses - parses_before })
+        Ok(Loaded { config: std::sync::Arc::new(config), files, skipped, parsed_files: self.parses - parses_before })
     }
 }
 

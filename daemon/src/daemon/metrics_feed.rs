@@ -1,12 +1,12 @@
 //! The daemon's side of the metrics endpoint: it follows `[daemon]
-//! metrics_listen`, and after every status write hands the endpoint a
-//! snapshot of what that status says.
+//! metrics_listen`, and after every status write hands the endpoint that
+//! status and the configuration.
 
 use std::collections::BTreeMap;
 
 use super::*;
 use crate::backends::bpf::objects::{map_def, MAPS};
-use crate::metrics::{MapRow, MetricsServer, Snapshot};
+use crate::metrics::{MapRow, MetricsServer, Published};
 
 /// The endpoint and what the daemon knows of it.
 #[derive(Default)]
@@ -45,13 +45,14 @@ impl Daemon {
         }
     }
 
-    /// Hands the endpoint what `status` says (nothing while it is off).
-    pub(super) fn publish_metrics(&mut self, status: &Status) {
+    /// Hands the endpoint `status` and the configuration (nothing while it
+    /// is off); the scrape thread builds its snapshot from them.
+    pub(super) fn publish_metrics(&mut self, status: Status) {
         if self.metrics_endpoint.server.is_none() {
             return;
         }
-        let maps = self.map_rows(status);
-        self.metrics.publish(Snapshot::build(&self.loaded.config, status, maps));
+        let maps = self.map_rows(&status);
+        self.metrics.publish(Published::new(self.loaded.config.clone(), status, maps));
     }
 
     /// Every map's capacity; the entries of those the daemon writes (from

@@ -9,14 +9,15 @@ impl Daemon {
     pub(super) fn write_status(&mut self) -> String {
         let started = Instant::now();
         let status = self.status(self.last_outcome.as_ref(), false);
-        self.publish_metrics(&status);
         if let Err(e) = status.write(&self.paths.state_dir) {
             warn!(self.log, "cannot write the status file"; "path" => Status::path(&self.paths.state_dir).display().to_string(), "error" => e.to_string());
         }
+        let line = report::status_line(&status);
+        self.publish_metrics(status);
         // bench/scale reads this (HOSTMESH_DEBUG=1): the status of every
         // object is part of an edit's cost.
         slog::debug!(self.log, "status written"; "duration_ms" => started.elapsed().as_millis() as u64);
-        report::status_line(&status)
+        line
     }
 
     pub(super) fn log_outcome(&self, o: &SyncOutcome) {

@@ -64,7 +64,7 @@ fn state_name(s: BackendState) -> &'static str {
 
 impl prometheus_client::collector::Collector for Collector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), Error> {
-        let snap = self.0.snapshot.read().unwrap_or_else(PoisonError::into_inner).clone();
+        let snap = self.0.current();
         let events = self.0.events.lock().unwrap_or_else(PoisonError::into_inner).clone();
         daemon(&mut enc, &snap)?;
         backends(&mut enc, &snap)?;

@@ -1,6 +1,8 @@
 //! The Prometheus endpoint (`[daemon] metrics_listen`). The daemon hands
-//! over a snapshot of what it knows after every status write, and counts
-//! syncs and reloads as they happen; a scrape renders that snapshot and
+//! over what it knows after every status write (the status and the
+//! configuration, shared, not copied), and counts syncs and reloads as
+//! they happen; a scrape builds a snapshot from the last of those (once
+//! per publication), renders it and
 //! reads the probes' traffic counters from the pinned maps. The endpoint
 //! runs on a thread of its own, so a scrape never waits for a sync and a
 //! slow scraper never holds up the daemon (docs/design.md, "Metrics").
@@ -12,7 +14,7 @@ mod snapshot;
 mod tests;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use prometheus_client::metrics::histogram::Histogram;
@@ -21,7 +23,7 @@ use prometheus_client::registry::Registry;
 use crate::backends::bpf::traffic::TrafficReader;
 
 pub(crate) use server::MetricsServer;
-pub(crate) use snapshot::{MapRow, Snapshot};
+pub(crate) use snapshot::{MapRow, Published, Snapshot};
 
 /// Buckets of `hostmesh_sync_duration_seconds`: 1 ms to ~65 s.
 fn sync_buckets() -> Histogram {
@@ -42,7 +44,12 @@ struct Events {
 
 #[derive(Debug)]
 struct Shared {
-    snapshot: RwLock<Arc<Snapshot>>,
+    /// What the daemon published last, until a scrape builds it.
+    published: Mutex<Option<Published>>,
+    /// The snapshot scrapes render, built on the scrape thread from the
+    /// last publication (so the daemon never pays for it); scrapes take
+    /// it in turn, and the daemon never takes it.
+    snapshot: Mutex<Arc<Snapshot>>,
     events: Mutex<Events>,
     sync_full: Histogram,
     sync_incremental: Histogram,
@@ -59,7 +66,8 @@ pub(crate) struct Metrics {
 impl Metrics {
     pub(crate) fn new(traffic: TrafficReader) -> Self {
         let shared = Arc::new(Shared {
-            snapshot: RwLock::new(Arc::new(Snapshot::default())),
+            published: Mutex::new(None),
+            snapshot: Mutex::new(Arc::new(Snapshot::default())),
             events: Mutex::new(Events::default()),
             sync_full: sync_buckets(),
             sync_incremental: sync_buckets(),
@@ -70,9 +78,17 @@ impl Metrics {
         Metrics { shared, registry: Arc::new(registry) }
     }
 
-    /// A new snapshot.
-    pub(crate) fn publish(&self, snapshot: Snapshot) {
-        *self.shared.snapshot.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(snapshot);
+    /// What the daemon knows now: O(1) here, the snapshot is built at the
+    /// next scrape.
+    pub(crate) fn publish(&self, published: Published) {
+        *self.shared.published.lock().unwrap_or_else(PoisonError::into_inner) = Some(published);
+    }
+
+    /// A snapshot built already (tests).
+    #[cfg(test)]
+    pub(crate) fn publish_snapshot(&self, snapshot: Snapshot) {
+        *self.shared.published.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        *self.shared.snapshot.lock().unwrap_or_else(PoisonError::into_inner) = Arc::new(snapshot);
     }
 
     /// A gateway peer's health as the prober reports it; a change from the
@@ -113,5 +129,18 @@ impl Metrics {
 
     fn events(&self) -> std::sync::MutexGuard<'_, Events> {
         self.shared.events.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Shared {
+    /// The snapshot to render: the last one, or one built now from what
+    /// was published since.
+    fn current(&self) -> Arc<Snapshot> {
+        let mut snapshot = self.snapshot.lock().unwrap_or_else(PoisonError::into_inner);
+        let next = self.published.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(p) = next {
+            *snapshot = Arc::new(Snapshot::build(&p.config, &p.status, p.maps));
+        }
+        snapshot.clone()
     }
 }

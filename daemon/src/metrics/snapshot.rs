@@ -1,6 +1,7 @@
 //! What a scrape shows of the daemon's state, built from the status it
 //! has just written and the configuration in force. Pure: the daemon
-//! builds one after each status write and hands it to `Metrics::publish`.
+//! hands both to `Metrics::publish` after each status write, and the
+//! first scrape after that builds the snapshot.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -8,6 +9,27 @@ use std::net::SocketAddr;
 use crate::abi::SvcKey;
 use crate::config::Config;
 use crate::state::{BackendState, FileState, ObjectKind, ObjectState, Status};
+
+/// What the daemon publishes: its last status and the configuration in
+/// force (shared with it), and the maps' rows.
+#[derive(Debug, Clone)]
+pub(crate) struct Published {
+    pub config: std::sync::Arc<Config>,
+    pub status: Status,
+    pub maps: Vec<MapRow>,
+}
+
+impl Published {
+    /// Keeps of `status` only what `Snapshot::build` reads: of its objects
+    /// the meshes and peers (a few), not every service's.
+    pub(crate) fn new(config: std::sync::Arc<Config>, mut status: Status, maps: Vec<MapRow>) -> Published {
+        status.objects.retain(|o| matches!(o.kind, ObjectKind::Mesh | ObjectKind::Peer));
+        status.objects.shrink_to_fit();
+        status.warnings = Vec::new();
+        status.skipped = Vec::new();
+        Published { config, status, maps }
+    }
+}
 
 /// One backend of one service.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -93,7 +93,7 @@ fn a_snapshot_counts_services_by_path_backends_by_state_and_files() {
 #[test]
 fn render_has_each_backend_and_sums_them_per_service_over_the_limit() {
     let m = metrics();
-    m.publish(web_down());
+    m.publish_snapshot(web_down());
     let text = m.render();
     for line in [
         "hostmesh_backend_up{service=\"web\",backend=\"192.168.10.11:8080\"} 0",
@@ -110,7 +110,7 @@ fn render_has_each_backend_and_sums_them_per_service_over_the_limit() {
     }
     let mut over = web_down();
     over.backend_limit = 2;
-    m.publish(over);
+    m.publish_snapshot(over);
     let text = m.render();
     assert!(text.contains("hostmesh_backend_up{service=\"web\",backend=\"all\"} 0"), "{text}");
     assert!(!text.contains("192.168.10.11:8080"), "no per-backend series over the limit:\n{text}");
@@ -124,7 +124,7 @@ fn syncs_reloads_and_peer_changes_are_counted() {
     m.reload("applied");
     m.reload("rejected");
     m.reload("rejected");
-    m.publish(Snapshot { peers: BTreeMap::from([("b".to_string(), true)]), ..Default::default() });
+    m.publish_snapshot(Snapshot { peers: BTreeMap::from([("b".to_string(), true)]), ..Default::default() });
     // Down (told twice: one change), then up again.
     m.peer_state("b", true);
     m.peer_state("b", false);
@@ -178,4 +178,22 @@ fn a_taken_port_is_an_error_naming_the_key() {
     let addr = taken.local_addr().unwrap();
     let Err(e) = MetricsServer::start(addr, metrics()) else { panic!("bound a taken port") };
     assert!(e.to_string().contains("metrics_listen") && e.to_string().contains(&addr.to_string()), "{e}");
+}
+
+#[test]
+fn a_publication_is_built_into_a_snapshot_at_the_next_scrape() {
+    let m = metrics();
+    let config = std::sync::Arc::new(crate::config::from_text(CONFIG));
+    let published = |state| super::Published {
+        config: config.clone(),
+        status: status(vec![checked("192.168.10.11:8080", state)]),
+        maps: Vec::new(),
+    };
+    m.publish(published(BackendState::Down));
+    let line = |up| format!("hostmesh_backend_up{{service=\"web\",backend=\"192.168.10.11:8080\"}} {up}");
+    assert!(m.render().lines().any(|l| l == line(0)));
+    // Rendered again without a new publication: the same snapshot.
+    assert!(m.render().lines().any(|l| l == line(0)));
+    m.publish(published(BackendState::Up));
+    assert!(m.render().lines().any(|l| l == line(1)), "the newer publication wins");
 }
