@@ -198,3 +198,45 @@ fn every_family_is_scraped_and_promtool_passes_it_the_rules_and_the_dashboard() 
     let (code, _) = http_get(&net.host.ns, addr(METRICS), "/other").unwrap();
     assert_eq!(code, 404);
 }
+
+/// HM_BACKEND_STATS' pairs with one of web's two IPv4 backends, by backend.
+fn web_counted(net: &Topology) -> BTreeMap<SocketAddr, u32> {
+    use hostmesh::abi::{ip_from16, BackendStatsKey, Pod};
+    use hostmesh::backends::bpf::sys;
+    use std::os::fd::AsFd;
+    let fd = sys::obj_get(&net.host.opts.bpffs.join("maps/HM_BACKEND_STATS")).unwrap();
+    sys::map_keys(fd.as_fd(), std::mem::size_of::<BackendStatsKey>())
+        .unwrap()
+        .iter()
+        .map(|k| BackendStatsKey::from_bytes(k).unwrap())
+        .map(|k| (SocketAddr::new(ip_from16(k.addr), u16::from_be(k.port_be)), k.svc_id))
+        .filter(|(b, _)| [addr("192.168.10.11:8080"), addr("192.168.10.12:8080")].contains(b))
+        .collect()
+}
+
+#[test]
+fn a_removed_backend_s_counters_are_deleted_at_the_next_full_sync() {
+    let _serial = serial();
+    let net = Topology::new("connect_time_lb = \"tcp\"");
+    let d = net.host.start_ready();
+    // 24 connections: both backends get some (all on one: 2 in 2^24).
+    let (_, _, errors) = net.requests("tcp", "10.96.0.10", 80, 24);
+    assert!(errors.is_empty(), "{errors:?}");
+    let counted = web_counted(&net);
+    assert_eq!(counted.len(), 2, "both backends counted: {counted:?}");
+
+    // An edit removes one: its counters stay until a full sync (an edit
+    // costs what it changes, not a walk over every counter).
+    let generation = net.host.status().generation;
+    net.host.write("services.toml", &services_without("192.168.10.12:8080"));
+    wait_until("the edit synced", Duration::from_secs(10), || net.host.status().generation > generation).unwrap();
+    assert_eq!(web_counted(&net), counted, "{}", d.log_text());
+
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    let gone =
+        wait_until("the removed backend's counters deleted", Duration::from_secs(10), || web_counted(&net).len() == 1);
+    assert!(gone.is_ok(), "{:?}\n{}", web_counted(&net), d.log_text());
+    let left: Vec<SocketAddr> = web_counted(&net).into_keys().collect();
+    assert_eq!(left, [addr("192.168.10.11:8080")], "the one still configured keeps its counters");
+    assert!(d.log_text().contains("traffic counters of backends no longer configured deleted"), "{}", d.log_text());
+}

@@ -255,6 +255,13 @@ impl BpfBackend for FakeKernel {
         Ok(0)
     }
 
+    fn prune_backend_stats(
+        &mut self,
+        _configured: &std::collections::HashSet<(crate::abi::SvcKey, std::net::SocketAddr)>,
+    ) -> Result<usize> {
+        Ok(0)
+    }
+
     fn configure(&mut self, _settings: &BpfSettings) -> Result<bool> {
         Ok(false)
     }

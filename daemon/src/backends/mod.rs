@@ -121,6 +121,13 @@ pub trait BpfBackend {
         &mut self,
         serving: &BTreeMap<abi::SvcKey, std::collections::BTreeSet<std::net::SocketAddr>>,
     ) -> Result<usize>;
+    /// After a clean full sync: deletes the traffic counters
+    /// (HM_BACKEND_STATS) of (service, backend) pairs not in `configured`;
+    /// returns how many.
+    fn prune_backend_stats(
+        &mut self,
+        configured: &std::collections::HashSet<(abi::SvcKey, std::net::SocketAddr)>,
+    ) -> Result<usize>;
     /// Sets the capacity of configurable maps and how TC programs are
     /// attached. Returns true when that replaced loaded maps or changed the
     /// TC mode (the kernel must then be re-read).

@@ -3,9 +3,10 @@
 //! are dropped — UDP ones at once (a datagram flow never sticks to a
 //! backend that left), TCP ones after the service's `drain_timeout` if it
 //! has one (else they finish) — and clients that affinity remembered at
-//! them are forgotten.
+//! them are forgotten. After a full sync, the traffic counters of backends
+//! no longer configured go too.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::SocketAddr;
 
 use super::*;
@@ -32,12 +33,13 @@ impl Leaving {
 }
 
 impl Daemon {
-    /// After a clean sync, with the `drop_sets` and `affinity_serving` of
-    /// the configuration it compiled.
+    /// After a clean sync (`full`, or the `first`), with the `drop_sets`
+    /// and `affinity_serving` of the configuration it compiled.
     pub(super) fn after_clean_sync(
         &mut self,
         (sets, affinity): (DropSets, BTreeMap<SvcKey, BTreeSet<SocketAddr>>),
         first: bool,
+        full: bool,
     ) {
         let stopped = health::stopped(&self.leaving.drop_sets, &sets);
         let now = Instant::now();
@@ -55,6 +57,32 @@ impl Daemon {
         self.leaving.drop_sets = sets;
         self.drop_flows(&at_once, "left");
         self.prune_affinity(affinity, first);
+        if full || first {
+            self.prune_backend_stats();
+        }
+    }
+
+    /// The traffic counters of (service, backend) pairs no longer
+    /// configured, whatever their state: O(services + counters), so only
+    /// after a full sync, which costs that anyway.
+    fn prune_backend_stats(&mut self) {
+        let configured: HashSet<(SvcKey, SocketAddr)> = self
+            .loaded
+            .config
+            .services
+            .iter()
+            .flat_map(|s| {
+                let key = SvcKey::new(s.vip, s.port, s.protocol.number());
+                s.backends.iter().map(move |b| (key, b.addr))
+            })
+            .collect();
+        match self.reconciler.prune_backend_stats(&configured) {
+            Ok(0) => {}
+            Ok(n) => info!(self.log, "traffic counters of backends no longer configured deleted"; "entries" => n),
+            Err(e) => {
+                warn!(self.log, "cannot prune traffic counters; retried at the next full sync"; "error" => e.to_string())
+            }
+        }
     }
 
     /// Drops the flows whose drain timeout ran out.

@@ -274,8 +274,8 @@ impl Daemon {
         // timeout or affinity only: cheap beside the sync).
         let left = (crate::health::drop_sets(&serving), crate::health::affinity_serving(&serving));
         drop(serving);
-        if matches!(&result, Ok(o) if !o.stopped && o.errors.is_empty()) {
-            self.after_clean_sync(left, !self.ready);
+        if let Some(full) = result.as_ref().ok().filter(|o| !o.stopped && o.errors.is_empty()).map(|o| o.full) {
+            self.after_clean_sync(left, !self.ready, full);
         }
         self.save_backend_health(&states);
         if let Ok(o) = &result {

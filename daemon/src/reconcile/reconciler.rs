@@ -311,4 +311,13 @@ impl Reconciler {
     ) -> Result<usize, BackendError> {
         self.backends.bpf.prune_affinity(serving)
     }
+
+    /// After a clean full sync: the traffic counters of pairs no longer
+    /// configured (`BpfBackend::prune_backend_stats`).
+    pub(crate) fn prune_backend_stats(
+        &mut self,
+        configured: &std::collections::HashSet<(crate::abi::SvcKey, std::net::SocketAddr)>,
+    ) -> Result<usize, BackendError> {
+        self.backends.bpf.prune_backend_stats(configured)
+    }
 }

@@ -7,14 +7,32 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use crate::abi::*;
 
-use super::sys;
+use super::{bpf_err, sys, PinnedBpf};
+
+impl PinnedBpf {
+    pub(super) fn prune_affinity_entries(
+        &mut self,
+        serving: &BTreeMap<SvcKey, BTreeSet<SocketAddr>>,
+    ) -> crate::backends::Result<usize> {
+        if self.loaded.is_none() && !self.has_pins() {
+            return Ok(0);
+        }
+        let fd = |this: &mut Self, name: &'static str| -> crate::backends::Result<OwnedFd> {
+            this.map_fd(name)?.try_clone().map_err(|e| bpf_err(name, e))
+        };
+        let (services, backends, table) =
+            (fd(self, "HM_SERVICES")?, fd(self, "HM_BACKENDS")?, fd(self, "HM_AFFINITY")?);
+        let maps = Maps { services: services.as_fd(), backends: backends.as_fd(), affinity: table.as_fd() };
+        prune(maps, serving).map_err(|e| bpf_err("prune HM_AFFINITY", e))
+    }
+}
 
 /// The maps it reads and the one it prunes.
-pub(super) struct Maps<'a> {
+struct Maps<'a> {
     pub services: BorrowedFd<'a>,
     pub backends: BorrowedFd<'a>,
     pub affinity: BorrowedFd<'a>,
@@ -22,7 +40,7 @@ pub(super) struct Maps<'a> {
 
 /// Deletes every entry not pointing at a backend in `serving` for its
 /// service; returns how many.
-pub(super) fn prune(maps: Maps<'_>, serving: &BTreeMap<SvcKey, BTreeSet<SocketAddr>>) -> io::Result<usize> {
+fn prune(maps: Maps<'_>, serving: &BTreeMap<SvcKey, BTreeSet<SocketAddr>>) -> io::Result<usize> {
     let entries = sys::map_dump(maps.affinity, std::mem::size_of::<AffKey>(), std::mem::size_of::<AffValue>())?;
     if entries.is_empty() {
         return Ok(0);

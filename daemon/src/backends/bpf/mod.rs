@@ -18,6 +18,7 @@ pub(crate) mod netns_cookie;
 pub mod objects;
 pub(crate) mod pins;
 mod resize;
+mod stats_prune;
 pub mod sys;
 mod tc;
 pub(crate) mod traffic;
@@ -438,16 +439,14 @@ impl BpfBackend for PinnedBpf {
         &mut self,
         serving: &BTreeMap<crate::abi::SvcKey, std::collections::BTreeSet<std::net::SocketAddr>>,
     ) -> Result<usize> {
-        if self.loaded.is_none() && !self.has_pins() {
-            return Ok(0);
-        }
-        let fd = |this: &mut Self, name: &'static str| -> Result<OwnedFd> {
-            this.map_fd(name)?.try_clone().map_err(|e| bpf_err(name, e))
-        };
-        let (services, backends, table) =
-            (fd(self, "HM_SERVICES")?, fd(self, "HM_BACKENDS")?, fd(self, "HM_AFFINITY")?);
-        let maps = affinity::Maps { services: services.as_fd(), backends: backends.as_fd(), affinity: table.as_fd() };
-        affinity::prune(maps, serving).map_err(|e| bpf_err("prune HM_AFFINITY", e))
+        self.prune_affinity_entries(serving)
+    }
+
+    fn prune_backend_stats(
+        &mut self,
+        configured: &std::collections::HashSet<(crate::abi::SvcKey, std::net::SocketAddr)>,
+    ) -> Result<usize> {
+        self.prune_stats(configured)
     }
 
     fn configure(&mut self, settings: &BpfSettings) -> Result<bool> {

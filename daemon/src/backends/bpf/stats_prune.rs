@@ -1,0 +1,57 @@
+//! HM_BACKEND_STATS kept to the (service, backend) pairs configured, at
+//! every full sync (start, SIGHUP, the periodic resync): the probes add an
+//! entry for every pair that carries traffic, and nothing else removes
+//! one. Without this a removed backend's or service's counters would stay
+//! until the map filled (and new pairs went uncounted), and a service
+//! given a freed id would go on inheriting the counters of the one before
+//! it; with it, that lasts until the next full sync at most.
+
+use std::collections::HashSet;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd};
+
+use crate::abi::*;
+
+use super::{bpf_err, sys, PinnedBpf};
+use crate::backends::Result;
+
+impl PinnedBpf {
+    pub(super) fn prune_stats(&mut self, configured: &HashSet<(SvcKey, SocketAddr)>) -> Result<usize> {
+        if self.loaded.is_none() && !self.has_pins() {
+            return Ok(0);
+        }
+        let services = self.map_fd("HM_SERVICES")?.try_clone().map_err(|e| bpf_err("HM_SERVICES", e))?;
+        let stats = self.map_fd("HM_BACKEND_STATS")?;
+        prune(services.as_fd(), stats.as_fd(), configured).map_err(|e| bpf_err("prune HM_BACKEND_STATS", e))
+    }
+}
+
+/// Deletes every entry whose service (by id, through HM_SERVICES) does not
+/// list its backend in `configured`, or whose id no service has; returns
+/// how many.
+fn prune(
+    services: BorrowedFd<'_>,
+    stats: BorrowedFd<'_>,
+    configured: &HashSet<(SvcKey, SocketAddr)>,
+) -> io::Result<usize> {
+    let keys = sys::map_keys(stats, std::mem::size_of::<BackendStatsKey>())?;
+    if keys.is_empty() {
+        return Ok(0);
+    }
+    let ids = super::inspect::service_keys_by_id(services)?;
+    let mut gone = 0;
+    for k in keys {
+        let Some(key) = BackendStatsKey::from_bytes(&k) else { continue };
+        let backend = SocketAddr::new(ip_from16(key.addr), u16::from_be(key.port_be));
+        let kept = ids.get(&key.svc_id).is_some_and(|svc| configured.contains(&(*svc, backend)));
+        if !kept {
+            match sys::map_delete(stats, &k) {
+                Ok(()) => gone += 1,
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(gone)
+}
