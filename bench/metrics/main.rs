@@ -10,8 +10,14 @@
 //! alone, ...) so drift on the machine falls on both. Writes its section
 //! of bench/RESULTS.md.
 //!
+//! Then (`on_off.rs`) what the endpoint costs the daemon's edits at
+//! `--large N` services (100,000 by default; 0 skips it): a daemon with
+//! metrics on beside one with them off.
+//!
 //! Run it with `./bench/run metrics` (as root); `--rate N`, `--threads N`,
-//! `--edits N` (per series), `--services N,N`.
+//! `--edits N` (per series), `--services N,N`, `--large N`.
+
+mod on_off;
 
 use std::fmt::Write as _;
 use std::io::{Read, Write};
@@ -210,7 +216,7 @@ fn pct(mut v: Vec<f64>, p: f64) -> f64 {
 fn main() {
     hm_testkit::require_root();
     catch_interrupts();
-    let o = Options::parse(1, &["rate", "threads", "edits", "services"]);
+    let o = Options::parse(1, &["rate", "threads", "edits", "services", "large"]);
     let get = |k: &str, d: u32| o.extra.get(k).map_or(d, |v| v.parse().expect("a number"));
     let (rate, threads, edits) = (get("rate", 1000), get("threads", 4), get("edits", 20));
     let sizes: Vec<u32> = o
@@ -225,7 +231,12 @@ fn main() {
         o.hostmesh.display()
     );
     let runs: Vec<Series> = sizes.iter().map(|n| run(&o, *n, rate, threads, edits)).collect();
-    let report = report(&runs, rate, threads);
+    let large = get("large", 100_000);
+    let on_off = (large > 0).then(|| on_off::run(&o, large, edits));
+    let mut report = report(&runs, rate, threads);
+    if let Some(r) = &on_off {
+        report.push_str(&on_off_report(r));
+    }
     println!("{report}");
     hm_bench::results::write_section(&o.out, "metrics", &report).expect("write results");
     eprintln!("wrote the metrics section of {}", o.out.display());
@@ -274,6 +285,33 @@ fn report(runs: &[Series], rate: u32, threads: u32) -> String {
         out,
         "\nThe endpoint renders on one thread of its own; where fewer scrapes than asked are achieved, that thread \
          (and the clients, on the same CPUs) is saturated, which is the load the goal is about: edits beside it."
+    );
+    out
+}
+
+fn on_off_report(r: &on_off::OnOff) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\nWhat the endpoint costs an edit at scale, no scrape: two daemons with the same {} services (one backend \
+         each), metrics on (the default) and `metrics_listen = \"off\"`, side by side, {} edits each in alternating \
+         rounds of 5. A maximum far above its median is an edit that waited for the periodic resync (every 30 s, \
+         seconds long at this size), which either daemon meets.\n",
+        r.services,
+        r.on.len()
+    );
+    let _ = writeln!(out, "| services | edit, metrics on (median / max) | edit, metrics off (median / max) | on × off (median) | peak RSS on / off |");
+    let _ = writeln!(out, "|---:|---:|---:|---:|---:|");
+    let (mon, moff) = (median(r.on.clone()), median(r.off.clone()));
+    let _ = writeln!(
+        out,
+        "| {} | {mon:.0} / {:.0} ms | {moff:.0} / {:.0} ms | {:.2} | {} / {} MiB |",
+        r.services,
+        pct(r.on.clone(), 1.0),
+        pct(r.off.clone(), 1.0),
+        mon / moff,
+        r.rss_on,
+        r.rss_off
     );
     out
 }

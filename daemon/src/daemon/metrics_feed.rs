@@ -52,7 +52,7 @@ impl Daemon {
             return;
         }
         let maps = self.map_rows(&status);
-        self.metrics.publish(Published::new(self.loaded.config.clone(), status, maps));
+        self.metrics.publish(Published::new(&self.loaded.config, status, maps));
     }
 
     /// Every map's capacity; the entries of those the daemon writes (from

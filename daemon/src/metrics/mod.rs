@@ -1,6 +1,6 @@
 //! The Prometheus endpoint (`[daemon] metrics_listen`). The daemon hands
-//! over what it knows after every status write (the status and the
-//! configuration, shared, not copied), and counts syncs and reloads as
+//! over what it knows after every status write (the status, and the
+//! configuration by reference), and counts syncs and reloads as
 //! they happen; a scrape builds a snapshot from the last of those (once
 //! per publication), renders it and
 //! reads the probes' traffic counters from the pinned maps. The endpoint
@@ -138,8 +138,8 @@ impl Shared {
     fn current(&self) -> Arc<Snapshot> {
         let mut snapshot = self.snapshot.lock().unwrap_or_else(PoisonError::into_inner);
         let next = self.published.lock().unwrap_or_else(PoisonError::into_inner).take();
-        if let Some(p) = next {
-            *snapshot = Arc::new(Snapshot::build(&p.config, &p.status, p.maps));
+        if let Some(s) = next.and_then(Published::build) {
+            *snapshot = Arc::new(s);
         }
         snapshot.clone()
     }

@@ -5,16 +5,21 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::sync::{Arc, Weak};
 
 use crate::abi::SvcKey;
 use crate::config::Config;
 use crate::state::{BackendState, FileState, ObjectKind, ObjectState, Status};
 
-/// What the daemon publishes: its last status and the configuration in
-/// force (shared with it), and the maps' rows.
+/// What the daemon publishes: its last status, the configuration in
+/// force and the maps' rows.
 #[derive(Debug, Clone)]
 pub(crate) struct Published {
-    pub config: std::sync::Arc<Config>,
+    /// Not held: once the daemon loads another configuration this one is
+    /// freed at once (not kept through the sync that follows, the peak of
+    /// the daemon's memory), and a scrape until the next publication shows
+    /// the snapshot before.
+    pub config: Weak<Config>,
     pub status: Status,
     pub maps: Vec<MapRow>,
 }
@@ -22,12 +27,18 @@ pub(crate) struct Published {
 impl Published {
     /// Keeps of `status` only what `Snapshot::build` reads: of its objects
     /// the meshes and peers (a few), not every service's.
-    pub(crate) fn new(config: std::sync::Arc<Config>, mut status: Status, maps: Vec<MapRow>) -> Published {
+    pub(crate) fn new(config: &Arc<Config>, mut status: Status, maps: Vec<MapRow>) -> Published {
         status.objects.retain(|o| matches!(o.kind, ObjectKind::Mesh | ObjectKind::Peer));
         status.objects.shrink_to_fit();
         status.warnings = Vec::new();
         status.skipped = Vec::new();
-        Published { config, status, maps }
+        Published { config: Arc::downgrade(config), status, maps }
+    }
+
+    /// The snapshot, if the configuration is still the daemon's.
+    pub(crate) fn build(self) -> Option<Snapshot> {
+        let config = self.config.upgrade()?;
+        Some(Snapshot::build(&config, &self.status, self.maps))
     }
 }
 

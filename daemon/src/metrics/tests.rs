@@ -184,11 +184,7 @@ fn a_taken_port_is_an_error_naming_the_key() {
 fn a_publication_is_built_into_a_snapshot_at_the_next_scrape() {
     let m = metrics();
     let config = std::sync::Arc::new(crate::config::from_text(CONFIG));
-    let published = |state| super::Published {
-        config: config.clone(),
-        status: status(vec![checked("192.168.10.11:8080", state)]),
-        maps: Vec::new(),
-    };
+    let published = |state| super::Published::new(&config, status(vec![checked("192.168.10.11:8080", state)]), vec![]);
     m.publish(published(BackendState::Down));
     let line = |up| format!("hostmesh_backend_up{{service=\"web\",backend=\"192.168.10.11:8080\"}} {up}");
     assert!(m.render().lines().any(|l| l == line(0)));
@@ -196,4 +192,12 @@ fn a_publication_is_built_into_a_snapshot_at_the_next_scrape() {
     assert!(m.render().lines().any(|l| l == line(0)));
     m.publish(published(BackendState::Up));
     assert!(m.render().lines().any(|l| l == line(1)), "the newer publication wins");
+    // Published, then the daemon loaded another configuration before a
+    // scrape: the last snapshot stands (the next publication follows the
+    // sync), and the old configuration was not kept for it.
+    m.publish(published(BackendState::Down));
+    let weak = std::sync::Arc::downgrade(&config);
+    drop(config);
+    assert!(weak.upgrade().is_none(), "the endpoint does not hold the configuration");
+    assert!(m.render().lines().any(|l| l == line(1)));
 }
