@@ -123,6 +123,11 @@ fn explain_names_the_path_of_each_kind_of_address_and_predicts_the_backend_a_sou
     assert_eq!(e["path"], "none", "{e:#}");
     assert!(e["sentences"][0].as_str().unwrap().contains("does not handle"), "{e:#}");
     assert_eq!(e["programs"].as_array().map(Vec::len), Some(0), "no program handles it: {e:#}");
+    assert_eq!(
+        (e["route"]["dev"].as_str(), e["route"]["hostmesh"].as_bool()),
+        (Some("eth0"), Some(false)),
+        "the default route, not hostmesh's: {e:#}"
+    );
 
     // The text form says the same in sentences.
     let paths = net.host.opts.path_args();

@@ -125,13 +125,10 @@ impl Rtnetlink {
         let links = self.all_links()?;
         let dev = r.oif.and_then(|i| links.iter().find(|l| l.index == i)).map(|l| l.name.clone());
         let kind = format!("{:?}", r.kind).to_lowercase();
-        // `route get` answers without the route's protocol: find the
-        // route itself, the longest prefix holding ip in the answer's table.
-        let routes = route::dump(&mut self.sock).map_err(err("list routes".to_string()))?;
-        let protocol = routes
-            .iter()
-            .filter(|x| x.table == r.table && x.dst.contains(&ip))
-            .max_by_key(|x| x.dst.prefix_len())
+        // `route get` answers without the route's protocol; the FIB entry
+        // it used has it (one lookup, not a dump of every route).
+        let protocol = route::get_fib_match(&mut self.sock, ip)
+            .map_err(err(format!("look up the route entry for {ip}")))?
             .map(|x| x.protocol);
         Ok(Some(RouteTo { kind, dev, gateway: r.gateway, hostmesh: protocol == Some(crate::model::RTPROT_HOSTMESH) }))
     }

@@ -176,7 +176,20 @@ pub(super) fn delete(sock: &mut NetlinkSocket, table: u32, dst: &IpNet, protocol
 
 /// `ip route get dst`: the route the kernel would use, if any.
 pub(super) fn get(sock: &mut NetlinkSocket, dst: IpAddr) -> io::Result<Option<Route>> {
+    get_with(sock, dst, false)
+}
+
+/// The FIB entry that `get` used, whole (with its protocol): `ip route get
+/// fibmatch`.
+pub(super) fn get_fib_match(sock: &mut NetlinkSocket, dst: IpAddr) -> io::Result<Option<Route>> {
+    get_with(sock, dst, true)
+}
+
+fn get_with(sock: &mut NetlinkSocket, dst: IpAddr, fib_match: bool) -> io::Result<Option<Route>> {
     let mut m = RouteMessage::default();
+    if fib_match {
+        m.header.flags = RouteFlags::FibMatch;
+    }
     m.header.address_family = if dst.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
     m.header.destination_prefix_length = if dst.is_ipv4() { 32 } else { 128 };
     m.attributes.push(RouteAttribute::Destination(dst.into()));
