@@ -161,7 +161,9 @@ fn a_restarted_daemon_adopts_pinned_state_without_recreating_it() {
 fn a_restart_keeps_the_mesh_and_gateway_programs_and_maps() {
     let _serial = serial();
     let net = crate::topology::Topology::new("");
-    net.host.write("extras.toml", &crate::topology::mesh_and_peer(""));
+    // The peer never answers: probed once a minute, it stays up (as a
+    // start assumes) through the test, so its routes do not change.
+    net.host.write("extras.toml", &crate::topology::mesh_and_peer("probe_interval = \"60s\""));
     let mut d = net.host.start_ready();
     let ids = attached_ids(&net.host);
     for p in ["hm_mesh@netns", "hm_tun_in@tc-ingress@hm-tun0", "hm_tun_out@tc-egress@hm-tun0"] {

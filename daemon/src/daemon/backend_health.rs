@@ -36,6 +36,18 @@ impl BackendHealthState {
 }
 
 impl Daemon {
+    /// The configuration compile sees: only the backends that take new
+    /// connections; the loaded one itself, shared, when all of them do.
+    pub(super) fn serving(
+        &self,
+        states: &BTreeMap<BackendKey, BackendHealth>,
+    ) -> std::sync::Arc<crate::config::Config> {
+        match crate::health::serving(&self.loaded.config, states) {
+            std::borrow::Cow::Borrowed(_) => std::sync::Arc::clone(&self.loaded.config),
+            std::borrow::Cow::Owned(c) => std::sync::Arc::new(c),
+        }
+    }
+
     /// Starts, updates or stops the checker for the configuration in
     /// force; returns the states compile goes by.
     pub(super) fn track_backends(&mut self) -> BTreeMap<BackendKey, BackendHealth> {

@@ -267,8 +267,7 @@ impl Daemon {
         self.generation += 1;
         self.track_peers();
         let states = self.track_backends();
-        // Compile sees only the backends that take new connections.
-        let serving = crate::health::serving(&self.loaded.config, &states);
+        let serving = self.serving(&states);
         let result = self.reconciler.sync(&serving, full);
         // What left, for after a clean sync (services with UDP, a drain
         // timeout or affinity only: cheap beside the sync).

@@ -118,7 +118,7 @@ impl Reconciler {
         self.compiled.as_ref().map(|c| &c.desired)
     }
 
-    pub(crate) fn sync(&mut self, config: &Config, full: bool) -> Result<SyncOutcome, BackendError> {
+    pub(crate) fn sync(&mut self, config: &Arc<Config>, full: bool) -> Result<SyncOutcome, BackendError> {
         let started = Instant::now();
         // New map capacities replace maps, and another TC mode moves every
         // TC hook: the kernel must be re-read.
@@ -139,7 +139,7 @@ impl Reconciler {
         result
     }
 
-    fn sync_inner(&mut self, config: &Config, full: bool, started: Instant) -> Result<SyncOutcome, BackendError> {
+    fn sync_inner(&mut self, config: &Arc<Config>, full: bool, started: Instant) -> Result<SyncOutcome, BackendError> {
         let mut phases = Phases::default();
         let mut mark = started;
         let facts = self.host_facts(config)?;
@@ -214,7 +214,7 @@ impl Reconciler {
     /// else compile against what the last sync applied. Full: observe.
     fn want(
         &mut self,
-        config: &Config,
+        config: &Arc<Config>,
         facts: &HostFacts,
         full: bool,
         phases: &mut Phases,

@@ -4,8 +4,15 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::backends::fake::FakeKernel;
-use crate::config::{from_text as config, Config};
+use std::sync::Arc;
+
+use crate::config::Config;
 use crate::model::*;
+
+/// The configuration `text` says, shared as the daemon shares it.
+fn config(text: &str) -> Arc<Config> {
+    Arc::new(crate::config::from_text(text))
+}
 
 const WEB: &str = "[[service]]\nname = \"web\"\nvip = \"10.96.0.10\"\nport = 80\nbackends = [\"192.168.1.1:80\"]\n";
 const API: &str = "[[service]]\nname = \"api\"\nvip = \"10.96.0.20\"\nport = 443\n";
@@ -74,7 +81,7 @@ fn removing_everything_goes_top_down_and_restores_sysctls() {
     r.sync(&config(&format!("{WEB}{API}")), false).unwrap();
     k.state().log.clear();
 
-    let out = r.sync(&Config::default(), false).unwrap();
+    let out = r.sync(&Arc::default(), false).unwrap();
     assert!(out.errors.is_empty(), "{:?}", out.errors);
     // Top-down: routes, programs, map entries (services first), neighbour,
     // sysctls, link.
@@ -129,7 +136,7 @@ fn a_full_resync_repairs_drift_an_incremental_one_trusts_its_record() {
     );
     assert_eq!(k.state().routes.len(), 1);
     // The original recorded at first change (2) is kept, not the drifted 1.
-    r.sync(&Config::default(), false).unwrap();
+    r.sync(&Arc::default(), false).unwrap();
     assert_eq!(k.state().host_sysctls["net/ipv4/conf/all/rp_filter"], "2");
 }
 
@@ -248,7 +255,7 @@ fn the_mesh_fallback_table_comes_before_its_routes_and_goes_after_them() {
     // Someone flushes the table: the next full resync puts it back.
     k.state().nft_table = Some(Default::default());
     assert_eq!(r.sync(&with_mesh, true).unwrap().steps, ["set table inet hostmesh (1 rules)"]);
-    let out = r.sync(&Config::default(), false).unwrap();
+    let out = r.sync(&Arc::default(), false).unwrap();
     assert_eq!(out.steps, ["delete route 10.96.0.60/32 table 255", "delete table inet hostmesh"]);
     assert!(k.state().nft_table.is_none());
 }

@@ -6,10 +6,9 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 
 use super::inspect::Inspector;
-use super::{cgroup_id, ifaces, own_netns_ino, sys};
-use crate::backends::netlink::tc::{self, Direction, Filter};
+use super::{ifaces, link_in_place, sys};
 use crate::backends::netlink::RouteSocket;
-use crate::model::{Attachment, Hook, Program};
+use crate::model::{Attachment, Program};
 
 /// The name aya gives the mark's map: its section's.
 const MARK_MAP: &str = ".rodata.hm_mark";
@@ -23,8 +22,8 @@ pub(crate) struct AttachedProgram {
     pub prog_id: u32,
     pub tag: Option<[u8; 8]>,
     pub mark: Mark,
-    /// False for a link whose hook is gone (its interface, cgroup or
-    /// namespace): the program runs nowhere.
+    /// False for a link no longer at its hook (its interface, cgroup or
+    /// namespace is gone): the program runs nowhere.
     pub live: bool,
 }
 
@@ -48,16 +47,10 @@ impl Inspector {
             let Some(a) = Attachment::from_pin_name(&name) else { continue };
             let link = sys::obj_get(&self.pins().link(&name))?;
             let info = sys::link_info(link.as_fd())?;
-            let live = match &a.hook {
-                Hook::TcIngress(dev) | Hook::TcEgress(dev) => {
-                    info.tcx_ifindex != 0 && ifaces::index(dev) == Some(info.tcx_ifindex)
-                }
-                Hook::Cgroup(path) => info.cgroup_id != 0 && cgroup_id(path) == Some(info.cgroup_id),
-                Hook::Netns => info.netns_ino != 0 && own_netns_ino() == Some(info.netns_ino),
-            };
+            let live = link_in_place(&a.hook, &info);
             out.push(self.describe(a, "link", info.prog_id, live));
         }
-        for f in hostmesh_filters()? {
+        for f in super::tc::hostmesh_filters(&mut RouteSocket::open()?)? {
             let (Some(program), Some(dev)) = (f.name.as_deref().and_then(Program::from_name), ifaces::name(f.ifindex))
             else {
                 continue;
@@ -112,16 +105,4 @@ fn mark_of(map_ids: &[u32]) -> Mark {
         };
     }
     Mark::Unmarked
-}
-
-/// hostmesh's filters on every clsact qdisc of this namespace.
-fn hostmesh_filters() -> io::Result<Vec<Filter>> {
-    let mut sock = RouteSocket::open()?;
-    let mut out = Vec::new();
-    for ifindex in tc::clsact_interfaces(&mut sock)? {
-        for d in [Direction::Ingress, Direction::Egress] {
-            out.extend(tc::filters(&mut sock, ifindex, d)?.into_iter().filter(Filter::is_hostmesh));
-        }
-    }
-    Ok(out)
 }

@@ -133,23 +133,7 @@ impl PinnedBpf {
     fn link_status(&mut self, a: &Attachment, pin: &Path) -> Result<AttachStatus> {
         let fd = sys::obj_get(pin).map_err(|e| bpf_err(format!("open pinned link {}", pin.display()), e))?;
         let info = sys::link_info(fd.as_fd()).map_err(|e| bpf_err(format!("info of {}", pin.display()), e))?;
-        let attached = match &a.hook {
-            Hook::TcIngress(dev) | Hook::TcEgress(dev) => {
-                info.link_type == sys::BPF_LINK_TYPE_TCX
-                    && info.tcx_ifindex != 0
-                    && ifaces::index(dev) == Some(info.tcx_ifindex)
-            }
-            Hook::Cgroup(path) => {
-                info.link_type == sys::BPF_LINK_TYPE_CGROUP
-                    && info.cgroup_id != 0
-                    && cgroup_id(path) == Some(info.cgroup_id)
-            }
-            Hook::Netns => {
-                info.link_type == sys::BPF_LINK_TYPE_NETNS
-                    && info.netns_ino != 0
-                    && own_netns_ino() == Some(info.netns_ino)
-            }
-        };
+        let attached = link_in_place(&a.hook, &info);
         if !attached {
             return Ok(AttachStatus::Defunct);
         }
@@ -252,6 +236,26 @@ impl PinnedBpf {
 /// The inode number of the daemon's network namespace.
 fn own_netns_ino() -> Option<u32> {
     std::fs::metadata("/proc/self/ns/net").ok().map(|m| m.ino() as u32)
+}
+
+/// Whether a link is of the hook's kind and still at that hook (its
+/// interface, cgroup or namespace is the one named, and alive).
+fn link_in_place(hook: &Hook, info: &sys::LinkInfo) -> bool {
+    match hook {
+        Hook::TcIngress(dev) | Hook::TcEgress(dev) => {
+            info.link_type == sys::BPF_LINK_TYPE_TCX
+                && info.tcx_ifindex != 0
+                && ifaces::index(dev) == Some(info.tcx_ifindex)
+        }
+        Hook::Cgroup(path) => {
+            info.link_type == sys::BPF_LINK_TYPE_CGROUP
+                && info.cgroup_id != 0
+                && cgroup_id(path) == Some(info.cgroup_id)
+        }
+        Hook::Netns => {
+            info.link_type == sys::BPF_LINK_TYPE_NETNS && info.netns_ino != 0 && own_netns_ino() == Some(info.netns_ino)
+        }
+    }
 }
 
 /// A cgroup's id is its inode number in cgroupfs.

@@ -59,6 +59,19 @@ pub(super) fn hook(dev: String, d: Direction) -> Hook {
     }
 }
 
+/// hostmesh's filters on every clsact qdisc of this namespace.
+pub(super) fn hostmesh_filters(sock: &mut RouteSocket) -> io::Result<Vec<Filter>> {
+    let mut out = Vec::new();
+    let context = |what: String| move |e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
+    for ifindex in tc::clsact_interfaces(sock).map_err(context("dump qdiscs".into()))? {
+        for d in [Direction::Ingress, Direction::Egress] {
+            let filters = tc::filters(sock, ifindex, d).map_err(context(format!("dump {} filters", d.name())))?;
+            out.extend(filters.into_iter().filter(Filter::is_hostmesh));
+        }
+    }
+    Ok(out)
+}
+
 fn filter_name(f: &Filter) -> String {
     let dev = ifaces::name(f.ifindex).unwrap_or_else(|| format!("ifindex {}", f.ifindex));
     format!("tc filter {} on {} of {dev}", f.name.as_deref().unwrap_or("?"), f.direction.name())
@@ -79,15 +92,7 @@ impl PinnedBpf {
 
     /// hostmesh's filters on every clsact qdisc.
     fn hostmesh_filters(&mut self) -> Result<Vec<Filter>> {
-        let sock = self.tc_sock()?;
-        let mut out = Vec::new();
-        for ifindex in tc::clsact_interfaces(sock).map_err(tc_err("dump qdiscs"))? {
-            for d in [Direction::Ingress, Direction::Egress] {
-                let filters = tc::filters(sock, ifindex, d).map_err(tc_err(format!("dump {} filters", d.name())))?;
-                out.extend(filters.into_iter().filter(Filter::is_hostmesh));
-            }
-        }
-        Ok(out)
+        hostmesh_filters(self.tc_sock()?).map_err(tc_err("list tc filters"))
     }
 
     /// Adds hostmesh's clsact filters to `out`, and marks Defunct every

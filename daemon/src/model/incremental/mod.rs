@@ -14,6 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::Hash;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use crate::abi::SvcKey;
 use crate::config::{Backend, Config, DaemonSettings, Service};
@@ -29,7 +30,9 @@ use super::{HostFacts, Prior};
 #[derive(Debug, Clone)]
 pub(crate) struct Compiled {
     pub desired: Desired,
-    config: Config,
+    /// Shared with the daemon (the configuration it loaded), not copied:
+    /// an edit costs what it changes.
+    config: Arc<Config>,
     facts: HostFacts,
     service_ids: IdPool<SvcKey>,
     backend_ids: IdPool<SocketAddr>,
@@ -181,7 +184,7 @@ fn same_service(a: &Service, b: &Service) -> bool {
 
 impl Compiled {
     /// Indexes a full compile of `config` on `facts`.
-    pub(crate) fn new(desired: Desired, config: &Config, facts: &HostFacts) -> Compiled {
+    pub(crate) fn new(desired: Desired, config: &Arc<Config>, facts: &HostFacts) -> Compiled {
         let prior = Prior::from_entries(desired.map_entries.iter().map(|(k, v)| (k, &v.spec)));
         let mut backend_users: HashMap<SocketAddr, u32> = HashMap::new();
         for b in config.services.iter().flat_map(|s| &s.backends) {
@@ -194,7 +197,7 @@ impl Compiled {
             service_ids: IdPool::new(prior.services),
             backend_ids: IdPool::new(prior.backends),
             backend_users,
-            config: config.clone(),
+            config: Arc::clone(config),
             facts: facts.clone(),
             desired,
         }
@@ -203,7 +206,7 @@ impl Compiled {
 
 /// Patches `prev` to `config`, if only services changed; `None` means
 /// compile in full (`prev` is then spent).
-pub(crate) fn recompile(mut prev: Compiled, config: &Config, facts: &HostFacts) -> Option<(Compiled, Touched)> {
+pub(crate) fn recompile(mut prev: Compiled, config: &Arc<Config>, facts: &HostFacts) -> Option<(Compiled, Touched)> {
     if !only_services_changed(&prev, config, facts) {
         return None;
     }
@@ -256,7 +259,7 @@ pub(crate) fn recompile(mut prev: Compiled, config: &Config, facts: &HostFacts) 
             }
         }
     }
-    prev.config.services = config.services.clone();
+    prev.config = Arc::clone(config);
     Some((prev, touched))
 }
 

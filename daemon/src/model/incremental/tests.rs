@@ -86,6 +86,11 @@ fn config(text: &str) -> Config {
     crate::config::from_text(text)
 }
 
+/// A copy of `config`, shared as the daemon shares the one it loaded.
+fn shared(config: &Config) -> Arc<Config> {
+    Arc::new(config.clone())
+}
+
 /// An edit: some services replaced, removed or added.
 #[derive(Debug, Clone)]
 enum Edit {
@@ -129,7 +134,7 @@ fn both_ways(before: &Config, after: &Config) -> (Desired, Option<(Compiled, Tou
     let have = first.as_observed();
     let prior = Prior::from_entries(have.map_entries.iter());
     let full = compile(after, &facts, &prior);
-    let patched = recompile(Compiled::new(first, before, &facts), after, &facts);
+    let patched = recompile(Compiled::new(first, &shared(before), &facts), &shared(after), &facts);
     (full, patched, have)
 }
 
@@ -162,7 +167,7 @@ proptest! {
             touched.apply_to(&mut next, &c.desired);
             prop_assert_eq!(next, full.as_observed());
             // And the patched compile patches again.
-            let again = recompile(c, &before, &facts());
+            let again = recompile(c, &shared(&before), &facts());
             if let Some((c, _)) = again {
                 let back = compile(&before, &facts(), &Prior::from_entries(full.as_observed().map_entries.iter()));
                 prop_assert_eq!(c.desired, back);
@@ -200,7 +205,7 @@ fn one_added_service_among_ten_thousand_touches_only_its_own_items() {
     assert_eq!(touched.map_entries.len(), 6, "{:?}", touched.map_entries);
     assert_eq!(touched.routes.len(), 1);
     // Removing it again touches the same items.
-    let (c, touched) = recompile(c, &before, &facts()).expect("a removed service patches");
+    let (c, touched) = recompile(c, &shared(&before), &facts()).expect("a removed service patches");
     assert_eq!(touched.map_entries.len(), 6);
     assert_eq!(c.desired, compile(&before, &facts(), &Prior::from_entries(full.as_observed().map_entries.iter())));
 }
@@ -209,29 +214,29 @@ fn one_added_service_among_ten_thousand_touches_only_its_own_items() {
 fn anything_but_services_changing_compiles_in_full() {
     let before = many(10, "");
     let facts = facts();
-    let first = || Compiled::new(compile(&before, &facts, &Prior::default()), &before, &facts);
+    let first = || Compiled::new(compile(&before, &facts, &Prior::default()), &shared(&before), &facts);
     let daemon = config("[daemon]\nconnect_time_lb = \"all\"\n");
     let mut after = many(10, "");
     after.daemon = daemon.daemon;
-    assert!(recompile(first(), &after, &facts).is_none(), "[daemon] changed");
+    assert!(recompile(first(), &shared(&after), &facts).is_none(), "[daemon] changed");
     let mut other = facts.clone();
     other.default_route_interfaces.push("eth1".into());
-    assert!(recompile(first(), &many(10, NEW), &other).is_none(), "the host changed");
+    assert!(recompile(first(), &shared(&many(10, NEW)), &other).is_none(), "the host changed");
     // An interface that appears (hostmesh's own veth after the first sync)
     // changes nothing compile reads, unless it is a configured host
     // interface.
     let mut more = facts.clone();
     more.interfaces.insert("hm-natin".into());
-    assert!(recompile(first(), &many(10, NEW), &more).is_some(), "a new interface compile does not read");
+    assert!(recompile(first(), &shared(&many(10, NEW)), &more).is_some(), "a new interface compile does not read");
     let mut named = many(10, "");
     named.daemon.host_interfaces = Some(vec!["eth0".into(), "eth9".into()]);
     let mut with_eth9 = facts.clone();
     with_eth9.interfaces.insert("eth9".into());
-    let first_named = || Compiled::new(compile(&named, &with_eth9, &Prior::default()), &named, &with_eth9);
+    let first_named = || Compiled::new(compile(&named, &with_eth9, &Prior::default()), &shared(&named), &with_eth9);
     let mut named_new = many(10, NEW);
     named_new.daemon = named.daemon.clone();
-    assert!(recompile(first_named(), &named_new, &with_eth9).is_some(), "one service added");
-    assert!(recompile(first_named(), &named_new, &facts).is_none(), "a configured host interface went away");
-    assert!(recompile(first(), &Config::default(), &facts).is_none(), "no services left");
-    assert!(recompile(first(), &many(10, NEW), &facts).is_some(), "one service added");
+    assert!(recompile(first_named(), &shared(&named_new), &with_eth9).is_some(), "one service added");
+    assert!(recompile(first_named(), &shared(&named_new), &facts).is_none(), "a configured host interface went away");
+    assert!(recompile(first(), &Arc::default(), &facts).is_none(), "no services left");
+    assert!(recompile(first(), &shared(&many(10, NEW)), &facts).is_some(), "one service added");
 }
