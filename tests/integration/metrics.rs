@@ -201,7 +201,7 @@ fn every_family_is_scraped_and_promtool_passes_it_the_rules_and_the_dashboard() 
 
 /// HM_BACKEND_STATS' pairs with one of web's two IPv4 backends, by backend.
 fn web_counted(net: &Topology) -> BTreeMap<SocketAddr, u32> {
-    use hostmesh::abi::{ip_from16, BackendStatsKey, Pod};
+    use hostmesh::abi::{socket_addr16, BackendStatsKey, Pod};
     use hostmesh::backends::bpf::sys;
     use std::os::fd::AsFd;
     let fd = sys::obj_get(&net.host.opts.bpffs.join("maps/HM_BACKEND_STATS")).unwrap();
@@ -209,7 +209,7 @@ fn web_counted(net: &Topology) -> BTreeMap<SocketAddr, u32> {
         .unwrap()
         .iter()
         .map(|k| BackendStatsKey::from_bytes(k).unwrap())
-        .map(|k| (SocketAddr::new(ip_from16(k.addr), u16::from_be(k.port_be)), k.svc_id))
+        .map(|k| (socket_addr16(k.addr, k.port_be), k.svc_id))
         .filter(|(b, _)| [addr("192.168.10.11:8080"), addr("192.168.10.12:8080")].contains(b))
         .collect()
 }

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 
-use crate::abi::{ip_from16, BackendValue, Pod, SvcKey, SvcValue};
+use crate::abi::{BackendValue, Pod, SvcKey, SvcValue};
 
 use super::state::{BpfMap, MapEntryKey, MapValue};
 
@@ -39,7 +39,7 @@ impl Prior {
                     if let (Some(id), Some(b)) =
                         (u32::from_bytes(&k.key), v.as_bytes().and_then(BackendValue::from_bytes))
                     {
-                        prior.backends.insert(SocketAddr::new(ip_from16(b.addr), u16::from_be(b.port_be)), id);
+                        prior.backends.insert(b.socket_addr(), id);
                     }
                 }
                 _ => {}

@@ -61,11 +61,9 @@ fn prune(maps: Maps<'_>, serving: &BTreeMap<SvcKey, BTreeSet<SocketAddr>>) -> io
             .zip(backend)
             .is_some_and(|(set, addr)| set.contains(&addr));
         if !serves {
-            match sys::map_delete(maps.affinity, &k) {
-                Ok(()) => gone += 1,
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-                Err(e) => return Err(e),
-            }
+            // A key gone meanwhile deletes fine (sys::map_delete).
+            sys::map_delete(maps.affinity, &k)?;
+            gone += 1;
         }
     }
     Ok(gone)

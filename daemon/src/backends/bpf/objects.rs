@@ -193,21 +193,25 @@ pub fn object_of(program: Program) -> usize {
     }
 }
 
-/// Every object a program can come from in this build: the two
-/// connect-time variants for its programs, else the one.
-fn objects_of(program: Program) -> Vec<&'static [u8]> {
-    match object_of(program) {
-        0 => vec![SERVICE_NAT],
-        MESH_OBJECT => vec![MESH],
-        GATEWAY_OBJECT => vec![GATEWAY],
-        _ => vec![SERVICE_CTLB, SERVICE_CTLB_EPERM],
-    }
+/// The mark of every object this binary carries (in the order
+/// SERVICE_NAT, SERVICE_CTLB, SERVICE_CTLB_EPERM, MESH, GATEWAY), each
+/// parsed and hashed once.
+fn carried_marks() -> &'static [u64; 5] {
+    static MARKS: std::sync::OnceLock<[u64; 5]> = std::sync::OnceLock::new();
+    MARKS.get_or_init(|| [SERVICE_NAT, SERVICE_CTLB, SERVICE_CTLB_EPERM, MESH, GATEWAY].map(build_mark))
 }
 
 /// The marks this build's programs carry (probes/build_mark.h), for each
-/// object `program` can come from.
+/// object `program` can come from: the two connect-time variants for
+/// its programs, else the one.
 pub fn build_marks(program: Program) -> Vec<u64> {
-    objects_of(program).iter().map(|o| build_mark(o)).collect()
+    let m = carried_marks();
+    match object_of(program) {
+        0 => vec![m[0]],
+        MESH_OBJECT => vec![m[3]],
+        GATEWAY_OBJECT => vec![m[4]],
+        _ => vec![m[1], m[2]],
+    }
 }
 
 /// The value of `hm_build_mark` the loader gives every program of

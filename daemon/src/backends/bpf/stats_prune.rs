@@ -43,14 +43,12 @@ fn prune(
     let mut gone = 0;
     for k in keys {
         let Some(key) = BackendStatsKey::from_bytes(&k) else { continue };
-        let backend = SocketAddr::new(ip_from16(key.addr), u16::from_be(key.port_be));
+        let backend = socket_addr16(key.addr, key.port_be);
         let kept = ids.get(&key.svc_id).is_some_and(|svc| configured.contains(&(*svc, backend)));
         if !kept {
-            match sys::map_delete(stats, &k) {
-                Ok(()) => gone += 1,
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-                Err(e) => return Err(e),
-            }
+            // A key gone meanwhile deletes fine (sys::map_delete).
+            sys::map_delete(stats, &k)?;
+            gone += 1;
         }
     }
     Ok(gone)
