@@ -131,6 +131,19 @@ impl Host {
         Status::read(&self.opts.state_dir).expect("status file")
     }
 
+    /// The error connect() to a VIP with no backends gets from the
+    /// connect-time programs: ECONNREFUSED where the kernel has
+    /// bpf_set_retval(), EPERM where it has not (the running daemon's
+    /// status says which; README, Kernels).
+    pub fn refused_at_connect(&self) -> &'static str {
+        let kernel = self.status().kernel.expect("a kernel section");
+        if kernel.missing.iter().any(|m| m.feature == hostmesh::Feature::SetRetval) {
+            "EPERM"
+        } else {
+            "ECONNREFUSED"
+        }
+    }
+
     /// Destinations of routes carrying hostmesh's protocol.
     pub fn owned_routes(&self) -> Vec<String> {
         let mut v: Vec<String> = ["hostmesh", "104"]

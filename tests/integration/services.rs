@@ -6,7 +6,6 @@
 use std::time::Duration;
 
 use hm_testkit::wait_until;
-use hostmesh::Feature;
 use nix::sys::signal::Signal;
 
 use crate::fixtures::*;
@@ -55,11 +54,8 @@ fn assert_vips_answer(t: &Topology, mode: &str) {
 }
 
 fn assert_refused(t: &Topology, mode: &str) {
-    // The connect-time programs refuse with ECONNREFUSED where the kernel
-    // has bpf_set_retval(), with EPERM where it has not (the status says
-    // which); the veth path answers a SYN with a RST.
-    let lacks_retval = t.host.status().kernel.unwrap().missing.iter().any(|m| m.feature == Feature::SetRetval);
-    let at_connect = if lacks_retval { "EPERM" } else { "ECONNREFUSED" };
+    // The veth path answers a SYN with a RST.
+    let at_connect = t.host.refused_at_connect();
     let v = t.client(&["refused", "tcp", "10.96.0.40", "80"]);
     assert_eq!(v["error"], if mode == "off" { "ECONNREFUSED" } else { at_connect }, "mode {mode}: {v}");
     assert!(v["seconds"].as_f64().unwrap() < hm_testkit::scaled_secs(1.0), "mode {mode}: refused only after {v}");
