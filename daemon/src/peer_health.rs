@@ -69,10 +69,47 @@ struct Shared {
 }
 
 pub(crate) struct PeerHealth {
-    pub settings: Settings,
     shared: Arc<Mutex<Shared>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// What the daemon reads of a running prober. The live one is
+/// `PeerHealth`; the daemon's unit tests drive a fake.
+pub(crate) trait PeerProbe: Send {
+    /// Every probed peer's state.
+    fn report(&self) -> BTreeMap<String, PeerStatus>;
+    /// Why probes cannot run, if they cannot.
+    fn error(&self) -> Option<String>;
+    /// The peers that are down now.
+    fn down(&self) -> BTreeSet<String> {
+        self.report().into_iter().filter(|(_, p)| !p.up).map(|(n, _)| n).collect()
+    }
+}
+
+/// Starts a prober for `settings`; `changed` is called when a peer goes
+/// down or up, and probing ends when it returns false.
+pub(crate) trait PeerProber: Send {
+    fn start(&mut self, settings: Settings, changed: Box<dyn Fn() -> bool + Send>) -> Box<dyn PeerProbe>;
+}
+
+/// Probes for real: a `PeerHealth` thread per settings.
+pub(crate) struct LiveProber;
+
+impl PeerProber for LiveProber {
+    fn start(&mut self, settings: Settings, changed: Box<dyn Fn() -> bool + Send>) -> Box<dyn PeerProbe> {
+        Box::new(PeerHealth::start(settings, changed))
+    }
+}
+
+impl PeerProbe for PeerHealth {
+    fn report(&self) -> BTreeMap<String, PeerStatus> {
+        self.shared.lock().expect("health state").peers.clone()
+    }
+
+    fn error(&self) -> Option<String> {
+        self.shared.lock().expect("health state").error.clone()
+    }
 }
 
 impl PeerHealth {
@@ -94,21 +131,7 @@ impl PeerHealth {
                 .spawn(move || run(&settings, &shared, &stop, &changed))
                 .expect("spawn the peer health thread")
         };
-        PeerHealth { settings, shared, stop, thread: Some(thread) }
-    }
-
-    pub(crate) fn down(&self) -> BTreeSet<String> {
-        let s = self.shared.lock().expect("health state");
-        s.peers.iter().filter(|(_, p)| !p.up).map(|(n, _)| n.clone()).collect()
-    }
-
-    pub(crate) fn report(&self) -> BTreeMap<String, PeerStatus> {
-        self.shared.lock().expect("health state").peers.clone()
-    }
-
-    /// Why probes cannot run, if they cannot.
-    pub(crate) fn error(&self) -> Option<String> {
-        self.shared.lock().expect("health state").error.clone()
+        PeerHealth { shared, stop, thread: Some(thread) }
     }
 }
 

@@ -248,6 +248,30 @@ pub trait SidecarBackend {
     fn unregister(&mut self, key: &abi::SockKey);
 }
 
+/// The daemon holds its sidecar backend boxed (live, or a test's fake).
+impl<S: SidecarBackend + ?Sized> SidecarBackend for Box<S> {
+    fn find_listener(&mut self, key: &abi::SockKey) -> io::Result<Option<Listener>> {
+        (**self).find_listener(key)
+    }
+    fn holder(&mut self, inode: u32) -> Option<Holder> {
+        (**self).holder(inode)
+    }
+    fn registered(&mut self) -> Option<BTreeMap<abi::SockKey, u64>> {
+        (**self).registered()
+    }
+    fn register(
+        &mut self,
+        key: &abi::SockKey,
+        holder: &Holder,
+        how: Install,
+    ) -> std::result::Result<(), RegisterError> {
+        (**self).register(key, holder, how)
+    }
+    fn unregister(&mut self, key: &abi::SockKey) {
+        (**self).unregister(key)
+    }
+}
+
 /// The backends together, as the reconciler uses them.
 pub struct Backends {
     pub host: Box<dyn HostBackend + Send>,

@@ -1,10 +1,16 @@
-//! The daemon's side of backend health: it hands the checker the backends
-//! to check, compiles with only the serving ones, logs each change of
-//! health, and keeps the states in the state dir for the next start.
+//! Backend health, the daemon's part: hands the checker the backends to
+//! check, logs each change of health, and keeps the states in the state
+//! dir for the next start. (Compile sees only the serving backends:
+//! `health::serving_config`.)
 
 use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::mpsc::Sender;
 
-use super::*;
+use slog::{error, info, warn, Logger};
+
+use super::Event;
+use crate::config::Config;
 use crate::health::{self, BackendHealth, BackendKey, Health, HealthMonitor};
 
 /// What is saved of a state: a change of these rewrites the file, a new
@@ -20,7 +26,7 @@ pub(super) struct BackendHealthState {
 }
 
 impl BackendHealthState {
-    pub(super) fn restore(state_dir: &std::path::Path, log: &Logger) -> Self {
+    pub(super) fn restore(state_dir: &Path, log: &Logger) -> Self {
         let restored = health::load_saved(state_dir).unwrap_or_else(|e| {
             warn!(log, "cannot read the saved backend health; every checked backend starts unknown"; "error" => e.to_string());
             BTreeMap::new()
@@ -33,76 +39,66 @@ impl BackendHealthState {
     pub(super) fn states(&self) -> BTreeMap<BackendKey, BackendHealth> {
         self.monitor.as_ref().map(HealthMonitor::states).unwrap_or_default()
     }
-}
 
-impl Daemon {
-    /// The configuration compile sees: only the backends that take new
-    /// connections; the loaded one itself, shared, when all of them do.
-    pub(super) fn serving(
-        &self,
-        states: &BTreeMap<BackendKey, BackendHealth>,
-    ) -> std::sync::Arc<crate::config::Config> {
-        match crate::health::serving(&self.loaded.config, states) {
-            std::borrow::Cow::Borrowed(_) => std::sync::Arc::clone(&self.loaded.config),
-            std::borrow::Cow::Owned(c) => std::sync::Arc::new(c),
-        }
-    }
-
-    /// Starts, updates or stops the checker for the configuration in
-    /// force; returns the states compile goes by.
-    pub(super) fn track_backends(&mut self) -> BTreeMap<BackendKey, BackendHealth> {
-        let targets = health::targets(&self.loaded.config);
-        let h = &mut self.backend_health;
+    /// Starts, updates or stops the checker for `config`; a change of
+    /// health is announced on `events`. Returns the states compile goes by.
+    pub(super) fn track(
+        &mut self,
+        config: &Config,
+        events: &Sender<Event>,
+        log: &Logger,
+    ) -> BTreeMap<BackendKey, BackendHealth> {
+        let targets = health::targets(config);
         if targets.is_empty() {
-            h.monitor = None;
+            self.monitor = None;
             return BTreeMap::new();
         }
-        if h.monitor.is_none() {
-            let events = self.events.clone();
-            match HealthMonitor::start(std::mem::take(&mut h.restored), move || {
+        if self.monitor.is_none() {
+            let events = events.clone();
+            match HealthMonitor::start(std::mem::take(&mut self.restored), move || {
                 events.send(Event::BackendsChanged).is_ok()
             }) {
                 Ok(m) => {
-                    info!(self.log, "checking backends"; "backends" => targets.len());
-                    h.monitor = Some(m);
+                    info!(log, "checking backends"; "backends" => targets.len());
+                    self.monitor = Some(m);
                 }
                 Err(e) => {
                     // Without checks nothing is known up: checked backends
                     // get no traffic, and the status says why.
-                    error!(self.log, "cannot start the health checker; checked backends take no traffic"; "error" => e.to_string());
+                    error!(log, "cannot start the health checker; checked backends take no traffic"; "error" => e.to_string());
                     return BTreeMap::new();
                 }
             }
         }
-        let monitor = h.monitor.as_mut().expect("started above");
+        let monitor = self.monitor.as_mut().expect("started above");
         monitor.set_targets(targets);
         monitor.states()
     }
 
     /// One log line per change of health since the last call.
-    pub(super) fn log_backend_changes(&mut self) {
-        let Some(m) = &self.backend_health.monitor else { return };
+    pub(super) fn log_changes(&self, log: &Logger) {
+        let Some(m) = &self.monitor else { return };
         for t in m.take_transitions() {
             let (service, backend) = (t.key.service, t.key.backend.to_string());
             match t.to {
-                Health::Up => info!(self.log, "backend up; it takes new connections"; "service" => service,
+                Health::Up => info!(log, "backend up; it takes new connections"; "service" => service,
                     "backend" => backend, "was" => t.from.to_string(), "check" => t.reason),
-                _ => warn!(self.log, "backend down; no new connections go to it"; "service" => service,
+                _ => warn!(log, "backend down; no new connections go to it"; "service" => service,
                     "backend" => backend, "was" => t.from.to_string(), "reason" => t.reason),
             }
         }
     }
 
     /// Saves the states when a backend's health changed since the last save.
-    pub(super) fn save_backend_health(&mut self, states: &BTreeMap<BackendKey, BackendHealth>) {
+    pub(super) fn save(&mut self, states: &BTreeMap<BackendKey, BackendHealth>, state_dir: &Path, log: &Logger) {
         let now: Saved = states.iter().map(|(k, h)| (k.clone(), (h.health, h.since))).collect();
-        if now == self.backend_health.saved {
+        if now == self.saved {
             return;
         }
-        match health::save(&self.paths.state_dir, states) {
-            Ok(()) => self.backend_health.saved = now,
-            Err(e) => warn!(self.log, "cannot save the backends' health; a restart starts them unknown";
-                "path" => self.paths.state_dir.join(health::SAVED_FILE).display().to_string(), "error" => e.to_string()),
+        match health::save(state_dir, states) {
+            Ok(()) => self.saved = now,
+            Err(e) => warn!(log, "cannot save the backends' health; a restart starts them unknown";
+                "path" => state_dir.join(health::SAVED_FILE).display().to_string(), "error" => e.to_string()),
         }
     }
 }

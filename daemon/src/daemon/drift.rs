@@ -5,13 +5,67 @@
 //! everything else — including the echo of hostmesh's own changes — is not.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
-use crate::backends::netlink::monitor::{KernelChange, LinkLookup};
+use slog::{warn, Logger};
+
+use crate::backends::netlink::monitor::{CurrentLinks, KernelChange, LinkLookup};
 use crate::model::{Desired, LinkSpec, NeighKey, RouteKey, RTPROT_HOSTMESH};
+
+/// A repair waits this long for the rest of a burst of kernel events (a
+/// deleted veth takes its routes with it): one resync repairs them all.
+pub(super) const REPAIR_SETTLE: Duration = Duration::from_millis(100);
+/// Repairs named in the log per burst; the rest are counted.
+const REPAIRS_LOGGED: usize = 5;
 
 /// The interfaces hostmesh attaches programs to that it did not create,
 /// with their index at the last sync.
 pub(super) type HostIndexes = BTreeMap<String, u32>;
+
+/// Drift, the daemon's part: which kernel changes need a repair, and how
+/// many were seen since the last sync.
+#[derive(Default)]
+pub(super) struct DriftWatch {
+    /// Host interfaces carrying hostmesh's programs, by index, as of the
+    /// last sync (one that comes back under a new index is re-attached).
+    host_indexes: HostIndexes,
+    /// Drift found since the last sync, not yet repaired.
+    seen: usize,
+}
+
+impl DriftWatch {
+    /// Why a kernel change needs a repair, if it does (against the last
+    /// sync's desired state).
+    pub(super) fn of(&self, change: &KernelChange, want: Option<&Desired>) -> Option<String> {
+        drift(change, want?, &self.host_indexes, &CurrentLinks)
+    }
+
+    /// Logs a move away from what hostmesh wants (the first few of a burst).
+    pub(super) fn log(&mut self, why: String, log: &Logger) {
+        self.seen += 1;
+        if self.seen <= REPAIRS_LOGGED {
+            warn!(log, "repairing drift"; "what" => why);
+        }
+    }
+
+    /// After a sync: the drift it repaired that was not named is counted.
+    pub(super) fn settle(&mut self, log: &Logger) {
+        if self.seen > REPAIRS_LOGGED {
+            warn!(log, "repaired more drift than was logged"; "changes" => self.seen);
+        }
+        self.seen = 0;
+    }
+
+    /// Remembers the index of each host interface the sync attached to.
+    pub(super) fn remember_hosts(&mut self, want: Option<&Desired>) {
+        self.host_indexes = want
+            .map(host_devices)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|d| crate::backends::ifaces::index(&d).map(|i| (d, i)))
+            .collect();
+    }
+}
 
 /// Names of every link hostmesh wants, both ends of its veths included.
 fn wanted_link(want: &Desired, name: &str) -> bool {

@@ -1,17 +1,39 @@
 //! The daemon's loop: one thread waits for events (files, signals, peer
-//! health, kernel changes) and for the next due job (full resync, sweep,
-//! sysctl check, watchdog, sidecars), coalesces bursts behind a debounce,
-//! and runs one sync at a time.
+//! and backend health, kernel changes) and for the next due job (full
+//! resync, sweep, sysctl check, watchdog, sidecars, drained flows), and
+//! runs one sync at a time. Every event goes through `on_event`, whether
+//! it arrives alone or in a burst: a burst of file events (or SIGHUPs) is
+//! settled behind a short debounce, and whatever else arrives meanwhile
+//! is handled exactly as it would be alone, riding along with the burst's
+//! sync.
 
-use super::*;
+use std::sync::mpsc::RecvTimeoutError;
+use std::time::{Duration, Instant};
 
-/// When the loop next does each of its jobs.
+use slog::{info, warn};
+
+use super::drift::REPAIR_SETTLE;
+use super::{Daemon, Event, Events, RunError, CONNTRACK_SWEEP, RETRY_AFTER_FAILURE};
+
+/// How long the config dir must be quiet before a sync...
+const DEBOUNCE_QUIET: Duration = Duration::from_millis(150);
+/// ...but a steady stream of events never delays a sync longer than this.
+const DEBOUNCE_MAX: Duration = Duration::from_secs(1);
+/// How often sidecar listeners are checked while mesh entries exist: a
+/// restarted sidecar is registered within this (plus a little).
+const SIDECAR_CHECK: Duration = Duration::from_millis(250);
+/// How often the sysctls hostmesh set are read back.
+const SYSCTL_CHECK: Duration = Duration::from_secs(1);
+
+/// When the loop next does each of its jobs, and what is pending.
 struct Timers {
     watchdog: Option<Duration>,
     next_watchdog: Option<Instant>,
     /// The first sync is full and happens right away.
     next_full: Instant,
     pending_incremental: bool,
+    /// A SIGHUP arrived in the burst being settled: its sync is full.
+    reload_pending: bool,
     next_sidecars: Instant,
     next_sweep: Instant,
     next_sysctl_check: Instant,
@@ -25,31 +47,117 @@ impl Timers {
             next_watchdog: watchdog.map(|w| now + w),
             next_full: now,
             pending_incremental: false,
+            reload_pending: false,
             next_sidecars: now,
             next_sweep: now + CONNTRACK_SWEEP,
             next_sysctl_check: now + SYSCTL_CHECK,
         }
     }
+
+    /// A full resync repairs drift REPAIR_SETTLE from now (or sooner).
+    fn repair_soon(&mut self) {
+        self.next_full = self.next_full.min(Instant::now() + REPAIR_SETTLE);
+    }
+}
+
+/// What the loop does after an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Then {
+    /// Go on: anything due runs next.
+    Go,
+    /// Settle a burst first (file events, SIGHUP).
+    Settle,
+    Stop,
 }
 
 impl Daemon {
-    pub(super) fn run_loop(&mut self, rx: Receiver<Event>) -> Result<(), RunError> {
+    pub(super) fn run_loop(&mut self, rx: Events) -> Result<(), RunError> {
         let mut t = Timers::new(self.notifier.watchdog_interval());
         loop {
             if self.due_work(&mut t)? {
                 continue;
             }
             let deadline = self.keepalive(&mut t);
-            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(event) => {
-                    if let Some(end) = self.handle(event, &rx, &mut t) {
-                        return end;
-                    }
-                }
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return self.stop(),
+            let then = match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(event) => self.on_event(event, &mut t),
+                Err(RecvTimeoutError::Timeout) => Then::Go,
+                Err(RecvTimeoutError::Disconnected) => Then::Stop,
+            };
+            let then = if then == Then::Settle { self.settle(&rx, &mut t) } else { then };
+            if then == Then::Stop {
+                return self.stop();
             }
         }
+    }
+
+    /// Every event, alone or in a burst: what it means, logged and
+    /// counted here once.
+    fn on_event(&mut self, event: Event, t: &mut Timers) -> Then {
+        match event {
+            Event::ConfigChanged => {
+                t.pending_incremental = true;
+                Then::Settle
+            }
+            Event::Reload => {
+                // An operator's reload re-reads everything, once for a
+                // burst of signals: they settle like file events do.
+                if !t.reload_pending {
+                    info!(self.log, "reload requested (SIGHUP)");
+                    self.notifier.reloading();
+                    t.reload_pending = true;
+                }
+                Then::Settle
+            }
+            Event::Stop => Then::Stop,
+            Event::PeersChanged => {
+                // Routes change with the next (immediate) sync.
+                self.peers.take_changes(&self.log, self.metrics.counters());
+                t.pending_incremental = true;
+                Then::Go
+            }
+            Event::BackendsChanged => {
+                // No debounce: a backend that went down leaves its tables now.
+                self.backend_health.log_changes(&self.log);
+                t.pending_incremental = true;
+                Then::Go
+            }
+            Event::Kernel(change) => {
+                if let Some(why) = self.drift.of(&change, self.runner.reconciler.desired()) {
+                    self.drift.log(why, &self.log);
+                    t.repair_soon();
+                }
+                Then::Go
+            }
+            Event::WatchError(e) => {
+                warn!(self.log, "config dir watch failed; changes apply at the next resync or SIGHUP"; "error" => e);
+                Then::Go
+            }
+        }
+    }
+
+    /// Handles events until they have been quiet for DEBOUNCE_QUIET (at
+    /// most DEBOUNCE_MAX); a reload in the burst makes its sync full.
+    fn settle(&mut self, rx: &Events, t: &mut Timers) -> Then {
+        let start = Instant::now();
+        loop {
+            let left = DEBOUNCE_MAX.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                break;
+            }
+            match rx.recv_timeout(DEBOUNCE_QUIET.min(left)) {
+                Ok(event) => {
+                    if self.on_event(event, t) == Then::Stop {
+                        return Then::Stop;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => break,
+                Err(RecvTimeoutError::Disconnected) => return Then::Stop,
+            }
+        }
+        if std::mem::take(&mut t.reload_pending) {
+            t.next_full = Instant::now();
+        }
+        Then::Go
     }
 
     /// Runs the sync or check that is due, if one is; true when it did
@@ -58,7 +166,7 @@ impl Daemon {
         let now = Instant::now();
         if now >= t.next_full {
             let ok = self.sync(true);
-            if let Some(why) = self.start_failure.take() {
+            if let Some(why) = self.runner.start_failure.take() {
                 // READY means working: a first sync that could not build
                 // the dataplane is a failed start.
                 self.notifier.status(&why);
@@ -69,16 +177,19 @@ impl Daemon {
             return Ok(true);
         }
         if self.leaving.next_drop().is_some_and(|at| now >= at) {
-            self.drop_drained();
+            self.leaving.drop_drained(&mut self.runner.reconciler, &self.log);
         }
         if now >= t.next_sweep {
-            self.expire_flows();
+            if self.sweeper.sweep(&mut self.runner.reconciler, &self.log) {
+                self.write_status();
+            }
             t.next_sweep = Instant::now() + CONNTRACK_SWEEP;
         }
         if now >= t.next_sysctl_check {
             t.next_sysctl_check = Instant::now() + SYSCTL_CHECK;
-            if let Some(why) = self.reconciler.sysctl_drift() {
-                self.note_drift(why, &mut t.next_full);
+            if let Some(why) = self.runner.reconciler.sysctl_drift() {
+                self.drift.log(why, &self.log);
+                t.repair_soon();
                 return Ok(true);
             }
         }
@@ -102,11 +213,15 @@ impl Daemon {
                 t.next_watchdog = Some(now + w);
             }
         }
-        let next_sidecar_check = if self.loaded.config.meshes.is_empty() {
+        let next_sidecar_check = if self.config.config().meshes.is_empty() {
             None
         } else {
             if now >= t.next_sidecars {
-                self.check_sidecars();
+                let config = std::sync::Arc::clone(self.config.config());
+                if self.sidecars.tick(&config, self.runner.reconciler.desired(), &self.log) {
+                    let line = self.write_status();
+                    self.notifier.status(&line);
+                }
                 t.next_sidecars = Instant::now() + SIDECAR_CHECK;
             }
             Some(t.next_sidecars)
@@ -116,82 +231,5 @@ impl Daemon {
             deadline = deadline.min(at);
         }
         deadline
-    }
-
-    /// One event; `Some` ends the loop with that result.
-    fn handle(&mut self, event: Event, rx: &Receiver<Event>, t: &mut Timers) -> Option<Result<(), RunError>> {
-        match event {
-            Event::ConfigChanged => match self.debounce(rx, Settled::Quiet) {
-                Settled::Stop => return Some(self.stop()),
-                Settled::Full => t.next_full = Instant::now(),
-                Settled::Quiet => t.pending_incremental = true,
-            },
-            Event::Reload => {
-                info!(self.log, "reload requested (SIGHUP)");
-                self.notifier.reloading();
-                // An operator's reload re-reads everything, once for a
-                // burst of signals: they settle like file events do.
-                match self.debounce(rx, Settled::Full) {
-                    Settled::Stop => return Some(self.stop()),
-                    Settled::Full | Settled::Quiet => t.next_full = Instant::now(),
-                }
-            }
-            Event::Stop => return Some(self.stop()),
-            Event::PeersChanged => {
-                // Routes change with the next (immediate) sync, which also
-                // rewrites the status.
-                self.log_peer_changes();
-                t.pending_incremental = true;
-            }
-            Event::BackendsChanged => {
-                // No debounce: a backend that went down leaves its tables now.
-                self.log_backend_changes();
-                t.pending_incremental = true;
-            }
-            Event::Kernel(change) => {
-                if let Some(why) = self.drift_of(&change) {
-                    self.note_drift(why, &mut t.next_full);
-                }
-            }
-            Event::WatchError(e) => {
-                warn!(self.log, "config dir watch failed; changes apply at the next resync or SIGHUP"; "error" => e)
-            }
-        }
-        None
-    }
-
-    /// Waits until events have been quiet for DEBOUNCE_QUIET (at most
-    /// DEBOUNCE_MAX), noting a stop, a reload or drift that arrives
-    /// meanwhile. `settled` is what the burst started as.
-    fn debounce(&mut self, rx: &Receiver<Event>, mut settled: Settled) -> Settled {
-        let start = Instant::now();
-        loop {
-            let left = DEBOUNCE_MAX.saturating_sub(start.elapsed());
-            if left.is_zero() {
-                return settled;
-            }
-            match rx.recv_timeout(DEBOUNCE_QUIET.min(left)) {
-                Ok(Event::Stop) | Err(RecvTimeoutError::Disconnected) => return Settled::Stop,
-                Ok(Event::Reload) => {
-                    if settled != Settled::Full {
-                        info!(self.log, "reload requested (SIGHUP)");
-                        self.notifier.reloading();
-                    }
-                    settled = Settled::Full;
-                }
-                // Drift during a burst makes its sync a full one.
-                Ok(Event::Kernel(change)) => {
-                    if let Some(why) = self.drift_of(&change) {
-                        self.log_drift(why);
-                        settled = Settled::Full;
-                    }
-                }
-                // A peer or backend change during a burst rides along with
-                // its sync.
-                Ok(Event::BackendsChanged) => self.log_backend_changes(),
-                Ok(_) => {}
-                Err(RecvTimeoutError::Timeout) => return settled,
-            }
-        }
     }
 }

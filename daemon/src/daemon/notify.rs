@@ -14,6 +14,12 @@ impl Notifier {
         Notifier { enabled: std::env::var_os("NOTIFY_SOCKET").is_some() }
     }
 
+    /// Says nothing (the daemon's unit tests).
+    #[cfg(test)]
+    pub(crate) fn off() -> Self {
+        Notifier { enabled: false }
+    }
+
     fn send(&self, states: &[NotifyState<'_>]) {
         if self.enabled {
             // Losing a notification must never stop the daemon; systemd

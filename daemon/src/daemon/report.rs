@@ -6,7 +6,7 @@ use crate::model::{
     gateway, Desired, Hook, KernelFeatures, MeshPath, Object, Program, RouteKey, RouteSpec, TcAttach, NATIN,
     RT_TABLE_MAIN,
 };
-use crate::peer_health::{PeerHealth, PeerStatus};
+use crate::peer_health::{PeerProbe, PeerStatus};
 use crate::reconcile::{StepError, SyncOutcome};
 use crate::sidecars::{self, Registration};
 use crate::state::*;
@@ -111,7 +111,7 @@ pub(crate) fn objects(
     outcome: &SyncOutcome,
     d: &Desired,
     registrations: &std::collections::BTreeMap<crate::abi::SockKey, Registration>,
-    health: Option<&PeerHealth>,
+    health: Option<&dyn PeerProbe>,
 ) -> Vec<ObjectStatus> {
     let index = ErrorIndex::new(&outcome.errors);
     let mut out = shared_objects(d, &index);
@@ -234,7 +234,7 @@ fn gateway_objects(
     loaded: &Loaded,
     g: &Gateway,
     d: &Desired,
-    health: Option<&PeerHealth>,
+    health: Option<&dyn PeerProbe>,
     index: &ErrorIndex,
 ) -> Vec<ObjectStatus> {
     let role = if g.role == GatewayRole::Gateway { "gateway" } else { "member" };
@@ -320,7 +320,7 @@ fn route_mtus(d: &Desired, cidrs: &[ipnet::IpNet]) -> String {
 pub(crate) fn counts(
     loaded: &Loaded,
     d: Option<&Desired>,
-    health: Option<&PeerHealth>,
+    health: Option<&dyn PeerProbe>,
     sweep: &crate::backends::Sweep,
 ) -> Counts {
     let c = &loaded.config;

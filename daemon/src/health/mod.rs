@@ -22,7 +22,7 @@ use crate::config::{Config, HealthCheck};
 pub(crate) use monitor::HealthMonitor;
 pub(crate) use report::backends as report;
 pub(crate) use saved::{load as load_saved, save, SAVED_FILE};
-pub(crate) use serving::{affinity_serving, drop_sets, serves, serving, stopped, DropSets};
+pub(crate) use serving::{affinity_serving, drop_sets, serves, serving_config, stopped, DropSets};
 pub(crate) use tracker::Health;
 
 /// A backend of a service (the same address in two services is checked

@@ -14,6 +14,18 @@ use crate::abi::SvcKey;
 use crate::backends::StoppedBackend;
 use crate::config::{Config, InitialState, Protocol, Service};
 
+/// `serving` as the configuration compile takes: the loaded one itself,
+/// shared, when every backend serves.
+pub(crate) fn serving_config(
+    config: &std::sync::Arc<Config>,
+    states: &BTreeMap<BackendKey, BackendHealth>,
+) -> std::sync::Arc<Config> {
+    match serving(config, states) {
+        Cow::Borrowed(_) => std::sync::Arc::clone(config),
+        Cow::Owned(c) => std::sync::Arc::new(c),
+    }
+}
+
 pub(crate) fn serving<'c>(config: &'c Config, states: &BTreeMap<BackendKey, BackendHealth>) -> Cow<'c, Config> {
     let serves = |s: &Service, b: &crate::config::Backend| -> bool {
         if b.weight == 0 {

@@ -102,6 +102,12 @@ impl Metrics {
         }
     }
 
+    /// How many times `peer` went up or down (tests).
+    #[cfg(test)]
+    pub(crate) fn peer_transitions(&self, peer: &str) -> u64 {
+        self.events().peer_transitions.get(peer).copied().unwrap_or(0)
+    }
+
     /// One sync: its duration, and the owners of each failed step.
     pub(crate) fn sync_done<'a>(&self, full: bool, took: Duration, owners: impl Iterator<Item = &'a str>) {
         let h = if full { &self.shared.sync_full } else { &self.shared.sync_incremental };

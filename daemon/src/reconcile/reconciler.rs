@@ -104,11 +104,6 @@ impl Reconciler {
         self
     }
 
-    /// Which peers are down, for the next sync.
-    pub(crate) fn peers_down(&self) -> &BTreeSet<String> {
-        &self.peers_down
-    }
-
     pub(crate) fn set_peers_down(&mut self, down: BTreeSet<String>) {
         self.peers_down = down;
     }

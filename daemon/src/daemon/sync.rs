@@ -1,0 +1,64 @@
+//! One sync, through each owner in turn: read the config, follow peer and
+//! backend health, reconcile, drop what left, record the outcome, then
+//! sidecars, the metrics endpoint, the status file and systemd.
+
+use slog::info;
+
+use super::sync_runner::{Ran, SyncRunner};
+use super::Daemon;
+
+impl Daemon {
+    /// One sync. Returns false if it could not complete (the kernel could
+    /// not be read, or it was told to stop), in which case it is retried
+    /// soon as a full resync.
+    pub(super) fn sync(&mut self, full: bool) -> bool {
+        self.config.read(full, &self.log, self.metrics.counters());
+        self.runner.generation += 1;
+        let config = std::sync::Arc::clone(self.config.config());
+        self.peers.track(&config, &self.events, &self.log);
+        self.runner.reconciler.set_peers_down(self.peers.down());
+        let states = self.backend_health.track(&config, &self.events, &self.log);
+        let serving = crate::health::serving_config(&config, &states);
+        let result = self.runner.sync(&serving, full);
+        if let Some(full) = SyncRunner::clean(&result) {
+            let first = !self.runner.ready;
+            self.leaving.after_clean_sync(&mut self.runner.reconciler, &serving, &config, first, full, &self.log);
+        }
+        drop(serving);
+        self.backend_health.save(&states, &self.paths.state_dir, &self.log);
+        let ran = self.runner.record(
+            result,
+            full,
+            &self.config.loaded,
+            self.config.load_time,
+            &self.log,
+            self.metrics.counters(),
+        );
+        if ran == Ran::Stopped || self.runner.start_failure.is_some() {
+            return false;
+        }
+        self.drift.settle(&self.log);
+        if ran != Ran::Failed {
+            self.drift.remember_hosts(self.runner.reconciler.desired());
+        }
+        self.sidecars.tick(&config, self.runner.reconciler.desired(), &self.log);
+        // After the sync, so the endpoint's first snapshot is of it.
+        self.metrics.track_server(&config, &self.log);
+        let line = self.write_status();
+        match ran {
+            Ran::Done { first_ready } => {
+                // READY=1 after every completed sync: the first tells
+                // systemd we started; later ones end a RELOADING=1.
+                self.notifier.ready(&line);
+                if first_ready {
+                    info!(self.log, "ready"; "status" => line);
+                }
+                true
+            }
+            _ => {
+                self.notifier.status(&line);
+                false
+            }
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! The daemon's loop on fakes: the in-memory kernel, sidecars and peer
+//! prober, a config dir in a temp dir, events sent by the test. No root.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::backends::fake::FakeKernel;
+use crate::backends::fake_sidecars::FakeSidecars;
+use crate::metrics::Metrics;
+use crate::model::{RouteKey, RouteSpec};
+use crate::peer_health::{PeerProbe, PeerStatus, Settings};
+
+/// Each peer's state, as the test sets it.
+type PeerStates = Arc<Mutex<BTreeMap<String, PeerStatus>>>;
+
+struct FakeProbe(PeerStates);
+
+impl PeerProbe for FakeProbe {
+    fn report(&self) -> BTreeMap<String, PeerStatus> {
+        self.0.lock().unwrap().clone()
+    }
+    fn error(&self) -> Option<String> {
+        None
+    }
+}
+
+/// Starts "probing" by marking every peer up, as the live prober does.
+struct FakeProber(PeerStates);
+
+impl PeerProber for FakeProber {
+    fn start(&mut self, settings: Settings, _changed: Box<dyn Fn() -> bool + Send>) -> Box<dyn PeerProbe> {
+        let mut peers = self.0.lock().unwrap();
+        for (name, endpoint) in settings.peers {
+            peers.insert(name, PeerStatus { endpoint, up: true, since: 0, missed: 0 });
+        }
+        Box::new(FakeProbe(Arc::clone(&self.0)))
+    }
+}
+
+/// What the daemon logged, as one string.
+#[derive(Clone, Default)]
+struct LogBuf(Arc<Mutex<Vec<u8>>>);
+
+impl Write for LogBuf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl LogBuf {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+
+    fn count(&self, what: &str) -> usize {
+        self.text().matches(what).count()
+    }
+
+    fn wait_for(&self, what: &str, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.count(what) < n {
+            assert!(Instant::now() < deadline, "no {n} × {what:?} within 10 s:\n{}", self.text());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+const SITE: &str = r#"
+[daemon]
+metrics_listen = "off"
+
+[gateway]
+role = "gateway"
+local_ip = "198.51.100.1"
+vni = 7001
+
+[[peer]]
+name = "site-b"
+endpoint = "198.51.100.2"
+cidrs = ["10.20.0.0/16"]
+"#;
+
+/// A daemon on fakes, running its loop on a thread of its own.
+struct Running {
+    dir: tempfile::TempDir,
+    kernel: FakeKernel,
+    peers: PeerStates,
+    log: LogBuf,
+    metrics: Metrics,
+    events: Sender<Event>,
+    thread: Option<std::thread::JoinHandle<Result<(), RunError>>>,
+}
+
+impl Running {
+    fn start(config: &str) -> Running {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = Paths {
+            config_dir: dir.path().join("conf"),
+            state_dir: dir.path().join("state"),
+            bpffs: dir.path().join("bpf"),
+        };
+        std::fs::create_dir(&paths.config_dir).unwrap();
+        std::fs::create_dir(&paths.state_dir).unwrap();
+        let running_dir = dir.path().to_path_buf();
+        write_file(&running_dir, "10-site.toml", config);
+        let kernel = FakeKernel::new();
+        {
+            let mut s = kernel.state();
+            s.facts.interfaces = ["lo", "eth0"].map(String::from).into();
+            s.facts.default_route_interfaces = vec!["eth0".into()];
+            s.facts.netns_cookie = 7;
+        }
+        let peers = PeerStates::default();
+        let log = LogBuf::default();
+        let logger =
+            slog::Logger::root(slog::Fuse(crate::log::LogfmtDrain::new(log.clone(), slog::Level::Info)), slog::o!());
+        let (tx, rx) = channel();
+        let parts = Parts {
+            backends: kernel.backends(),
+            originals: SysctlOriginals::default(),
+            sidecars: Box::new(FakeSidecars::loaded()),
+            prober: Box::new(FakeProber(Arc::clone(&peers))),
+            notifier: Notifier::off(),
+            features: KernelFeatures::complete(),
+            stopping: Default::default(),
+            events: tx.clone(),
+        };
+        let mut daemon = Daemon::new(paths, logger, parts);
+        let metrics = daemon.metrics.counters().clone();
+        let thread = std::thread::spawn(move || daemon.run_loop(rx));
+        Running { dir, kernel, peers, log, metrics, events: tx, thread: Some(thread) }
+    }
+
+    fn write(&self, name: &str, text: &str) {
+        write_file(self.dir.path(), name, text);
+    }
+
+    fn set_peer(&self, name: &str, up: bool) {
+        self.peers.lock().unwrap().get_mut(name).expect("a probed peer").up = up;
+    }
+
+    fn send(&self, e: Event) {
+        self.events.send(e).unwrap();
+    }
+
+    fn stop(&mut self) {
+        self.send(Event::Stop);
+        let result = self.thread.take().unwrap().join().unwrap();
+        assert!(result.is_ok(), "{result:?}");
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = self.events.send(Event::Stop);
+            let _ = t.join();
+        }
+    }
+}
+
+fn write_file(dir: &std::path::Path, name: &str, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("conf").join(name);
+    std::fs::write(&path, text).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+}
+
+fn service(n: u32) -> String {
+    format!("[[service]]\nname = \"s{n}\"\nvip = \"10.96.0.{n}\"\nport = 80\nbackends = [\"192.168.1.1:80\"]\n")
+}
+
+#[test]
+fn a_peer_that_goes_down_in_a_burst_of_file_events_is_logged_and_counted_once() {
+    let mut d = Running::start(SITE);
+    d.log.wait_for("msg=ready", 1);
+    // A burst: files change; amid them the prober finds site-b down.
+    for n in 1..=3 {
+        d.write(&format!("20-s{n}.toml"), &service(n));
+        d.send(Event::ConfigChanged);
+    }
+    d.set_peer("site-b", false);
+    d.send(Event::PeersChanged);
+    for n in 4..=6 {
+        d.write(&format!("20-s{n}.toml"), &service(n));
+        d.send(Event::ConfigChanged);
+    }
+    // The burst's sync applies the files and the peer's state together.
+    d.log.wait_for("msg=\"sync done\"", 2);
+    d.stop();
+    let log = d.log.text();
+    assert_eq!(d.log.count("msg=\"peer gateway down"), 1, "{log}");
+    assert_eq!(d.log.count("msg=\"sync done\""), 2, "the burst cost one sync:\n{log}");
+    assert_eq!(d.metrics.peer_transitions("site-b"), 1, "hostmesh_gateway_peer_transitions_total");
+    let route = RouteKey { table: 254, dst: "10.20.0.0/16".parse().unwrap() };
+    assert_eq!(d.kernel.state().routes.get(&route), Some(&RouteSpec::Unreachable), "{log}");
+    let services: BTreeSet<_> = (1..=6).map(|n| format!("s{n}")).collect();
+    assert!(log.contains(&format!("services={}", services.len())), "{log}");
+}
