@@ -3,8 +3,13 @@
 //! The probes are C (docs/design.md, "Fixed choices"); clang and libbpf's headers
 //! come from Debian (`apt-get install -y clang libbpf-dev`).
 //!
+//! The objects are the rows of `src/abi/objects.rs`, the one table of
+//! them (included here); `embedded.rs`, written to `OUT_DIR`, embeds each
+//! in the table's order. Any change under `probes/` (a new header too)
+//! rebuilds them.
+//!
 //! `HOSTMESH_PROBES=DIR` takes the objects from DIR instead (one `NAME.o`
-//! per entry of PROBES, e.g. the OUT_DIR of an earlier build), for editors
+//! per row of the table, e.g. the OUT_DIR of an earlier build), for editors
 //! and type-checking on a machine without clang. `CLANG` names the compiler.
 
 use std::{
@@ -13,20 +18,11 @@ use std::{
     process::Command,
 };
 
-/// Every object the daemon embeds: (object name, C file, extra defines).
-/// One C file per feature; a file built twice is a variant for kernels
-/// that lack something (model/kernel.rs says which).
-const PROBES: &[(&str, &str, &[&str])] = &[
-    ("service_nat", "service_nat", &[]),
-    ("service_ctlb", "service_ctlb", &[]),
-    // Without bpf_set_retval() (before 5.18): refusals are EPERM.
-    ("service_ctlb_eperm", "service_ctlb", &["-DHM_NO_SET_RETVAL"]),
-    ("mesh", "mesh", &[]),
-    ("gateway", "gateway", &[]),
-    ("netns_cookie", "netns_cookie", &[]),
-    // Never loaded: the header's constants as BTF, for the ABI test.
-    ("abi_constants", "abi_constants", &[]),
-];
+#[allow(dead_code)]
+#[path = "src/abi/objects.rs"]
+mod objects;
+
+use objects::OBJECTS;
 
 const INSTALL: &str = "install clang and libbpf-dev (`apt-get install -y clang libbpf-dev`, or run scripts/deps), \
                        or set HOSTMESH_PROBES to a directory of prebuilt probe objects";
@@ -37,13 +33,14 @@ fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     println!("cargo:rerun-if-env-changed=CLANG");
     println!("cargo:rerun-if-env-changed=HOSTMESH_PROBES");
-    for header in ["hostmesh_abi.h", "service_maps.h", "packet.h", "conntrack.h", "build_mark.h"] {
-        println!("cargo:rerun-if-changed={}", probes.join(header).display());
-    }
+    println!("cargo:rerun-if-changed=src/abi/objects.rs");
+    // A directory: cargo reruns when anything under it changes.
+    println!("cargo:rerun-if-changed={}", probes.display());
     let result = match env::var_os("HOSTMESH_PROBES") {
         Some(dir) => copy_prebuilt(Path::new(&dir), &out),
         None => compile_all(&probes, &out),
-    };
+    }
+    .and_then(|()| write_embedded(&out));
     // One sentence from cargo instead of a panic's backtrace and the
     // script's whole output.
     if let Err(message) = result {
@@ -51,11 +48,24 @@ fn main() {
     }
 }
 
+/// `embedded.rs`: every object's bytes, in the table's order, for
+/// `backends/bpf/objects.rs` to `include!`.
+fn write_embedded(out: &Path) -> Result<(), String> {
+    let mut text = String::from("[\n");
+    for o in &OBJECTS {
+        let path = out.join(format!("{}.o", o.name));
+        text.push_str(&format!("    aya::include_bytes_aligned!({:?}),\n", path.display().to_string()));
+    }
+    text.push_str("]\n");
+    let file = out.join("embedded.rs");
+    fs::write(&file, text).map_err(|e| format!("cannot write {}: {e}", file.display()))
+}
+
 fn copy_prebuilt(dir: &Path, out: &Path) -> Result<(), String> {
-    for (object, _, _) in PROBES {
-        let from = dir.join(format!("{object}.o"));
+    for o in &OBJECTS {
+        let from = dir.join(format!("{}.o", o.name));
         println!("cargo:rerun-if-changed={}", from.display());
-        fs::copy(&from, out.join(format!("{object}.o")))
+        fs::copy(&from, out.join(format!("{}.o", o.name)))
             .map_err(|e| format!("HOSTMESH_PROBES: cannot copy {}: {e}", from.display()))?;
     }
     Ok(())
@@ -66,10 +76,8 @@ fn compile_all(probes: &Path, out: &Path) -> Result<(), String> {
     if let Err(e) = Command::new(&clang).arg("--version").output() {
         return Err(format!("the eBPF probes need `{clang}`, which cannot be run ({e}): {INSTALL}"));
     }
-    for (object, source, defines) in PROBES {
-        let src = probes.join(format!("{source}.c"));
-        println!("cargo:rerun-if-changed={}", src.display());
-        compile(&clang, &src, &out.join(format!("{object}.o")), probes, defines)?;
+    for o in &OBJECTS {
+        compile(&clang, &probes.join(o.source), &out.join(format!("{}.o", o.name)), probes, o.defines)?;
     }
     Ok(())
 }

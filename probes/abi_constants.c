@@ -41,6 +41,7 @@ enum hm_abi_constants {
 	ABI_HM_EP_UP = HM_EP_UP,
 	ABI_HM_NETNS_COOKIE_ADDR = HM_NETNS_COOKIE_ADDR,
 	ABI_HM_NETNS_COOKIE_PORT = HM_NETNS_COOKIE_PORT,
+	ABI_HM_TUNNEL_KEY_SIZE = HM_TUNNEL_KEY_SIZE,
 };
 
 /* A variable of the type makes clang emit the enum into BTF. */

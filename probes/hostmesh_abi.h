@@ -14,6 +14,7 @@
 #define HOSTMESH_ABI_H
 
 #include <linux/types.h>
+#include <linux/bpf.h>
 
 /* Map capacities as compiled: the defaults. The daemon creates each map at
  * the size its [daemon] key sets (daemon/src/config/capacity.rs). */
@@ -275,5 +276,10 @@ _Static_assert(sizeof(struct hm_gw_ct_value) == 24, "hm_gw_ct_value layout");
  * this address and port over UDP (127.0.0.1:9, discard: nothing is sent). */
 #define HM_NETNS_COOKIE_ADDR 0x7f000001
 #define HM_NETNS_COOKIE_PORT 9
+
+/* The size of struct bpf_tunnel_key with the tunnel's source address
+ * (local_ipv4/local_ipv6, its last member): the daemon's feature probe asks
+ * whether the kernel takes this size (backends/bpf/features.rs). */
+#define HM_TUNNEL_KEY_SIZE sizeof(struct bpf_tunnel_key)
 
 #endif /* HOSTMESH_ABI_H */

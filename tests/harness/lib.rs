@@ -30,7 +30,7 @@ pub use notify::NotifyListener;
 pub use prometheus::{http_get, Prometheus};
 pub use servers::{Proto, Servers};
 pub use tempdir::TempDir;
-pub use wait::{scaled, scaled_secs, time_scale, wait_until, Waited};
+pub use wait::{scaled, scaled_secs, time_scale, wait_soon, wait_until, Waited, SOON};
 
 /// A name unique to this process and call, for namespaces and dirs.
 pub fn unique(prefix: &str) -> String {

@@ -23,6 +23,19 @@ pub fn scaled_secs(secs: f64) -> f64 {
     secs * f64::from(time_scale())
 }
 
+/// How long a test waits for what should happen soon (a sync, a route, a
+/// probe's verdict, a daemon's exit) before it fails. Generous on purpose:
+/// the suite runs its tests side by side, on two CPUs and in an emulated
+/// VM, so a test asks only that a thing happens, never how fast. How fast
+/// is a benchmark's question (`bench/`, docs/design.md "Testing rules").
+/// Scaled like every deadline.
+pub const SOON: Duration = Duration::from_secs(30);
+
+/// `wait_until` with the `SOON` deadline.
+pub fn wait_soon(what: &str, cond: impl FnMut() -> bool) -> Result<Waited, String> {
+    wait_until(what, SOON, cond)
+}
+
 /// Polls `cond` every 20 ms until it holds or `timeout` (scaled) passes.
 /// Returns how long it took, or an error naming `what`.
 pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) -> Result<Waited, String> {

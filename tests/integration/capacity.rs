@@ -9,7 +9,6 @@ use hostmesh::backends::bpf::sys;
 use hostmesh::state::FileState;
 use hostmesh::{Capacity, MapSizes};
 
-use crate::fixtures::*;
 use crate::topology::*;
 
 /// Every map a capacity key sizes, with its key.
@@ -54,19 +53,18 @@ fn assert_sizes(t: &Topology, sizes: &MapSizes, when: &str) {
 
 #[test]
 fn size_keys_set_max_entries_and_a_resize_keeps_an_established_veth_flow() {
-    let _serial = serial();
     let (small, small_sizes) = sizes_config(1);
     let t = Topology::new(&format!("connect_time_lb = \"off\"\n{small}"));
     let mut d = t.host.start_ready();
     assert_sizes(&t, &small_sizes, "at start");
     let mut held = t.hold("10.96.0.10", 80);
     let first = held.answer();
-    let flows = |t: &Topology| t.conntrack("HM_CT").into_iter().filter(|(k, _)| k.proto == 6).count();
+    let flows = |t: &Topology| t.conntrack(hostmesh::abi::HmMap::Ct).into_iter().filter(|(k, _)| k.proto == 6).count();
     assert!(flows(&t) >= 2, "the held flow is in conntrack");
 
     // A restart with larger maps: the new maps are filled from the old
     // ones before this build's programs use them.
-    d.stop(Duration::from_secs(5));
+    d.stop(hm_testkit::SOON);
     let (large, large_sizes) = sizes_config(2);
     t.host.set_daemon_config(&format!("connect_time_lb = \"off\"\n{large}"));
     let d = t.host.start_ready();
@@ -122,8 +120,7 @@ fn fleet() -> u32 {
 /// Waits for the sync of a config change to the second file and says how
 /// long it took from the write.
 fn wait_patched(t: &Topology, generation: u64, written: Instant, what: &str) -> Duration {
-    let bound = hm_testkit::scaled(Duration::from_secs(10));
-    hm_testkit::wait_until(what, bound, || {
+    hm_testkit::wait_soon(what, || {
         let s = t.host.status();
         s.generation > generation && s.last_sync.ok
     })
@@ -136,7 +133,6 @@ fn wait_patched(t: &Topology, generation: u64, written: Instant, what: &str) -> 
 
 #[test]
 fn at_100000_services_a_vip_answers_and_one_service_beside_them_comes_changes_and_goes() {
-    let _serial = serial();
     // No periodic resync: each sync the test waits for is its edit's.
     let t = Topology::new(
         "connect_time_lb = \"all\"\nservice_map_size = 131072\nbackend_map_size = 131072\nresync_interval = \"1h\"",
@@ -200,7 +196,6 @@ fn at_100000_services_a_vip_answers_and_one_service_beside_them_comes_changes_an
 
 #[test]
 fn a_file_past_the_service_capacity_is_rejected_alone_and_check_says_so() {
-    let _serial = serial();
     let t = Topology::new("connect_time_lb = \"all\"\nservice_map_size = 1024");
     // services.toml has 8 services: 1,016 more fill the map.
     t.host.write("fleet.toml", &many_services(1016));

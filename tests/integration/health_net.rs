@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use hm_testkit::{scaled, wait_until, Netns, Proto, Servers};
+use hm_testkit::{scaled, Netns, Proto, Servers};
 use hostmesh::state::{BackendState, BackendStatus};
 use serde_json::Value;
 
@@ -119,11 +119,10 @@ impl HealthNet {
         self.host.status().backends.into_iter().find(|b| b.service == service && b.address == addr)
     }
 
-    /// Waits until `hostmesh status` shows that state; returns how long.
-    pub fn wait_state(&self, service: &str, i: usize, port: u16, state: BackendState, timeout: Duration) -> Duration {
+    /// Waits until `hostmesh status` shows that state.
+    pub fn wait_state(&self, service: &str, i: usize, port: u16, state: BackendState) {
         let what = format!("{service} backend {} {state}", NAMES[i]);
-        wait_until(&what, timeout, || self.backend(service, i, port).is_some_and(|b| b.state == state))
-            .unwrap_or_else(|e| panic!("{e}: {:?}", self.backend(service, i, port)))
-            .0
+        hm_testkit::wait_soon(&what, || self.backend(service, i, port).is_some_and(|b| b.state == state))
+            .unwrap_or_else(|e| panic!("{e}: {:?}", self.backend(service, i, port)));
     }
 }

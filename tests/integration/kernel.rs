@@ -35,7 +35,6 @@ fn expected_missing() -> BTreeSet<Feature> {
 
 #[test]
 fn status_names_the_tc_attach_mode_and_every_missing_feature_with_what_it_disables() {
-    let _serial = serial();
     let host = Host::new();
     host.write("web.toml", WEB);
     let d = host.start_ready();
@@ -80,7 +79,6 @@ fn tc(t: &Topology, args: &[&str]) -> String {
 
 #[test]
 fn a_foreign_clsact_filter_is_untouched_by_apply_restart_and_teardown() {
-    let _serial = serial();
     // Every service over the veth, so replies cross hm_reply on eth0.
     let t = Topology::new("connect_time_lb = \"off\"\ntc_attach = \"netlink\"");
     // Another tool's qdisc and filters on eth0, one before hostmesh's
@@ -128,7 +126,7 @@ fn a_foreign_clsact_filter_is_untouched_by_apply_restart_and_teardown() {
     let before = foreign(&t);
     assert_eq!(before.len(), 3, "{before:?}");
 
-    d.stop(Duration::from_secs(5));
+    d.stop(hm_testkit::SOON);
     drop(d);
     let _d = t.host.start_ready();
     assert_eq!(t.host.status().last_sync.steps, 0, "the restart adopted hostmesh's filters");
@@ -162,7 +160,6 @@ fn tcx_links(host: &Host) -> Vec<String> {
 
 #[test]
 fn tc_attach_moves_between_tcx_and_clsact_filters_without_a_gap() {
-    let _serial = serial();
     let t = Topology::new("connect_time_lb = \"off\"\ntc_attach = \"netlink\"");
     let d = t.host.start_ready();
     let tcx = t.host.status().kernel.unwrap().missing.iter().all(|m| m.feature != Feature::Tcx);
@@ -204,11 +201,10 @@ fn tc_attach_moves_between_tcx_and_clsact_filters_without_a_gap() {
 
 #[test]
 fn a_filter_running_another_program_is_replaced_in_place() {
-    use hostmesh::backends::bpf::sys::{self, Insn};
+    use hostmesh::backends::bpf::sys;
     use hostmesh::backends::netlink::{tc, RouteSocket};
     use std::os::fd::{AsFd, AsRawFd};
 
-    let _serial = serial();
     let host = Host::with_daemon_config("tc_attach = \"netlink\"\nconnect_time_lb = \"off\"");
     host.write("web.toml", WEB);
     let d = host.start_ready();
@@ -221,9 +217,9 @@ fn a_filter_running_another_program_is_replaced_in_place() {
     // in hostmesh's slot on lo.
     hostmesh::backends::bpf::raise_memlock_limit();
     let other = sys::prog_load(
-        3,
-        0,
-        &[Insn { code: 0xb7, regs: 0, off: 0, imm: -1 }, Insn { code: 0x95, regs: 0, off: 0, imm: 0 }],
+        sys::bpf_prog_type::BPF_PROG_TYPE_SCHED_CLS,
+        None,
+        &[hostmesh::backends::bpf::asm::mov_imm(0, -1), hostmesh::backends::bpf::asm::exit()],
     )
     .unwrap_or_else(|(e, log)| panic!("load a test program: {e}: {log}"));
     host.ns.run(move || {
@@ -236,7 +232,7 @@ fn a_filter_running_another_program_is_replaced_in_place() {
 
     let generation = host.status().generation;
     d.signal(nix::sys::signal::Signal::SIGHUP);
-    hm_testkit::wait_until("a full resync", Duration::from_secs(5), || host.status().generation > generation).unwrap();
+    hm_testkit::wait_soon("a full resync", || host.status().generation > generation).unwrap();
     let after = ours(&host);
     assert_eq!(after.prog, before.prog, "this build's program is back");
     assert_eq!((after.pref, &after.handle), (before.pref, &before.handle), "in the same slot");

@@ -8,9 +8,8 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use hm_testkit::{http_get, scaled, wait_until, Prometheus};
+use hm_testkit::{http_get, scaled, wait_soon, Prometheus};
 
-use crate::fixtures::*;
 use crate::topology::*;
 
 const METRICS: &str = "127.0.0.1:9853";
@@ -56,13 +55,11 @@ fn by(prom: &Prometheus, net: &Topology, expr: &str, label: &str) -> BTreeMap<(S
 
 #[test]
 fn prometheus_sees_build_info_and_each_connection_counted_once_on_each_path() {
-    let _serial = serial();
     let net = Topology::new(&format!("connect_time_lb = \"tcp\"\nmetrics_listen = \"{METRICS}\""));
     let _d = net.host.start_ready();
     let prom = Prometheus::start(&net.host.ns, addr(METRICS), addr(PROMETHEUS));
-    let info = wait_until("hostmesh_build_info in prometheus", Duration::from_secs(20), || {
-        prom.query(&net.host.ns, "hostmesh_build_info").len() == 1
-    });
+    let info =
+        wait_soon("hostmesh_build_info in prometheus", || prom.query(&net.host.ns, "hostmesh_build_info").len() == 1);
     assert!(info.is_ok(), "{info:?}: {}", prom.log());
     let series = prom.query(&net.host.ns, "hostmesh_build_info");
     assert_eq!(series[0].0["version"], env!("CARGO_PKG_VERSION"));
@@ -84,9 +81,7 @@ fn prometheus_sees_build_info_and_each_connection_counted_once_on_each_path() {
             *per_path.get_mut(service).unwrap() += n;
         }
     }
-    let counted = wait_until("the counts in prometheus", Duration::from_secs(20), || {
-        by(&prom, &net, backends, "backend") == want
-    });
+    let counted = wait_soon("the counts in prometheus", || by(&prom, &net, backends, "backend") == want);
     assert!(counted.is_ok(), "want {want:?}, prometheus has {:?}", by(&prom, &net, backends, "backend"));
     // A few scrapes later: still exactly that (nothing counted twice).
     std::thread::sleep(scaled(Duration::from_secs(3)));
@@ -149,7 +144,6 @@ fn promtool(args: &[&str], input: &str) -> std::process::Output {
 
 #[test]
 fn every_family_is_scraped_and_promtool_passes_it_the_rules_and_the_dashboard() {
-    let _serial = serial();
     let net = Topology::new(&format!("connect_time_lb = \"tcp\"\nmetrics_listen = \"{METRICS}\""));
     net.host.write("extras.toml", &mesh_and_peer("probe_interval = \"200ms\""));
     let _d = net.host.start_ready();
@@ -161,7 +155,7 @@ fn every_family_is_scraped_and_promtool_passes_it_the_rules_and_the_dashboard() 
     let down =
         ["hostmesh_gateway_peer_up{peer=\"site-b\"} 0", "hostmesh_gateway_peer_transitions_total{peer=\"site-b\"} 1"];
     let mut scrape = String::new();
-    let seen = wait_until("the peer down in a scrape", Duration::from_secs(10), || {
+    let seen = wait_soon("the peer down in a scrape", || {
         let (code, body) = http_get(&net.host.ns, addr(METRICS), "/metrics").unwrap();
         assert_eq!(code, 200, "{body}");
         scrape = body;
@@ -216,7 +210,6 @@ fn web_counted(net: &Topology) -> BTreeMap<SocketAddr, u32> {
 
 #[test]
 fn a_removed_backend_s_counters_are_deleted_at_the_next_full_sync() {
-    let _serial = serial();
     let net = Topology::new("connect_time_lb = \"tcp\"");
     let d = net.host.start_ready();
     // 24 connections: both backends get some (all on one: 2 in 2^24).
@@ -229,12 +222,11 @@ fn a_removed_backend_s_counters_are_deleted_at_the_next_full_sync() {
     // costs what it changes, not a walk over every counter).
     let generation = net.host.status().generation;
     net.host.write("services.toml", &services_without("192.168.10.12:8080"));
-    wait_until("the edit synced", Duration::from_secs(10), || net.host.status().generation > generation).unwrap();
+    wait_soon("the edit synced", || net.host.status().generation > generation).unwrap();
     assert_eq!(web_counted(&net), counted, "{}", d.log_text());
 
     d.signal(nix::sys::signal::Signal::SIGHUP);
-    let gone =
-        wait_until("the removed backend's counters deleted", Duration::from_secs(10), || web_counted(&net).len() == 1);
+    let gone = wait_soon("the removed backend's counters deleted", || web_counted(&net).len() == 1);
     assert!(gone.is_ok(), "{:?}\n{}", web_counted(&net), d.log_text());
     let left: Vec<SocketAddr> = web_counted(&net).into_keys().collect();
     assert_eq!(left, [addr("192.168.10.11:8080")], "the one still configured keeps its counters");

@@ -25,7 +25,6 @@ fn service_packets(host: &Host, id: u32) -> u64 {
 
 #[test]
 fn vip_packets_reach_hm_natout_and_are_counted_per_service() {
-    let _serial = serial();
     let host = Host::with_daemon_config("connect_time_lb = \"off\"");
     // A source address for host-originated traffic.
     host.ns.ip(&["addr", "add", "192.168.77.1/32", "dev", "lo"]);
@@ -54,7 +53,6 @@ fn vip_packets_reach_hm_natout_and_are_counted_per_service() {
 
 #[test]
 fn ip_route_shows_proto_hostmesh_with_the_packaged_rt_protos_entry() {
-    let _serial = serial();
     let host = Host::new();
     host.write("web.toml", WEB);
     let _d = host.start_ready();

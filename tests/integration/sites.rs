@@ -61,7 +61,8 @@ impl Sites {
         use hostmesh::abi::{CtKey, GwCtValue, Pod};
         use hostmesh::backends::bpf::sys;
         use std::os::fd::AsFd;
-        let fd = sys::obj_get(&self.ga.opts.bpffs.join("maps/HM_GW_CT")).expect("pinned HM_GW_CT");
+        let fd = sys::obj_get(&self.ga.opts.bpffs.join("maps").join(hostmesh::abi::HmMap::GwCt.name()))
+            .expect("pinned HM_GW_CT");
         sys::map_dump(fd.as_fd(), std::mem::size_of::<CtKey>(), std::mem::size_of::<GwCtValue>())
             .expect("dump HM_GW_CT")
             .into_iter()

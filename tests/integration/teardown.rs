@@ -1,8 +1,6 @@
 //! `hostmesh teardown` removes every kind of thing hostmesh owns.
 
-use std::time::Duration;
-
-use hm_testkit::wait_until;
+use hm_testkit::wait_soon;
 use hostmesh::backends::bpf::sys;
 use hostmesh::TcAttach;
 
@@ -10,7 +8,6 @@ use crate::fixtures::*;
 
 #[test]
 fn teardown_leaves_no_link_route_pin_or_program() {
-    let _serial = serial();
     let host = Host::new();
     host.write("web.toml", WEB);
     host.write("web6.toml", "[[service]]\nname = \"web6\"\nvip = \"fd00::10\"\nport = 80\n");
@@ -36,7 +33,7 @@ fn teardown_leaves_no_link_route_pin_or_program() {
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("hostmesh is running"));
 
-    d.stop(Duration::from_secs(5));
+    d.stop(hm_testkit::SOON);
     let out = host.teardown();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let said = String::from_utf8_lossy(&out.stdout);
@@ -63,8 +60,7 @@ fn teardown_leaves_no_link_route_pin_or_program() {
     // Pins (and the bpffs hostmesh mounted for them).
     assert!(!host.opts.bpffs.exists(), "pin dir still there");
     // Programs: freed once nothing references them.
-    wait_until("the program to be freed", Duration::from_secs(5), || sys::prog_info_by_id(prog_id).unwrap().is_none())
-        .unwrap();
+    wait_soon("the program to be freed", || sys::prog_info_by_id(prog_id).unwrap().is_none()).unwrap();
     // Sysctls put back.
     assert_eq!(host.ns.sysctl("net/ipv4/conf/all/rp_filter").as_deref(), Some("2"));
 

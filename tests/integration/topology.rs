@@ -14,9 +14,8 @@
 //! host itself.
 
 use std::process::{Child, ChildStdin, ChildStdout, Stdio};
-use std::time::Duration;
 
-use hm_testkit::{wait_until, Netns, Proto, Servers};
+use hm_testkit::{wait_soon, Netns, Proto, Servers};
 use serde_json::Value;
 
 use crate::fixtures::*;
@@ -195,7 +194,7 @@ impl Held {
 impl Topology {
     /// Waits for a sync after a config change, which must have been accepted.
     pub fn wait_sync_after(&self, generation: u64) {
-        wait_until("a sync", Duration::from_secs(5), || {
+        wait_soon("a sync", || {
             let s = self.host.status();
             s.generation > generation && s.last_sync.ok
         })
@@ -207,12 +206,13 @@ impl Topology {
 
     /// Every entry of one of the veth path's conntrack maps: `HM_CT` (open
     /// flows) or `HM_CT_CLOSING` (closed TCP flows).
-    pub fn conntrack(&self, map: &str) -> Vec<(hostmesh::abi::CtKey, hostmesh::abi::CtValue)> {
+    pub fn conntrack(&self, map: hostmesh::abi::HmMap) -> Vec<(hostmesh::abi::CtKey, hostmesh::abi::CtValue)> {
         use hostmesh::abi::{CtKey, CtValue, Pod};
         use hostmesh::backends::bpf::sys;
         use std::os::fd::AsFd;
-        let fd = sys::obj_get(&self.host.opts.bpffs.join("maps").join(map)).expect("pinned conntrack map");
-        sys::map_dump(fd.as_fd(), 40, 32)
+        let fd = sys::obj_get(&self.host.opts.bpffs.join("maps").join(map.name())).expect("pinned conntrack map");
+        let def = map.def();
+        sys::map_dump(fd.as_fd(), def.key_size as usize, def.value_size as usize)
             .unwrap()
             .into_iter()
             .map(|(k, v)| (CtKey::from_bytes(&k).unwrap(), CtValue::from_bytes(&v).unwrap()))

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::time::Duration;
 
-use hm_testkit::wait_until;
+use hm_testkit::wait_soon;
 
 use crate::fixtures::*;
 
@@ -18,7 +18,6 @@ fn check(host: &Host) -> (String, i32) {
 
 #[test]
 fn drop_ins_others_can_write_are_rejected_and_the_rest_applies() {
-    let _serial = serial();
     let host = Host::new();
     host.write("a-web.toml", WEB);
     host.write("b-api.toml", API);
@@ -53,7 +52,6 @@ fn drop_ins_others_can_write_are_rejected_and_the_rest_applies() {
 
 #[test]
 fn a_file_written_in_two_parts_is_applied_once_whole() {
-    let _serial = serial();
     let host = Host::new();
     host.write("a-web.toml", WEB);
     let d = host.start_ready();
@@ -67,7 +65,7 @@ fn a_file_written_in_two_parts_is_applied_once_whole() {
         std::thread::sleep(Duration::from_millis(500));
         f.write_all(tail.as_bytes()).unwrap();
     }
-    wait_until("the api route", Duration::from_secs(3), || host.has_route("10.96.0.20")).unwrap();
+    wait_soon("the api route", || host.has_route("10.96.0.20")).unwrap();
     let log = d.log_text();
     assert!(!log.contains("config file rejected"), "a sync saw the half-written file:\n{log}");
     let services: Vec<&str> =
@@ -77,7 +75,6 @@ fn a_file_written_in_two_parts_is_applied_once_whole() {
 
 #[test]
 fn ten_thousand_errors_give_a_bounded_report() {
-    let _serial = serial();
     let host = Host::new();
     host.write("a-web.toml", WEB);
     let bad: String =
@@ -106,7 +103,6 @@ fn ten_thousand_errors_give_a_bounded_report() {
 
 #[test]
 fn seventy_thousand_backends_in_one_service_reject_that_file() {
-    let _serial = serial();
     let host = Host::new();
     host.write("a-web.toml", WEB);
     let backends: Vec<String> =
@@ -127,7 +123,6 @@ fn seventy_thousand_backends_in_one_service_reject_that_file() {
 
 #[test]
 fn entries_that_are_not_regular_files_are_listed_as_skipped() {
-    let _serial = serial();
     let host = Host::new();
     host.write("a-web.toml", WEB);
     let dir = &host.opts.config_dir;

@@ -2,29 +2,21 @@
 //! alignchecker and constchecker do: every mirrored struct's size and each
 //! field's name, offset and size from the BTF of the embedded probes; every
 //! `HM_` constant of the header from `probes/abi_constants.c`'s enum; every
-//! map declaration against `backends::bpf::objects::MAPS`. No root needed.
+//! map declaration against the table of maps (`abi::MAPS`). No root needed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::mem::{offset_of, size_of};
 
 use super::btf::{Btf, Struct};
 use super::*;
-use crate::backends::bpf::{netns_cookie, objects};
+use crate::backends::bpf::objects::bytes;
 
-/// probes/abi_constants.c: never loaded, built for its BTF.
-static ABI_CONSTANTS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/abi_constants.o"));
 static HEADER: &str = include_str!("../../../probes/hostmesh_abi.h");
 
-/// Every object the daemon embeds, with the file it came from.
+/// Every object the daemon embeds and loads (all but the constants'),
+/// with the file it came from.
 fn embedded() -> Vec<(&'static str, &'static [u8])> {
-    vec![
-        ("service_nat.o", objects::SERVICE_NAT),
-        ("service_ctlb.o", objects::SERVICE_CTLB),
-        ("service_ctlb_eperm.o", objects::SERVICE_CTLB_EPERM),
-        ("mesh.o", objects::MESH),
-        ("gateway.o", objects::GATEWAY),
-        ("netns_cookie.o", netns_cookie::OBJECT),
-    ]
+    OBJECTS.iter().filter(|o| o.object != ProbeObject::AbiConstants).map(|o| (o.name, bytes(o.object))).collect()
 }
 
 fn btf_of(name: &str, elf: &[u8]) -> Btf {
@@ -201,6 +193,7 @@ fn rust_constants() -> BTreeMap<&'static str, i64> {
         ("HM_EP_UP", i64::from(EP_UP)),
         ("HM_NETNS_COOKIE_ADDR", i64::from(u32::from(NETNS_COOKIE_ADDR))),
         ("HM_NETNS_COOKIE_PORT", i64::from(NETNS_COOKIE_PORT)),
+        ("HM_TUNNEL_KEY_SIZE", i64::from(TUNNEL_KEY_SIZE)),
     ])
 }
 
@@ -216,7 +209,7 @@ fn header_defines() -> BTreeSet<&'static str> {
 
 #[test]
 fn every_header_constant_matches_its_rust_mirror() {
-    let compiled = btf_of("abi_constants.o", ABI_CONSTANTS).enum_constants();
+    let compiled = btf_of("abi_constants.o", bytes(ProbeObject::AbiConstants)).enum_constants();
     let rust = rust_constants();
     let mut errors = Vec::new();
     for name in header_defines() {
@@ -240,11 +233,11 @@ fn every_header_constant_matches_its_rust_mirror() {
 fn every_map_the_probes_declare_is_in_the_loaders_table() {
     let mut errors = Vec::new();
     let mut declared = BTreeSet::new();
-    for (object, elf) in embedded().into_iter().filter(|(name, _)| *name != "netns_cookie.o") {
+    for (object, elf) in embedded() {
         for m in btf_of(object, elf).maps().unwrap() {
             declared.insert(m.name.clone());
-            let Some(d) = objects::MAPS.iter().find(|d| d.name == m.name) else {
-                errors.push(format!("{object}: map {} is not in objects::MAPS", m.name));
+            let Some(d) = MAPS.iter().find(|d| d.name == m.name) else {
+                errors.push(format!("{object}: map {} is not in abi::MAPS", m.name));
                 continue;
             };
             let ours = (d.map_type, d.key_size, d.value_size, d.max_entries, d.flags);
@@ -257,8 +250,8 @@ fn every_map_the_probes_declare_is_in_the_loaders_table() {
             }
         }
     }
-    for d in objects::MAPS.iter().filter(|d| !declared.contains(d.name)) {
-        errors.push(format!("objects::MAPS has {}, which no probe declares", d.name));
+    for d in MAPS.iter().filter(|d| !declared.contains(d.name)) {
+        errors.push(format!("abi::MAPS has {}, which no probe declares", d.name));
     }
     assert!(errors.is_empty(), "the loader's map table differs from the probes:\n  {}", errors.join("\n  "));
 }

@@ -8,12 +8,19 @@
 mod btf;
 #[cfg(test)]
 mod layout_tests;
+mod maps;
+mod objects;
+
+pub use maps::{Capacity, HmMap, MapDef, MAPS};
+pub use objects::{ObjectDef, ProbeObject, OBJECTS};
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
 /// (VIP, port, protocol): the key of `HM_SERVICES`.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct SvcKey {
     /// IPv6, or IPv4-mapped IPv6 (::ffff:a.b.c.d).
     pub addr: [u8; 16],
@@ -24,7 +31,7 @@ pub struct SvcKey {
 }
 
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct SvcValue {
     pub id: u32,
     /// 0: the service refuses connections.
@@ -36,7 +43,7 @@ pub struct SvcValue {
 
 /// One CPU's counters in `HM_SVC_STATS`.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct SvcStats {
     pub packets: u64,
     pub bytes: u64,
@@ -44,7 +51,7 @@ pub struct SvcStats {
 
 /// `HM_BACKEND_STATS` key: a (service, backend) pair.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct BackendStatsKey {
     pub addr: [u8; 16],
     pub port_be: u16,
@@ -54,7 +61,7 @@ pub struct BackendStatsKey {
 
 /// One CPU's counters in `HM_BACKEND_STATS`.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct BackendStats {
     /// connect() and unconnected UDP sendmsg() calls rewritten to it.
     pub ctlb_connections: u64,
@@ -68,7 +75,7 @@ pub struct BackendStats {
 
 /// `HM_CONFIG[0]`.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct HmConfig {
     pub netns_cookie: u64,
     pub flags: u32,
@@ -86,7 +93,7 @@ pub const SVC_F_AFFINITY: u32 = 1 << 1;
 
 /// `HM_SVC_AFFINITY`: service id -> affinity settings.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct SvcAffinity {
     pub timeout_s: u32,
     pub pad: u32,
@@ -94,7 +101,7 @@ pub struct SvcAffinity {
 
 /// `HM_AFFINITY` key: a client of a service.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct AffKey {
     /// IPv6, or IPv4-mapped; zero: the host (an unbound socket).
     pub client: [u8; 16],
@@ -103,7 +110,7 @@ pub struct AffKey {
 
 /// `HM_AFFINITY` value: the backend that client reached last.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct AffValue {
     pub backend_id: u32,
     pub pad: u32,
@@ -115,7 +122,7 @@ pub const CFG_CTLB_UDP: u32 = 1 << 1;
 
 /// `HM_BACKENDS`: backend id -> address.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct BackendValue {
     pub addr: [u8; 16],
     pub port_be: u16,
@@ -123,7 +130,7 @@ pub struct BackendValue {
 }
 
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct MaglevKey {
     pub svc_id: u32,
     pub chunk: u32,
@@ -132,13 +139,13 @@ pub struct MaglevKey {
 pub const MAGLEV_CHUNK: usize = 64;
 
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct MaglevChunk {
     pub backend: [u32; MAGLEV_CHUNK],
 }
 
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct CtKey {
     pub src: [u8; 16],
     pub dst: [u8; 16],
@@ -153,7 +160,7 @@ pub const CT_FORWARD: u8 = 0;
 pub const CT_REVERSE: u8 = 1;
 
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct CtValue {
     pub nat_addr: [u8; 16],
     pub nat_port_be: u16,
@@ -180,7 +187,7 @@ pub const CT_UDP_TIMEOUT_DEFAULT_S: u64 = 60;
 pub type MeshKey = SvcKey;
 
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct MeshValue {
     /// Host byte order.
     pub redirect_port: u16,
@@ -189,7 +196,7 @@ pub struct MeshValue {
 
 /// `HM_REVERSE_SOCK` key: what connect-time LB rewrote a socket to.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct RevSkKey {
     /// The socket's cookie.
     pub cookie: u64,
@@ -202,7 +209,7 @@ pub struct RevSkKey {
 
 /// `HM_REVERSE_SOCK` value: the VIP the socket asked for.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct RevSkValue {
     pub addr: [u8; 16],
     /// Network byte order.
@@ -212,7 +219,7 @@ pub struct RevSkValue {
 
 /// `HM_MESH_SOCKETS` key: the sidecar listener for a redirect port.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct SockKey {
     /// Host byte order.
     pub port: u16,
@@ -225,7 +232,7 @@ pub const AF_INET6: u8 = 10;
 
 /// `HM_GW_CONFIG[0]`.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct GwConfig {
     pub vni: u32,
     pub role: u32,
@@ -248,14 +255,14 @@ pub const ROLE_GATEWAY: u32 = 2;
 
 /// An LPM trie key: IPv4 /n is /(96 + n) of the mapped address.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct LpmKey {
     pub prefixlen: u32,
     pub addr: [u8; 16],
 }
 
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct Endpoint {
     pub addr: [u8; 16],
     pub flags: u32,
@@ -264,7 +271,7 @@ pub struct Endpoint {
 pub const EP_UP: u32 = 1 << 0;
 
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct GwCtValue {
     pub member: [u8; 16],
     pub last_seen_ns: u64,
@@ -288,6 +295,10 @@ pub const MESH_MAP_SIZE: u32 = 16384;
 /// (`HM_NETNS_COOKIE_ADDR`, `HM_NETNS_COOKIE_PORT`).
 pub const NETNS_COOKIE_ADDR: std::net::Ipv4Addr = std::net::Ipv4Addr::new(127, 0, 0, 1);
 pub const NETNS_COOKIE_PORT: u16 = 9;
+
+/// `sizeof(struct bpf_tunnel_key)` with the tunnel's source address
+/// (`HM_TUNNEL_KEY_SIZE`): what the tunnel-source feature probe passes.
+pub const TUNNEL_KEY_SIZE: u32 = 44;
 
 /// An address as the probes store it: IPv6, or IPv4-mapped.
 pub fn addr16(ip: IpAddr) -> [u8; 16] {
@@ -353,51 +364,23 @@ impl SvcKey {
     }
 }
 
-/// Plain-old-data that crosses into a BPF map as bytes. Implemented only
-/// for the `#[repr(C)]` types above, which have no padding the compiler
-/// could leave uninitialised (every gap is an explicit field).
-pub trait Pod: Copy + 'static {
+/// Plain-old-data that crosses into a BPF map as bytes: every type the
+/// zerocopy derives accept, which they do only for a struct without
+/// padding whose every bit pattern is a value. The derives are the only
+/// safe way to get those traits, so safe code cannot make a type `Pod`
+/// that would read or write uninitialised or invalid bytes.
+pub trait Pod: FromBytes + IntoBytes + Immutable + Copy + 'static {
     fn to_bytes(&self) -> Vec<u8> {
-        let size = std::mem::size_of::<Self>();
-        // SAFETY: Self is repr(C) with explicit padding fields, so all
-        // `size` bytes are initialised.
-        unsafe { std::slice::from_raw_parts(self as *const Self as *const u8, size) }.to_vec()
+        self.as_bytes().to_vec()
     }
 
+    /// `None` unless `bytes` is exactly one value long (any alignment).
     fn from_bytes(bytes: &[u8]) -> Option<Self> {
-        if bytes.len() != std::mem::size_of::<Self>() {
-            return None;
-        }
-        // SAFETY: the length matches and every bit pattern is a valid value
-        // of these integer-only structs; read_unaligned copes with any
-        // alignment of the source buffer.
-        Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const Self) })
+        Self::read_from_bytes(bytes).ok()
     }
 }
 
-impl Pod for SvcKey {}
-impl Pod for SvcValue {}
-impl Pod for SvcAffinity {}
-impl Pod for AffKey {}
-impl Pod for AffValue {}
-impl Pod for SvcStats {}
-impl Pod for BackendStatsKey {}
-impl Pod for BackendStats {}
-impl Pod for HmConfig {}
-impl Pod for BackendValue {}
-impl Pod for MaglevKey {}
-impl Pod for MaglevChunk {}
-impl Pod for CtKey {}
-impl Pod for CtValue {}
-impl Pod for u32 {}
-impl Pod for MeshValue {}
-impl Pod for GwConfig {}
-impl Pod for LpmKey {}
-impl Pod for Endpoint {}
-impl Pod for GwCtValue {}
-impl Pod for SockKey {}
-impl Pod for RevSkKey {}
-impl Pod for RevSkValue {}
+impl<T: FromBytes + IntoBytes + Immutable + Copy + 'static> Pod for T {}
 
 #[cfg(test)]
 mod tests {

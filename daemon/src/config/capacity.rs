@@ -6,26 +6,9 @@
 
 use serde::Serialize;
 
-/// What one capacity key sizes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Capacity {
-    /// HM_SERVICES and HM_SVC_STATS (VIP:port/protocol entries).
-    Services,
-    /// HM_BACKENDS (distinct backend addresses) and HM_BACKEND_STATS
-    /// ((service, backend) pairs that carried traffic).
-    Backends,
-    /// HM_MAGLEV (chunks of `MAGLEV_CHUNK` slots of Maglev tables).
-    MaglevChunks,
-    /// HM_CT and HM_CT_CLOSING (veth-path flows, two entries each).
-    Conntrack,
-    /// HM_REVERSE_SOCK (connect-time LB's UDP sockets, for their replies).
-    ReverseSock,
-    /// HM_AFFINITY (clients of services with affinity, one entry per
-    /// client and service).
-    Affinity,
-    /// HM_MESH and HM_MESH_SOCKETS (mesh entries, sidecar listeners).
-    Mesh,
-}
+/// What one capacity key sizes: a family of maps (the table of maps,
+/// `abi::MAPS`, says which).
+pub use crate::abi::Capacity;
 
 /// One capacity key: its name in `[daemon]`, default and accepted range.
 pub struct SizeKey {

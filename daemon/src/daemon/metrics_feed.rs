@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use slog::{info, warn, Logger};
 
-use crate::backends::bpf::objects::{map_def, MAPS};
+use crate::abi::{HmMap, MAPS};
+use crate::backends::bpf::objects::sized;
 use crate::config::Config;
 use crate::metrics::{MapRow, Metrics, MetricsServer, Published};
 use crate::model::Desired;
@@ -23,7 +24,7 @@ pub(super) struct MetricsFeed {
     /// Why the endpoint is not serving, for the status.
     pub(super) error: Option<String>,
     /// Entries per map in the desired state, and the generation they are of.
-    entries: (u64, BTreeMap<&'static str, u64>),
+    entries: (u64, BTreeMap<HmMap, u64>),
 }
 
 impl MetricsFeed {
@@ -76,23 +77,22 @@ impl MetricsFeed {
         if self.entries.0 != generation {
             let mut counts = BTreeMap::new();
             for k in want.map(|d| d.map_entries.keys()).into_iter().flatten() {
-                *counts.entry(k.map.name()).or_default() += 1;
+                *counts.entry(k.map.map()).or_default() += 1;
             }
             self.entries = (generation, counts);
         }
         let counts = &self.entries.1;
         let sizes = &config.daemon.sizes;
         MAPS.iter()
+            .filter(|m| m.pinned)
             .map(|m| {
-                let entries = match m.name {
-                    "HM_CT" => Some(status.counts.conntrack_open as u64),
-                    "HM_CT_CLOSING" => Some(status.counts.conntrack_closed as u64),
-                    name if crate::model::BpfMap::ALL.iter().any(|b| b.name() == name) => {
-                        Some(counts.get(name).copied().unwrap_or(0))
-                    }
+                let entries = match m.map {
+                    HmMap::Ct => Some(status.counts.conntrack_open as u64),
+                    HmMap::CtClosing => Some(status.counts.conntrack_closed as u64),
+                    map if crate::model::BpfMap::of(map).is_some() => Some(counts.get(&map).copied().unwrap_or(0)),
                     _ => None,
                 };
-                MapRow { map: m.name, entries, capacity: u64::from(map_def(m.name, sizes).max_entries) }
+                MapRow { map: m.name, entries, capacity: u64::from(sized(m.map, sizes).max_entries) }
             })
             .collect()
     }

@@ -37,19 +37,30 @@ impl BpfMap {
         BpfMap::Peers,
     ];
 
+    /// The map in the table of maps (`abi::MAPS`).
+    pub fn map(self) -> crate::abi::HmMap {
+        use crate::abi::HmMap;
+        match self {
+            BpfMap::Config => HmMap::Config,
+            BpfMap::Backends => HmMap::Backends,
+            BpfMap::Maglev => HmMap::Maglev,
+            BpfMap::SvcAffinity => HmMap::SvcAffinity,
+            BpfMap::Services => HmMap::Services,
+            BpfMap::Mesh => HmMap::Mesh,
+            BpfMap::GwConfig => HmMap::GwConfig,
+            BpfMap::PeerEndpoints => HmMap::PeerEndpoints,
+            BpfMap::Members => HmMap::Members,
+            BpfMap::Peers => HmMap::Peers,
+        }
+    }
+
+    /// The reconciled map that `map` is, if the configuration fills it.
+    pub fn of(map: crate::abi::HmMap) -> Option<BpfMap> {
+        BpfMap::ALL.into_iter().find(|b| b.map() == map)
+    }
+
     /// The map's name in the probe objects, which is also its pin name.
     pub fn name(self) -> &'static str {
-        match self {
-            BpfMap::Config => "HM_CONFIG",
-            BpfMap::Backends => "HM_BACKENDS",
-            BpfMap::Maglev => "HM_MAGLEV",
-            BpfMap::SvcAffinity => "HM_SVC_AFFINITY",
-            BpfMap::Services => "HM_SERVICES",
-            BpfMap::Mesh => "HM_MESH",
-            BpfMap::GwConfig => "HM_GW_CONFIG",
-            BpfMap::PeerEndpoints => "HM_PEER_ENDPOINTS",
-            BpfMap::Members => "HM_MEMBERS",
-            BpfMap::Peers => "HM_PEERS",
-        }
+        self.map().name()
     }
 }

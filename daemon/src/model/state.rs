@@ -173,6 +173,25 @@ impl Program {
     pub fn from_name(name: &str) -> Option<Program> {
         Program::ALL.into_iter().find(|p| p.name() == name)
     }
+
+    /// The probe object that holds it (for the connect-time programs, the
+    /// loader takes the variant the kernel runs).
+    pub fn object(self) -> crate::abi::ProbeObject {
+        use crate::abi::ProbeObject;
+        match self {
+            Program::NatOut | Program::Reply | Program::Direct => ProbeObject::ServiceNat,
+            Program::Connect4
+            | Program::Connect6
+            | Program::Sendmsg4
+            | Program::Sendmsg6
+            | Program::Recvmsg4
+            | Program::Recvmsg6
+            | Program::Getpeername4
+            | Program::Getpeername6 => ProbeObject::ServiceCtlb,
+            Program::Mesh => ProbeObject::Mesh,
+            Program::TunIn | Program::TunOut => ProbeObject::Gateway,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]

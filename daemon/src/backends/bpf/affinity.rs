@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 
 use crate::abi::*;
 
@@ -21,11 +21,11 @@ impl PinnedBpf {
         if self.loaded.is_none() && !self.has_pins() {
             return Ok(0);
         }
-        let fd = |this: &mut Self, name: &'static str| -> crate::backends::Result<OwnedFd> {
-            this.map_fd(name)?.try_clone().map_err(|e| bpf_err(name, e))
-        };
-        let (services, backends, table) =
-            (fd(self, "HM_SERVICES")?, fd(self, "HM_BACKENDS")?, fd(self, "HM_AFFINITY")?);
+        let (services, backends, table) = (
+            self.map_fd_owned(HmMap::Services)?,
+            self.map_fd_owned(HmMap::Backends)?,
+            self.map_fd_owned(HmMap::Affinity)?,
+        );
         let maps = Maps { services: services.as_fd(), backends: backends.as_fd(), affinity: table.as_fd() };
         prune(maps, serving).map_err(|e| bpf_err("prune HM_AFFINITY", e))
     }

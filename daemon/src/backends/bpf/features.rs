@@ -12,23 +12,18 @@
 use std::io;
 use std::os::fd::AsFd;
 
+use super::asm::{add_imm, call, exit, mov_imm, mov_reg, zero_stack};
 use super::sys::{self, Insn};
 use crate::model::{Feature, KernelFeatures};
-
-const BPF_PROG_TYPE_SOCKET_FILTER: u32 = 1;
-const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
-const BPF_PROG_TYPE_CGROUP_SOCK_ADDR: u32 = 18;
-const BPF_PROG_TYPE_SK_LOOKUP: u32 = 30;
-
-const BPF_CGROUP_INET4_CONNECT: u32 = 10;
-const BPF_CGROUP_INET4_GETPEERNAME: u32 = 29;
-const BPF_SK_LOOKUP: u32 = 36;
-const BPF_TCX_INGRESS: u32 = 46;
-
-const FN_SKB_SET_TUNNEL_KEY: i32 = 21;
-const FN_GET_NETNS_COOKIE: i32 = 122;
-const FN_REDIRECT_NEIGH: i32 = 152;
-const FN_SET_RETVAL: i32 = 187;
+use aya_obj::generated::bpf_attach_type::{
+    BPF_CGROUP_INET4_CONNECT, BPF_CGROUP_INET4_GETPEERNAME, BPF_SK_LOOKUP, BPF_TCX_INGRESS,
+};
+use aya_obj::generated::bpf_func_id::{
+    BPF_FUNC_get_netns_cookie, BPF_FUNC_redirect_neigh, BPF_FUNC_set_retval, BPF_FUNC_skb_set_tunnel_key,
+};
+use aya_obj::generated::bpf_prog_type::{
+    BPF_PROG_TYPE_CGROUP_SOCK_ADDR, BPF_PROG_TYPE_SCHED_CLS, BPF_PROG_TYPE_SK_LOOKUP, BPF_PROG_TYPE_SOCKET_FILTER,
+};
 
 /// The kernel refuses BPF altogether: nothing hostmesh does could work.
 #[derive(Debug, thiserror::Error)]
@@ -38,44 +33,22 @@ const FN_SET_RETVAL: i32 = 187;
 )]
 pub(crate) struct NoBpf(pub io::Error);
 
-/// `mov64 dst, imm`
-const fn mov_imm(dst: u8, imm: i32) -> Insn {
-    Insn { code: 0xb7, regs: dst, off: 0, imm }
-}
+/// `sizeof(struct bpf_tunnel_key)` with the tunnel's source address;
+/// kernels before the field refuse the size.
+const TUNNEL_KEY_WITH_SOURCE: i32 = crate::abi::TUNNEL_KEY_SIZE as i32;
 
-const fn call(helper: i32) -> Insn {
-    Insn { code: 0x85, regs: 0, off: 0, imm: helper }
-}
-
-const EXIT: Insn = Insn { code: 0x95, regs: 0, off: 0, imm: 0 };
-
-/// `mov64 dst, src`
-const fn mov_reg(dst: u8, src: u8) -> Insn {
-    Insn { code: 0xbf, regs: dst | (src << 4), off: 0, imm: 0 }
-}
-
-/// `*(u64 *)(r10 + off) = 0`
-const fn zero_stack(off: i16) -> Insn {
-    Insn { code: 0x7a, regs: 10, off, imm: 0 }
-}
-
-/// `dst += imm`
-const fn add_imm(dst: u8, imm: i32) -> Insn {
-    Insn { code: 0x07, regs: dst, off: 0, imm }
-}
-
-/// `sizeof(struct bpf_tunnel_key)` with the tunnel's source address
-/// (`local_ipv4`/`local_ipv6`); kernels before the field refuse the size.
-const TUNNEL_KEY_WITH_SOURCE: i32 = 44;
-
-fn loads(prog_type: u32, attach_type: u32, insns: &[Insn]) -> bool {
+fn loads(
+    prog_type: aya_obj::generated::bpf_prog_type,
+    attach_type: Option<aya_obj::generated::bpf_attach_type>,
+    insns: &[Insn],
+) -> bool {
     sys::prog_load(prog_type, attach_type, insns).is_ok()
 }
 
 /// Probes every feature of `model::Feature`.
 pub(crate) fn probe() -> Result<KernelFeatures, NoBpf> {
     // A socket filter that returns 0: if even this is refused, stop here.
-    sys::prog_load(BPF_PROG_TYPE_SOCKET_FILTER, 0, &[mov_imm(0, 0), EXIT]).map_err(|(e, _)| NoBpf(e))?;
+    sys::prog_load(BPF_PROG_TYPE_SOCKET_FILTER, None, &[mov_imm(0, 0), exit()]).map_err(|(e, _)| NoBpf(e))?;
 
     let mut missing = Vec::new();
     for feature in Feature::ALL {
@@ -89,7 +62,9 @@ pub(crate) fn probe() -> Result<KernelFeatures, NoBpf> {
 fn has(feature: Feature) -> bool {
     match feature {
         Feature::Tcx => {
-            let Ok(prog) = sys::prog_load(BPF_PROG_TYPE_SCHED_CLS, 0, &[mov_imm(0, 0), EXIT]) else { return false };
+            let Ok(prog) = sys::prog_load(BPF_PROG_TYPE_SCHED_CLS, None, &[mov_imm(0, 0), exit()]) else {
+                return false;
+            };
             matches!(
                 sys::link_create(prog.as_fd(), 0, BPF_TCX_INGRESS),
                 Err(e) if e.raw_os_error() == Some(libc::ENODEV)
@@ -99,22 +74,23 @@ fn has(feature: Feature) -> bool {
         // bpf_set_retval(0); return 1;
         Feature::SetRetval => loads(
             BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
-            BPF_CGROUP_INET4_CONNECT,
-            &[mov_imm(1, 0), call(FN_SET_RETVAL), mov_imm(0, 1), EXIT],
+            Some(BPF_CGROUP_INET4_CONNECT),
+            &[mov_imm(1, 0), call(BPF_FUNC_set_retval), mov_imm(0, 1), exit()],
         ),
         // A getpeername4 program (the newest hook the connect-time
         // programs use) calling bpf_get_netns_cookie(ctx), the context
         // being in r1 on entry; return 1.
         Feature::ConnectTimeHooks => loads(
             BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
-            BPF_CGROUP_INET4_GETPEERNAME,
-            &[call(FN_GET_NETNS_COOKIE), mov_imm(0, 1), EXIT],
+            Some(BPF_CGROUP_INET4_GETPEERNAME),
+            &[call(BPF_FUNC_get_netns_cookie), mov_imm(0, 1), exit()],
         ),
         // return SK_PASS;
-        Feature::SkLookup => loads(BPF_PROG_TYPE_SK_LOOKUP, BPF_SK_LOOKUP, &[mov_imm(0, 1), EXIT]),
+        Feature::SkLookup => loads(BPF_PROG_TYPE_SK_LOOKUP, Some(BPF_SK_LOOKUP), &[mov_imm(0, 1), exit()]),
         // return bpf_skb_set_tunnel_key(skb, &(struct bpf_tunnel_key){},
-        // 44, 0), run once on a packet: 0 if the kernel knows the size
-        // that carries a source address, -EINVAL if not.
+        // sizeof(struct bpf_tunnel_key), 0), run once on a packet: 0 if
+        // the kernel knows the size that carries a source address,
+        // -EINVAL if not.
         Feature::TunnelSource => {
             let insns = [
                 mov_reg(6, 1),
@@ -129,18 +105,18 @@ fn has(feature: Feature) -> bool {
                 mov_reg(1, 6),
                 mov_imm(3, TUNNEL_KEY_WITH_SOURCE),
                 mov_imm(4, 0),
-                call(FN_SKB_SET_TUNNEL_KEY),
-                EXIT,
+                call(BPF_FUNC_skb_set_tunnel_key),
+                exit(),
             ];
-            let Ok(prog) = sys::prog_load(BPF_PROG_TYPE_SCHED_CLS, 0, &insns) else { return false };
-            sys::prog_test_run(prog.as_fd(), &[0u8; 64]).is_ok_and(|rc| rc == 0)
+            let Ok(prog) = sys::prog_load(BPF_PROG_TYPE_SCHED_CLS, None, &insns) else { return false };
+            sys::prog_test_run(prog.as_fd(), &[0u8; 64], &[]).is_ok_and(|r| r.retval == 0)
         }
         Feature::SockDestroy => crate::backends::netlink::sock_destroy::supported(),
         // return bpf_redirect_neigh(1, NULL, 0, 0);
         Feature::RedirectNeigh => loads(
             BPF_PROG_TYPE_SCHED_CLS,
-            0,
-            &[mov_imm(1, 1), mov_imm(2, 0), mov_imm(3, 0), mov_imm(4, 0), call(FN_REDIRECT_NEIGH), EXIT],
+            None,
+            &[mov_imm(1, 1), mov_imm(2, 0), mov_imm(3, 0), mov_imm(4, 0), call(BPF_FUNC_redirect_neigh), exit()],
         ),
     }
 }
@@ -150,15 +126,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn instructions_encode_as_the_kernel_reads_them() {
-        assert_eq!(std::mem::size_of::<Insn>(), 8);
-        let m = mov_imm(2, 7);
-        assert_eq!((m.code, m.regs, m.imm), (0xb7, 0x02, 7));
-        let r = mov_reg(2, 10);
-        assert_eq!((r.code, r.regs), (0xbf, 0xa2));
-        let z = zero_stack(-48);
-        assert_eq!((z.code, z.regs, z.off), (0x7a, 0x0a, -48));
-        let c = call(FN_SET_RETVAL);
-        assert_eq!((c.code, c.imm), (0x85, 187));
+    fn the_tunnel_key_size_is_the_one_with_a_source_address() {
+        assert_eq!(TUNNEL_KEY_WITH_SOURCE, 44, "with local_ipv4/local_ipv6");
     }
 }

@@ -38,16 +38,16 @@ impl Inspector {
         &self.pins
     }
 
-    pub(super) fn map(&self, name: &str) -> io::Result<Option<OwnedFd>> {
-        match sys::obj_get(&self.pins.map(name)) {
+    pub(super) fn map(&self, map: HmMap) -> io::Result<Option<OwnedFd>> {
+        match sys::obj_get(&self.pins.map(map)) {
             Ok(fd) => Ok(Some(fd)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(io::Error::new(e.kind(), format!("open the pinned {name}: {e}"))),
+            Err(e) => Err(io::Error::new(e.kind(), format!("open the pinned {map}: {e}"))),
         }
     }
 
-    fn lookup<V: Pod>(&self, name: &str, key: &[u8]) -> io::Result<Option<V>> {
-        let Some(fd) = self.map(name)? else { return Ok(None) };
+    fn lookup<V: Pod>(&self, map: HmMap, key: &[u8]) -> io::Result<Option<V>> {
+        let Some(fd) = self.map(map)? else { return Ok(None) };
         let mut v = vec![0u8; std::mem::size_of::<V>()];
         Ok(if sys::map_lookup(fd.as_fd(), key, &mut v)? { V::from_bytes(&v) } else { None })
     }
@@ -55,18 +55,18 @@ impl Inspector {
     /// HM_CONFIG's flags (which protocols connect-time LB handles), if
     /// the service maps exist.
     pub(crate) fn config(&self) -> io::Result<Option<HmConfig>> {
-        self.lookup("HM_CONFIG", &0u32.to_ne_bytes())
+        self.lookup(HmMap::Config, &0u32.to_ne_bytes())
     }
 
     /// The service at (VIP, port, protocol) with its table.
     pub(crate) fn service(&self, key: SvcKey) -> io::Result<Option<ServiceEntry>> {
-        let Some(value) = self.lookup::<SvcValue>("HM_SERVICES", &key.to_bytes())? else { return Ok(None) };
+        let Some(value) = self.lookup::<SvcValue>(HmMap::Services, &key.to_bytes())? else { return Ok(None) };
         let mut backends: BTreeMap<u32, Option<SocketAddr>> = BTreeMap::new();
         let mut slots = Vec::with_capacity(value.table_size as usize);
         let chunks = (value.table_size as usize).div_ceil(MAGLEV_CHUNK);
         for chunk in 0..chunks {
             let k = MaglevKey { svc_id: value.id, chunk: chunk as u32 };
-            let ids = self.lookup::<MaglevChunk>("HM_MAGLEV", &k.to_bytes())?;
+            let ids = self.lookup::<MaglevChunk>(HmMap::Maglev, &k.to_bytes())?;
             for i in 0..MAGLEV_CHUNK.min(value.table_size as usize - chunk * MAGLEV_CHUNK) {
                 let Some(ids) = &ids else {
                     slots.push(None);
@@ -74,14 +74,14 @@ impl Inspector {
                 };
                 let id = ids.backend[i];
                 if let std::collections::btree_map::Entry::Vacant(v) = backends.entry(id) {
-                    let b = self.lookup::<BackendValue>("HM_BACKENDS", &id.to_ne_bytes())?;
+                    let b = self.lookup::<BackendValue>(HmMap::Backends, &id.to_ne_bytes())?;
                     v.insert(b.map(|b| b.socket_addr()));
                 }
                 slots.push(backends[&id]);
             }
         }
         let affinity_s = if value.flags & SVC_F_AFFINITY != 0 {
-            self.lookup::<SvcAffinity>("HM_SVC_AFFINITY", &value.id.to_ne_bytes())?.map(|a| a.timeout_s)
+            self.lookup::<SvcAffinity>(HmMap::SvcAffinity, &value.id.to_ne_bytes())?.map(|a| a.timeout_s)
         } else {
             None
         };
@@ -92,8 +92,10 @@ impl Inspector {
     /// last used, in nanoseconds of CLOCK_MONOTONIC (the probes' clock).
     pub(crate) fn affinity(&self, client: IpAddr, svc_id: u32) -> io::Result<Option<(SocketAddr, u64)>> {
         let key = AffKey { client: addr16(client), svc_id };
-        let Some(v) = self.lookup::<AffValue>("HM_AFFINITY", &key.to_bytes())? else { return Ok(None) };
-        let Some(b) = self.lookup::<BackendValue>("HM_BACKENDS", &v.backend_id.to_ne_bytes())? else { return Ok(None) };
+        let Some(v) = self.lookup::<AffValue>(HmMap::Affinity, &key.to_bytes())? else { return Ok(None) };
+        let Some(b) = self.lookup::<BackendValue>(HmMap::Backends, &v.backend_id.to_ne_bytes())? else {
+            return Ok(None);
+        };
         let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
             .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
             .unwrap_or(0);
@@ -104,7 +106,7 @@ impl Inspector {
     /// VIP's every-port entry, as hm_mesh looks them up.
     pub(crate) fn mesh(&self, vip: IpAddr, port: u16, proto: u8) -> io::Result<Option<(u16, u16)>> {
         for p in [port, 0] {
-            if let Some(v) = self.lookup::<MeshValue>("HM_MESH", &MeshKey::new(vip, p, proto).to_bytes())? {
+            if let Some(v) = self.lookup::<MeshValue>(HmMap::Mesh, &MeshKey::new(vip, p, proto).to_bytes())? {
                 return Ok(Some((p, v.redirect_port)));
             }
         }
@@ -115,12 +117,12 @@ impl Inspector {
     /// and whether it is up.
     pub(crate) fn peer(&self, addr: IpAddr) -> io::Result<Option<(IpAddr, bool)>> {
         let key = LpmKey { prefixlen: 128, addr: addr16(addr) };
-        Ok(self.lookup::<Endpoint>("HM_PEERS", &key.to_bytes())?.map(|e| (ip_from16(e.addr), e.flags & EP_UP != 0)))
+        Ok(self.lookup::<Endpoint>(HmMap::Peers, &key.to_bytes())?.map(|e| (ip_from16(e.addr), e.flags & EP_UP != 0)))
     }
 
     /// The traffic counters of (service id, backend), summed over CPUs.
     pub(crate) fn counters(&self, svc_id: u32, backend: SocketAddr) -> io::Result<BackendStats> {
-        let Some(fd) = self.map("HM_BACKEND_STATS")? else { return Ok(BackendStats::default()) };
+        let Some(fd) = self.map(HmMap::BackendStats)? else { return Ok(BackendStats::default()) };
         let key = BackendStatsKey { addr: addr16(backend.ip()), port_be: backend.port().to_be(), pad: 0, svc_id };
         let mut v = vec![0u8; backend_stats_len()?];
         if !sys::map_lookup(fd.as_fd(), &key.to_bytes(), &mut v)? {

@@ -3,6 +3,7 @@
 //! created at its configured size; every program verified once.
 
 use super::*;
+use crate::abi::MapDef;
 
 impl PinnedBpf {
     pub(super) fn ensure_loaded(&mut self) -> Result<&mut Loaded> {
@@ -16,33 +17,34 @@ impl PinnedBpf {
         self.pins.ensure().map_err(|e| bpf_err(format!("prepare {}", self.pins.root.display()), e))?;
         // Every map as the configuration sizes it: a pin of another size
         // is retired, and new maps are created at this size.
-        let defs: Vec<MapDef> = MAPS.iter().map(|m| objects::map_def(m.name, &self.sizes)).collect();
+        let defs: Vec<MapDef> = HmMap::pinned().map(|m| objects::sized(m, &self.sizes)).collect();
         let mut retired = Vec::new();
         for def in &defs {
             retired.extend(self.retire_incompatible(def)?);
         }
-        let mut objects = Vec::new();
+        let mut objects = BTreeMap::new();
         let mut programs = BTreeMap::new();
-        for (index, (source, bytes)) in objects::objects(&self.features).into_iter().enumerate() {
+        for (role, variant) in objects::loaded_objects(&self.features) {
+            let bytes = objects::bytes(variant);
+            let source = format!("probes/{} ({})", variant.def().source, variant.def().name);
             let mut loader = EbpfLoader::new();
             let mark = objects::build_mark(bytes);
             loader.override_global("hm_build_mark", &mark, true);
             for def in &defs {
-                loader.map_pin_path(def.name, self.pins.map(def.name));
+                loader.map_pin_path(def.name, self.pins.map(def.map));
                 loader.map_max_entries(def.name, def.max_entries);
             }
             let mut ebpf = loader.load(bytes).map_err(|e| bpf_err(format!("load {source}"), chain(&e)))?;
-            for program in Program::ALL.into_iter().filter(|p| objects::object_of(*p) == index) {
+            for program in Program::ALL.into_iter().filter(|p| p.object() == role) {
                 let info = load_program(&mut ebpf, program)?;
                 programs.insert(program, info);
             }
-            objects.push(ebpf);
+            objects.insert(role, ebpf);
         }
         let mut maps = BTreeMap::new();
-        for def in MAPS {
-            let fd = sys::obj_get(&self.pins.map(def.name))
-                .map_err(|e| bpf_err(format!("open pinned map {}", def.name), e))?;
-            maps.insert(def.name, fd);
+        for map in HmMap::pinned() {
+            let fd = sys::obj_get(&self.pins.map(map)).map_err(|e| bpf_err(format!("open pinned map {map}"), e))?;
+            maps.insert(map, fd);
         }
         let pinned_ids = maps
             .iter()
@@ -53,7 +55,8 @@ impl PinnedBpf {
         // Resized maps are filled before any program of this build uses
         // them (the sync attaches those later).
         for r in &retired {
-            let copied = resize::copy_entries(r.old.as_fd(), maps[r.def.name].as_fd(), &r.def, false)
+            let new = maps.get(&r.def.map).ok_or_else(|| bpf_err(format!("open {}", r.def.name), "not loaded"))?;
+            let copied = resize::copy_entries(r.old.as_fd(), new.as_fd(), &r.def, false)
                 .map_err(|e| bpf_err(format!("copy {} into its resized map", r.def.name), e))?;
             self.notes.push(format!(
                 "map {} resized from {} to {} entries: {} entries copied{}",
@@ -71,11 +74,11 @@ impl PinnedBpf {
     /// pin it again, so a restart adopts it instead of starting empty.
     pub(super) fn repin_missing_maps(&mut self) -> Result<()> {
         let Some(loaded) = &self.loaded else { return Ok(()) };
-        for (name, fd) in &loaded.maps {
-            let path = self.pins.map(name);
+        for (map, fd) in &loaded.maps {
+            let path = self.pins.map(*map);
             if !path.exists() {
                 sys::obj_pin(fd.as_fd(), &path).map_err(|e| bpf_err(format!("pin {}", path.display()), e))?;
-                self.notes.push(format!("map {name} had lost its pin {}; pinned it again", path.display()));
+                self.notes.push(format!("map {map} had lost its pin {}; pinned it again", path.display()));
             }
         }
         Ok(())
@@ -88,7 +91,7 @@ impl PinnedBpf {
     /// differs only in capacity is resized instead: returned, still open,
     /// for its entries to be copied into the new one.
     pub(super) fn retire_incompatible(&mut self, def: &MapDef) -> Result<Option<resize::Retired>> {
-        let path = self.pins.map(def.name);
+        let path = self.pins.map(def.map);
         let fd = match sys::obj_get(&path) {
             Ok(fd) => fd,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -134,10 +137,10 @@ impl PinnedBpf {
     pub(super) fn probe_sk_lookup() -> Option<String> {
         let mut loader = EbpfLoader::new();
         let small = crate::config::Capacity::Mesh.key().min;
-        for def in MAPS.iter().filter(|d| objects::sized_by(d.name) == Some(crate::config::Capacity::Mesh)) {
-            loader.map_max_entries(def.name, small);
+        for map in HmMap::ALL.into_iter().filter(|m| m.def().sized_by == Some(crate::config::Capacity::Mesh)) {
+            loader.map_max_entries(map.name(), small);
         }
-        match loader.load(objects::MESH) {
+        match loader.load(objects::bytes(ProbeObject::Mesh)) {
             Ok(mut ebpf) => load_program(&mut ebpf, Program::Mesh).err().map(|e| e.to_string()),
             Err(e) => Some(chain(&e)),
         }
@@ -167,7 +170,8 @@ pub(super) fn load_program(ebpf: &mut Ebpf, program: Program) -> Result<ProgInfo
 }
 
 pub(super) fn program_fd(loaded: &Loaded, program: Program) -> Result<aya::programs::ProgramFd> {
-    let ebpf = &loaded.objects[objects::object_of(program)];
+    let ebpf =
+        loaded.objects.get(&program.object()).ok_or_else(|| bpf_err(program.name(), "its object is not loaded"))?;
     let fd = match ebpf.program(program.name()) {
         Some(aya::programs::Program::SchedClassifier(p)) => p.fd().map_err(|e| bpf_err(program.name(), chain(&e)))?,
         Some(aya::programs::Program::CgroupSockAddr(p)) => p.fd().map_err(|e| bpf_err(program.name(), chain(&e)))?,

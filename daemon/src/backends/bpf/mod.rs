@@ -8,6 +8,7 @@
 //! needed: a host with nothing configured gets no BPF state at all.
 
 mod affinity;
+pub mod asm;
 pub(crate) mod attached;
 mod conntrack;
 pub(crate) mod features;
@@ -35,12 +36,12 @@ use aya::programs::CgroupAttachMode;
 use aya::{Ebpf, EbpfLoader};
 
 use self::load::program_fd;
-use self::objects::{def_of, MapDef, BPF_MAP_TYPE_ARRAY, MAPS};
 use self::pins::{unpin, PinDir};
 use self::sys::ProgInfo;
 use super::ifaces;
 use super::netlink::RouteSocket;
 use super::{BackendError, BpfBackend, BpfSettings, MapSizes, Result, Sweep};
+use crate::abi::{HmMap, ProbeObject};
 use crate::model::*;
 
 pub(crate) struct PinnedBpf {
@@ -60,11 +61,12 @@ pub(crate) struct PinnedBpf {
 }
 
 struct Loaded {
-    objects: Vec<Ebpf>,
+    /// Each object as its programs name it (`Program::object`).
+    objects: BTreeMap<ProbeObject, Ebpf>,
     /// Our loaded copy of each program: its tag and maps say whether what
     /// is attached is this build's program.
     programs: BTreeMap<Program, ProgInfo>,
-    maps: BTreeMap<&'static str, OwnedFd>,
+    maps: BTreeMap<HmMap, OwnedFd>,
     /// The ids of `maps`. A program's other maps are its object's own
     /// constants (`.rodata*`), created anew by every load: comparing
     /// programs, only these count.
@@ -118,14 +120,19 @@ impl PinnedBpf {
 
     /// Whether anything is pinned (nothing to observe otherwise).
     fn has_pins(&self) -> bool {
-        MAPS.iter().any(|m| self.pins.map(m.name).exists())
+        HmMap::pinned().any(|m| self.pins.map(m).exists())
             || !self.pins.link_names().unwrap_or_default().is_empty()
             || !self.pins.prog_names().unwrap_or_default().is_empty()
     }
 
-    fn map_fd(&mut self, name: &'static str) -> Result<&OwnedFd> {
+    fn map_fd(&mut self, map: HmMap) -> Result<&OwnedFd> {
         let loaded = self.ensure_loaded()?;
-        Ok(&loaded.maps[name])
+        loaded.maps.get(&map).ok_or_else(|| bpf_err(format!("open {map}"), "not among the loaded maps"))
+    }
+
+    /// `map_fd`, a descriptor of its own (to use beside another map).
+    fn map_fd_owned(&mut self, map: HmMap) -> Result<OwnedFd> {
+        self.map_fd(map)?.try_clone().map_err(|e| bpf_err(format!("open {map}"), e))
     }
 
     /// Is the pinned link for `a` attached where it should be, running
@@ -144,7 +151,11 @@ impl PinnedBpf {
     /// `what`), this build's program with this build's maps?
     fn program_status(&mut self, a: &Attachment, prog_id: u32, what: &str) -> Result<AttachStatus> {
         let loaded = self.ensure_loaded()?;
-        let want = loaded.programs[&a.program].clone();
+        let want = loaded
+            .programs
+            .get(&a.program)
+            .cloned()
+            .ok_or_else(|| bpf_err(format!("check {a}"), "the program is not loaded"))?;
         let ours = loaded.pinned_ids.clone();
         let pinned = |ids: &[u32]| -> Vec<u32> { ids.iter().copied().filter(|id| ours.contains(id)).collect() };
         let want_maps = pinned(&want.map_ids);
@@ -204,11 +215,11 @@ impl PinnedBpf {
         for name in self.pins.prog_names()? {
             unpin(&self.pins.prog(&name))?;
         }
-        for def in MAPS {
-            let p = self.pins.map(def.name);
+        for map in HmMap::pinned() {
+            let p = self.pins.map(map);
             if p.exists() {
                 unpin(&p)?;
-                removed.push(format!("unpinned map {}", def.name));
+                removed.push(format!("unpinned map {map}"));
             }
         }
         Ok(removed)
@@ -216,7 +227,7 @@ impl PinnedBpf {
 
     /// Entry 0 of a config array map; None if it was never written (an
     /// array entry never written reads as zeros).
-    fn config_entry<T: crate::abi::Pod>(&mut self, map: &'static str) -> Result<Option<T>> {
+    fn config_entry<T: crate::abi::Pod>(&mut self, map: HmMap) -> Result<Option<T>> {
         let fd = self.map_fd(map)?;
         let mut value = vec![0u8; std::mem::size_of::<T>()];
         let found = sys::map_lookup(fd.as_fd(), &0u32.to_ne_bytes(), &mut value)
@@ -229,8 +240,14 @@ impl PinnedBpf {
         if self.loaded.is_none() && !self.has_pins() {
             return Ok(None);
         }
-        self.map_fd("HM_CT").map(Some)
+        self.map_fd(HmMap::Ct).map(Some)
     }
+}
+
+/// Arrays hold every key: an all-zero value is an unset entry.
+pub(super) fn is_array(def: &crate::abi::MapDef) -> bool {
+    use aya_obj::generated::bpf_map_type::{BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_PERCPU_ARRAY};
+    [BPF_MAP_TYPE_ARRAY as u32, BPF_MAP_TYPE_PERCPU_ARRAY as u32].contains(&def.map_type)
 }
 
 /// The inode number of the daemon's network namespace.
@@ -243,17 +260,19 @@ fn own_netns_ino() -> Option<u32> {
 fn link_in_place(hook: &Hook, info: &sys::LinkInfo) -> bool {
     match hook {
         Hook::TcIngress(dev) | Hook::TcEgress(dev) => {
-            info.link_type == sys::BPF_LINK_TYPE_TCX
+            info.link_type == Some(sys::bpf_link_type::BPF_LINK_TYPE_TCX)
                 && info.tcx_ifindex != 0
                 && ifaces::index(dev) == Some(info.tcx_ifindex)
         }
         Hook::Cgroup(path) => {
-            info.link_type == sys::BPF_LINK_TYPE_CGROUP
+            info.link_type == Some(sys::bpf_link_type::BPF_LINK_TYPE_CGROUP)
                 && info.cgroup_id != 0
                 && cgroup_id(path) == Some(info.cgroup_id)
         }
         Hook::Netns => {
-            info.link_type == sys::BPF_LINK_TYPE_NETNS && info.netns_ino != 0 && own_netns_ino() == Some(info.netns_ino)
+            info.link_type == Some(sys::bpf_link_type::BPF_LINK_TYPE_NETNS)
+                && info.netns_ino != 0
+                && own_netns_ino() == Some(info.netns_ino)
         }
     }
 }
@@ -279,11 +298,11 @@ impl BpfBackend for PinnedBpf {
         }
         self.repin_missing_maps()?;
         for map in BpfMap::ALL {
-            let def = def_of(map, &self.sizes);
-            let fd = self.map_fd(def.name)?;
+            let def = map.map().def();
+            let fd = self.map_fd(map.map())?;
             sys::map_for_each(fd.as_fd(), def.key_size as usize, def.value_size as usize, |key, value| {
                 // An array always has every key; all-zero values are unset.
-                if def.map_type == BPF_MAP_TYPE_ARRAY && value.iter().all(|b| *b == 0) {
+                if is_array(def) && value.iter().all(|b| *b == 0) {
                     return;
                 }
                 out.insert(MapEntryKey { map, key: key.into() }, MapValue::read_back(map, value.to_vec()));
@@ -294,14 +313,14 @@ impl BpfBackend for PinnedBpf {
     }
 
     fn put_map_entry(&mut self, key: &MapEntryKey, value: &[u8]) -> Result<()> {
-        let fd = self.map_fd(key.map.name())?;
+        let fd = self.map_fd(key.map.map())?;
         sys::map_update(fd.as_fd(), &key.key, value).map_err(|e| bpf_err(format!("update {}", key.map.name()), e))
     }
 
     fn delete_map_entry(&mut self, key: &MapEntryKey) -> Result<()> {
-        let def = def_of(key.map, &self.sizes);
-        let fd = self.map_fd(def.name)?;
-        let result = if def.map_type == BPF_MAP_TYPE_ARRAY {
+        let def = key.map.map().def();
+        let fd = self.map_fd(def.map)?;
+        let result = if is_array(def) {
             sys::map_update(fd.as_fd(), &key.key, &vec![0u8; def.value_size as usize])
         } else {
             sys::map_delete(fd.as_fd(), &key.key)
@@ -350,7 +369,10 @@ impl BpfBackend for PinnedBpf {
         if status == Some(AttachStatus::Defunct) {
             unpin(&pin).map_err(|e| bpf_err(format!("unpin {}", pin.display()), e))?;
         }
-        let ebpf = &mut loaded.objects[objects::object_of(a.program)];
+        let ebpf = loaded
+            .objects
+            .get_mut(&a.program.object())
+            .ok_or_else(|| bpf_err(format!("attach {a}"), "its object is not loaded"))?;
         let link: FdLink = match (&a.hook, ebpf.program_mut(a.program.name())) {
             (Hook::TcIngress(dev) | Hook::TcEgress(dev), Some(aya::programs::Program::SchedClassifier(p))) => {
                 tc::attach_tcx(p, dev, a)?
@@ -400,17 +422,17 @@ impl BpfBackend for PinnedBpf {
         }
         let now = conntrack::now_ns();
         // The timeouts the probes use, from HM_CONFIG[0].
-        let config = self.config_entry::<crate::abi::HmConfig>("HM_CONFIG")?;
+        let config = self.config_entry::<crate::abi::HmConfig>(HmMap::Config)?;
         let mut sweep = Sweep { capacity: self.sizes.conntrack, ..Sweep::default() };
-        for (map, left) in [("HM_CT", &mut sweep.open), ("HM_CT_CLOSING", &mut sweep.closed)] {
-            let fd = self.map_fd(map)?.try_clone().map_err(|e| bpf_err(map, e))?;
+        for (map, left) in [(HmMap::Ct, &mut sweep.open), (HmMap::CtClosing, &mut sweep.closed)] {
+            let fd = self.map_fd_owned(map)?;
             let (removed, n) =
                 conntrack::expire(fd.as_fd(), config, now).map_err(|e| bpf_err(format!("expire flows in {map}"), e))?;
             sweep.removed += removed;
             *left = n;
         }
-        if let Some(gw) = self.config_entry::<crate::abi::GwConfig>("HM_GW_CONFIG")? {
-            let fd = self.map_fd("HM_GW_CT")?.try_clone().map_err(|e| bpf_err("HM_GW_CT", e))?;
+        if let Some(gw) = self.config_entry::<crate::abi::GwConfig>(HmMap::GwConfig)? {
+            let fd = self.map_fd_owned(HmMap::GwCt)?;
             sweep.removed += conntrack::expire_gateway(fd.as_fd(), gw, now)
                 .map_err(|e| bpf_err("expire learned return paths in HM_GW_CT", e))?
                 .0;
@@ -424,14 +446,14 @@ impl BpfBackend for PinnedBpf {
             return Ok(out);
         }
         let stopped: std::collections::BTreeSet<_> = stopped.iter().copied().collect();
-        let ct = self.map_fd("HM_CT")?.try_clone().map_err(|e| bpf_err("HM_CT", e))?;
+        let ct = self.map_fd_owned(HmMap::Ct)?;
         out.flow_entries =
             flows_drop::forget_flows(ct.as_fd(), &stopped).map_err(|e| bpf_err("drop flows in HM_CT", e))?;
         if !self.features.has(crate::model::Feature::SockDestroy) {
             // `hostmesh status` lists the feature as missing, with its cost.
             return Ok(out);
         }
-        let revsk = self.map_fd("HM_REVERSE_SOCK")?.try_clone().map_err(|e| bpf_err("HM_REVERSE_SOCK", e))?;
+        let revsk = self.map_fd_owned(HmMap::ReverseSock)?;
         match flows_drop::destroy_sockets(revsk.as_fd(), &stopped) {
             Ok(n) => out.sockets = n,
             Err(e) => out.sockets_error = Some(format!("cannot destroy connected sockets: {e}")),
@@ -479,7 +501,9 @@ impl BpfBackend for PinnedBpf {
             if !resize::written_by_programs(&r.def) {
                 continue;
             }
-            let copied = resize::copy_entries(r.old.as_fd(), loaded.maps[r.def.name].as_fd(), &r.def, true)
+            let new =
+                loaded.maps.get(&r.def.map).ok_or_else(|| bpf_err(format!("open {}", r.def.name), "not loaded"))?;
+            let copied = resize::copy_entries(r.old.as_fd(), new.as_fd(), &r.def, true)
                 .map_err(|e| bpf_err(format!("copy late flows of {} into its resized map", r.def.name), e))?;
             if copied.copied > 0 {
                 notes.push(format!(

@@ -18,11 +18,9 @@ use aya::maps::HashMap;
 use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use aya::EbpfLoader;
 
-use crate::abi::{NETNS_COOKIE_ADDR, NETNS_COOKIE_PORT};
+use crate::abi::{HmMap, ProbeObject, NETNS_COOKIE_ADDR, NETNS_COOKIE_PORT};
 
-/// probes/netns_cookie.c.
-pub(crate) static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/netns_cookie.o"));
-
+// libc and nix lack these two socket options (asm-generic/socket.h).
 const SO_COOKIE: libc::c_int = 57;
 const SO_NETNS_COOKIE: libc::c_int = 71;
 
@@ -63,7 +61,8 @@ pub(crate) fn own_cgroup(cgroup2_root: &Path) -> io::Result<PathBuf> {
 /// to `cgroup`, which must hold the calling process.
 pub(crate) fn read_with_bpf(cgroup: &Path) -> io::Result<u64> {
     let fail = |what: &str, e: &dyn std::fmt::Display| io::Error::other(format!("{what}: {e}"));
-    let mut ebpf = EbpfLoader::new().load(OBJECT).map_err(|e| fail("load probes/netns_cookie.c", &e))?;
+    let object = super::objects::bytes(ProbeObject::NetnsCookie);
+    let mut ebpf = EbpfLoader::new().load(object).map_err(|e| fail("load probes/netns_cookie.c", &e))?;
     let program: &mut CgroupSockAddr = ebpf
         .program_mut("hm_netns_cookie")
         .ok_or_else(|| io::Error::other("probes/netns_cookie.c has no hm_netns_cookie"))?
@@ -89,8 +88,9 @@ pub(crate) fn read_with_bpf(cgroup: &Path) -> io::Result<u64> {
     // error here (no loopback) has been seen by it.
     let _ = sock.connect((NETNS_COOKIE_ADDR, NETNS_COOKIE_PORT));
 
-    let map = ebpf.map("HM_NETNS_COOKIE").ok_or_else(|| io::Error::other("no HM_NETNS_COOKIE map"))?;
-    let cookies: HashMap<_, u64, u64> = HashMap::try_from(map).map_err(|e| fail("HM_NETNS_COOKIE", &e))?;
+    let name = HmMap::NetnsCookie.name();
+    let map = ebpf.map(name).ok_or_else(|| io::Error::other(format!("probes/netns_cookie.c has no {name}")))?;
+    let cookies: HashMap<_, u64, u64> = HashMap::try_from(map).map_err(|e| fail(name, &e))?;
     // Dropping `ebpf` afterwards detaches the program (its link is not
     // pinned).
     cookies.get(&cookie, 0).map_err(|_| {

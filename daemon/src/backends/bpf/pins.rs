@@ -22,8 +22,6 @@ use std::io;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
-/// statfs(2) f_type of a bpffs.
-const BPF_FS_MAGIC: i64 = 0xcafe4a11;
 /// Where systemd mounts the host's bpffs.
 const SYS_FS_BPF: &str = "/sys/fs/bpf";
 
@@ -84,8 +82,8 @@ impl PinDir {
         self.root.join("links")
     }
 
-    pub(crate) fn map(&self, name: &str) -> PathBuf {
-        self.maps().join(name)
+    pub(crate) fn map(&self, map: crate::abi::HmMap) -> PathBuf {
+        self.maps().join(map.name())
     }
 
     pub(crate) fn link(&self, name: &str) -> PathBuf {
@@ -171,7 +169,7 @@ fn names(dir: &Path) -> io::Result<Vec<String>> {
 
 pub(crate) fn is_bpffs(path: &Path) -> io::Result<bool> {
     let st = nix::sys::statfs::statfs(path).map_err(io::Error::from)?;
-    Ok(st.filesystem_type().0 as i64 == BPF_FS_MAGIC)
+    Ok(st.filesystem_type() == nix::sys::statfs::BPF_FS_MAGIC)
 }
 
 /// Removes a pin; one that is gone already is fine.

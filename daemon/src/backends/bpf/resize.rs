@@ -8,8 +8,10 @@
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
 
-use super::objects::{MapDef, BPF_MAP_TYPE_LRU_HASH, BPF_MAP_TYPE_PERCPU_ARRAY, BPF_MAP_TYPE_SOCKHASH};
+use aya_obj::generated::bpf_map_type::{BPF_MAP_TYPE_LRU_HASH, BPF_MAP_TYPE_PERCPU_ARRAY, BPF_MAP_TYPE_SOCKHASH};
+
 use super::sys;
+use crate::abi::MapDef;
 
 /// A pinned map retired by a resize, kept open until the flows written to
 /// it after the first copy are moved over.
@@ -23,13 +25,13 @@ pub(super) struct Retired {
 /// lookup returns. A sockhash returns socket cookies but takes socket fds:
 /// its listeners are registered again by the sidecar registrar instead.
 pub(super) fn copyable(def: &MapDef) -> bool {
-    def.map_type != BPF_MAP_TYPE_SOCKHASH
+    def.map_type != BPF_MAP_TYPE_SOCKHASH as u32
 }
 
 /// Whether programs write the map (flow state), so entries can appear in
 /// the old map after the first copy.
 pub(super) fn written_by_programs(def: &MapDef) -> bool {
-    def.map_type == BPF_MAP_TYPE_LRU_HASH
+    def.map_type == BPF_MAP_TYPE_LRU_HASH as u32
 }
 
 /// What one copy did.
@@ -45,7 +47,7 @@ pub(super) struct Copied {
 /// one 8-byte-aligned value per possible CPU.
 fn value_len(def: &MapDef) -> io::Result<usize> {
     let v = def.value_size as usize;
-    if def.map_type == BPF_MAP_TYPE_PERCPU_ARRAY {
+    if def.map_type == BPF_MAP_TYPE_PERCPU_ARRAY as u32 {
         let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
         Ok(v.div_ceil(8) * 8 * cpus)
     } else {
@@ -63,14 +65,14 @@ pub(super) fn copy_entries(
     only_missing: bool,
 ) -> io::Result<Copied> {
     let len = value_len(def)?;
-    let array = def.map_type == BPF_MAP_TYPE_PERCPU_ARRAY || def.map_type == super::objects::BPF_MAP_TYPE_ARRAY;
-    let flags = if only_missing && !array { sys::BPF_NOEXIST } else { sys::BPF_ANY };
+    let array = super::is_array(def);
+    let how = if only_missing && !array { sys::Update::NoExist } else { sys::Update::Any };
     let mut out = Copied::default();
     for (key, value) in sys::map_dump(from, def.key_size as usize, len)? {
         if array && value.iter().all(|b| *b == 0) {
             continue;
         }
-        match sys::map_update_with(to, &key, &value, flags) {
+        match sys::map_update_with(to, &key, &value, how) {
             Ok(()) => out.copied += 1,
             // No room (a smaller hash map, an array index past the new
             // end), or already there when only missing ones are copied.

@@ -21,8 +21,8 @@ impl PinnedBpf {
         if self.loaded.is_none() && !self.has_pins() {
             return Ok(0);
         }
-        let services = self.map_fd("HM_SERVICES")?.try_clone().map_err(|e| bpf_err("HM_SERVICES", e))?;
-        let stats = self.map_fd("HM_BACKEND_STATS")?;
+        let services = self.map_fd_owned(HmMap::Services)?;
+        let stats = self.map_fd(HmMap::BackendStats)?;
         prune(services.as_fd(), stats.as_fd(), configured).map_err(|e| bpf_err("prune HM_BACKEND_STATS", e))
     }
 }

@@ -1,55 +1,33 @@
 //! The few bpf(2) commands hostmesh issues itself, on objects aya loaded:
 //! opening pins, byte-level map access (the reconciler diffs maps as
-//! bytes), and link/program/map info. Layouts follow include/uapi/linux/bpf.h.
+//! bytes), link/program/map info, and the feature probes' loads. aya
+//! issues these too but keeps them crate-private, so the calls are here;
+//! every layout and constant is aya-obj's bindings of the kernel's
+//! `include/uapi/linux/bpf.h`, none copied by hand.
 
 use std::ffi::CString;
 use std::io;
+use std::mem::{size_of, zeroed};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
-const BPF_MAP_LOOKUP_ELEM: i64 = 1;
-const BPF_MAP_UPDATE_ELEM: i64 = 2;
-const BPF_MAP_DELETE_ELEM: i64 = 3;
-const BPF_MAP_GET_NEXT_KEY: i64 = 4;
-const BPF_PROG_LOAD: i64 = 5;
-const BPF_OBJ_PIN: i64 = 6;
-const BPF_OBJ_GET: i64 = 7;
-const BPF_PROG_TEST_RUN: i64 = 10;
-const BPF_PROG_GET_FD_BY_ID: i64 = 13;
-const BPF_MAP_GET_FD_BY_ID: i64 = 14;
-const BPF_MAP_LOOKUP_BATCH: i64 = 24;
-const BPF_OBJ_GET_INFO_BY_FD: i64 = 15;
-const BPF_LINK_CREATE: i64 = 28;
-const BPF_LINK_UPDATE: i64 = 29;
+use aya_obj::generated::bpf_cmd::{self, *};
+pub use aya_obj::generated::bpf_insn as Insn;
+pub use aya_obj::generated::{bpf_attach_type, bpf_link_type, bpf_prog_type};
+use aya_obj::generated::{bpf_attr, bpf_link_info, bpf_map_info, bpf_prog_info, BPF_ANY, BPF_F_RDONLY, BPF_NOEXIST};
 
-const BPF_F_RDONLY: u32 = 1 << 3;
-
-pub const BPF_LINK_TYPE_CGROUP: u32 = 3;
-pub const BPF_LINK_TYPE_NETNS: u32 = 5;
-pub const BPF_LINK_TYPE_TCX: u32 = 11;
-
-/// bpf_attr is a union of at most 144 bytes here; commands read a prefix.
-#[repr(C, align(8))]
-struct Attr([u8; 144]);
-
-impl Attr {
-    fn new() -> Self {
-        Attr([0; 144])
-    }
-    fn u32(mut self, off: usize, v: u32) -> Self {
-        self.0[off..off + 4].copy_from_slice(&v.to_ne_bytes());
-        self
-    }
-    fn u64(mut self, off: usize, v: u64) -> Self {
-        self.0[off..off + 8].copy_from_slice(&v.to_ne_bytes());
-        self
-    }
+/// A zeroed `bpf_attr`: the kernel requires every byte a command does not
+/// use to be zero.
+fn attr() -> bpf_attr {
+    // SAFETY: bpf_attr is a union of integer-only structs; all zeroes is a
+    // valid value of each.
+    unsafe { zeroed() }
 }
 
-fn bpf(cmd: i64, attr: &mut Attr) -> io::Result<i64> {
-    // SAFETY: attr is a properly aligned, zero-initialised bpf_attr-sized
-    // buffer, and every pointer in it outlives the call.
-    let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut Attr, std::mem::size_of::<Attr>()) };
+fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<i64> {
+    // SAFETY: attr is a whole, zero-initialised bpf_attr, and every pointer
+    // set in it outlives the call.
+    let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd as libc::c_long, attr as *mut bpf_attr, size_of::<bpf_attr>()) };
     if rc < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -62,54 +40,74 @@ fn fd_from(rc: i64) -> OwnedFd {
     unsafe { OwnedFd::from_raw_fd(rc as i32) }
 }
 
+fn c_path(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path has a NUL byte"))
+}
+
 /// Pins an object (map, program or link) at `path`.
 pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
-    let c = CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path has a NUL byte"))?;
-    let mut attr = Attr::new().u64(0, c.as_ptr() as u64).u32(8, fd.as_raw_fd() as u32);
-    bpf(BPF_OBJ_PIN, &mut attr).map(|_| ())
+    let c = c_path(path)?;
+    let mut a = attr();
+    a.__bindgen_anon_4.pathname = c.as_ptr() as u64;
+    a.__bindgen_anon_4.bpf_fd = fd.as_raw_fd() as u32;
+    bpf(BPF_OBJ_PIN, &mut a).map(|_| ())
 }
 
 /// Opens a pinned object (map, program or link).
 pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
-    let c = CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path has a NUL byte"))?;
-    let mut attr = Attr::new().u64(0, c.as_ptr() as u64);
-    bpf(BPF_OBJ_GET, &mut attr).map(fd_from)
+    let c = c_path(path)?;
+    let mut a = attr();
+    a.__bindgen_anon_4.pathname = c.as_ptr() as u64;
+    bpf(BPF_OBJ_GET, &mut a).map(fd_from)
+}
+
+/// The element commands' attributes: map, key, value (or next key), flags.
+fn elem_attr(fd: BorrowedFd<'_>, key: u64, value: u64, flags: u64) -> bpf_attr {
+    let mut a = attr();
+    a.__bindgen_anon_2.map_fd = fd.as_raw_fd() as u32;
+    a.__bindgen_anon_2.key = key;
+    a.__bindgen_anon_2.__bindgen_anon_1.value = value;
+    a.__bindgen_anon_2.flags = flags;
+    a
 }
 
 pub fn map_lookup(fd: BorrowedFd<'_>, key: &[u8], value: &mut [u8]) -> io::Result<bool> {
-    let mut attr =
-        Attr::new().u32(0, fd.as_raw_fd() as u32).u64(8, key.as_ptr() as u64).u64(16, value.as_mut_ptr() as u64);
-    match bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) {
+    let mut a = elem_attr(fd, key.as_ptr() as u64, value.as_mut_ptr() as u64, 0);
+    match bpf(BPF_MAP_LOOKUP_ELEM, &mut a) {
         Ok(_) => Ok(true),
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
         Err(e) => Err(e),
     }
 }
 
+/// Creates or replaces.
 pub fn map_update(fd: BorrowedFd<'_>, key: &[u8], value: &[u8]) -> io::Result<()> {
-    map_update_with(fd, key, value, BPF_ANY)
+    map_update_with(fd, key, value, Update::Any)
 }
 
-/// Create or replace.
-pub const BPF_ANY: u64 = 0;
-/// Create only: EEXIST when the key is there.
-pub const BPF_NOEXIST: u64 = 1;
+/// How an update treats a key that is there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Update {
+    /// Create or replace (`BPF_ANY`).
+    Any,
+    /// Create only: EEXIST when the key is there (`BPF_NOEXIST`).
+    NoExist,
+}
 
-pub fn map_update_with(fd: BorrowedFd<'_>, key: &[u8], value: &[u8], flags: u64) -> io::Result<()> {
-    let mut attr = Attr::new()
-        .u32(0, fd.as_raw_fd() as u32)
-        .u64(8, key.as_ptr() as u64)
-        .u64(16, value.as_ptr() as u64)
-        .u64(24, flags);
-    bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(|_| ())
+pub fn map_update_with(fd: BorrowedFd<'_>, key: &[u8], value: &[u8], how: Update) -> io::Result<()> {
+    let flags = match how {
+        Update::Any => BPF_ANY,
+        Update::NoExist => BPF_NOEXIST,
+    };
+    let mut a = elem_attr(fd, key.as_ptr() as u64, value.as_ptr() as u64, u64::from(flags));
+    bpf(BPF_MAP_UPDATE_ELEM, &mut a).map(|_| ())
 }
 
 /// Deleting a missing key succeeds.
 pub fn map_delete(fd: BorrowedFd<'_>, key: &[u8]) -> io::Result<()> {
-    let mut attr = Attr::new().u32(0, fd.as_raw_fd() as u32).u64(8, key.as_ptr() as u64);
-    match bpf(BPF_MAP_DELETE_ELEM, &mut attr) {
+    let mut a = elem_attr(fd, key.as_ptr() as u64, 0, 0);
+    match bpf(BPF_MAP_DELETE_ELEM, &mut a) {
         Err(e) if e.raw_os_error() != Some(libc::ENOENT) => Err(e),
         _ => Ok(()),
     }
@@ -123,11 +121,8 @@ pub fn map_keys(fd: BorrowedFd<'_>, key_size: usize) -> io::Result<Vec<Vec<u8>>>
     let mut seen = std::collections::HashSet::new();
     loop {
         let mut next = vec![0u8; key_size];
-        let mut attr = Attr::new()
-            .u32(0, fd.as_raw_fd() as u32)
-            .u64(8, out.last().map_or(0, |k| k.as_ptr() as u64))
-            .u64(16, next.as_mut_ptr() as u64);
-        match bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) {
+        let mut a = elem_attr(fd, out.last().map_or(0, |k| k.as_ptr() as u64), next.as_mut_ptr() as u64, 0);
+        match bpf(BPF_MAP_GET_NEXT_KEY, &mut a) {
             Ok(_) if seen.insert(next.clone()) => out.push(next),
             Ok(_) => return Ok(out),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(out),
@@ -187,15 +182,16 @@ fn map_for_each_batched(
     let mut values = vec![0u8; value_size * BATCH];
     let mut first = true;
     loop {
-        let mut attr = Attr::new()
-            .u64(0, if first { 0 } else { position.as_ptr() as u64 })
-            .u64(8, next.as_mut_ptr() as u64)
-            .u64(16, keys.as_mut_ptr() as u64)
-            .u64(24, values.as_mut_ptr() as u64)
-            .u32(32, BATCH as u32)
-            .u32(36, fd.as_raw_fd() as u32);
-        let result = bpf(BPF_MAP_LOOKUP_BATCH, &mut attr);
-        let count = (rd32(&attr.0, 32) as usize).min(BATCH);
+        let mut a = attr();
+        a.batch.in_batch = if first { 0 } else { position.as_ptr() as u64 };
+        a.batch.out_batch = next.as_mut_ptr() as u64;
+        a.batch.keys = keys.as_mut_ptr() as u64;
+        a.batch.values = values.as_mut_ptr() as u64;
+        a.batch.count = BATCH as u32;
+        a.batch.map_fd = fd.as_raw_fd() as u32;
+        let result = bpf(BPF_MAP_LOOKUP_BATCH, &mut a);
+        // SAFETY: the kernel writes back the batch view it was given.
+        let count = (unsafe { a.batch.count } as usize).min(BATCH);
         match &result {
             Ok(_) => {}
             // The end; the last entries came with it.
@@ -232,19 +228,26 @@ fn map_for_each_by_key(
     Ok(())
 }
 
-fn info_by_fd(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<()> {
-    let mut attr = Attr::new().u32(0, fd.as_raw_fd() as u32).u32(4, buf.len() as u32).u64(8, buf.as_mut_ptr() as u64);
-    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr).map(|_| ())
+/// BPF_OBJ_GET_INFO_BY_FD into `info`, one of the kernel's info structs.
+fn info_by_fd<T>(fd: BorrowedFd<'_>, info: &mut T) -> io::Result<()> {
+    let mut a = attr();
+    a.info.bpf_fd = fd.as_raw_fd() as u32;
+    a.info.info_len = size_of::<T>() as u32;
+    a.info.info = info as *mut T as u64;
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut a).map(|_| ())
+}
+
+/// A zeroed info struct (integers and arrays only, so zeroes are valid).
+fn zeroed_info<T: Copy>() -> T {
+    // SAFETY: used only for bpf_{map,prog,link}_info, whose fields are
+    // integers, arrays of integers and unions of such.
+    unsafe { zeroed() }
 }
 
 /// A NUL-padded name of bpf_prog_info or bpf_map_info.
-fn c_name(b: &[u8]) -> String {
-    let end = b.iter().position(|c| *c == 0).unwrap_or(b.len());
-    String::from_utf8_lossy(&b[..end]).into_owned()
-}
-
-fn rd32(b: &[u8], off: usize) -> u32 {
-    u32::from_ne_bytes(b[off..off + 4].try_into().expect("4 bytes"))
+fn c_name(b: &[std::ffi::c_char]) -> String {
+    let bytes: Vec<u8> = b.iter().map(|c| *c as u8).take_while(|c| *c != 0).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -260,22 +263,22 @@ pub struct MapInfo {
 }
 
 pub fn map_info(fd: BorrowedFd<'_>) -> io::Result<MapInfo> {
-    let mut b = [0u8; 88];
-    info_by_fd(fd, &mut b)?;
+    let mut i: bpf_map_info = zeroed_info();
+    info_by_fd(fd, &mut i)?;
     Ok(MapInfo {
-        map_type: rd32(&b, 0),
-        id: rd32(&b, 4),
-        key_size: rd32(&b, 8),
-        value_size: rd32(&b, 12),
-        max_entries: rd32(&b, 16),
-        flags: rd32(&b, 20),
-        name: c_name(&b[24..40]),
+        map_type: i.type_,
+        id: i.id,
+        key_size: i.key_size,
+        value_size: i.value_size,
+        max_entries: i.max_entries,
+        flags: i.map_flags,
+        name: c_name(&i.name),
     })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LinkInfo {
-    pub link_type: u32,
+    pub link_type: Option<bpf_link_type>,
     pub id: u32,
     pub prog_id: u32,
     /// TCX links: the interface, 0 once it is gone.
@@ -287,44 +290,44 @@ pub struct LinkInfo {
 }
 
 pub fn link_info(fd: BorrowedFd<'_>) -> io::Result<LinkInfo> {
-    let mut b = [0u8; 64];
-    info_by_fd(fd, &mut b)?;
-    Ok(LinkInfo {
-        link_type: rd32(&b, 0),
-        id: rd32(&b, 4),
-        prog_id: rd32(&b, 8),
-        tcx_ifindex: rd32(&b, 16),
-        cgroup_id: u64::from_ne_bytes(b[16..24].try_into().expect("8 bytes")),
-        netns_ino: rd32(&b, 16),
-    })
-}
-
-/// One eBPF instruction (`struct bpf_insn`).
-#[derive(Debug, Clone, Copy)]
-#[repr(C)]
-pub struct Insn {
-    pub code: u8,
-    /// dst_reg in the low nibble, src_reg in the high one.
-    pub regs: u8,
-    pub off: i16,
-    pub imm: i32,
+    use bpf_link_type::*;
+    let mut i: bpf_link_info = zeroed_info();
+    info_by_fd(fd, &mut i)?;
+    let link_type =
+        [BPF_LINK_TYPE_CGROUP, BPF_LINK_TYPE_NETNS, BPF_LINK_TYPE_TCX].into_iter().find(|t| *t as u32 == i.type_);
+    // SAFETY: each view is read only for the link type that fills it.
+    let (tcx_ifindex, cgroup_id, netns_ino) = unsafe {
+        match link_type {
+            Some(BPF_LINK_TYPE_TCX) => (i.__bindgen_anon_1.tcx.ifindex, 0, 0),
+            Some(BPF_LINK_TYPE_CGROUP) => (0, i.__bindgen_anon_1.cgroup.cgroup_id, 0),
+            Some(BPF_LINK_TYPE_NETNS) => (0, 0, i.__bindgen_anon_1.netns.netns_ino),
+            _ => (0, 0, 0),
+        }
+    };
+    Ok(LinkInfo { link_type, id: i.id, prog_id: i.prog_id, tcx_ifindex, cgroup_id, netns_ino })
 }
 
 /// Loads a program from raw instructions (the feature probes). On failure
 /// returns the errno and the verifier's log.
-pub fn prog_load(prog_type: u32, expected_attach_type: u32, insns: &[Insn]) -> Result<OwnedFd, (io::Error, String)> {
+pub fn prog_load(
+    prog_type: bpf_prog_type,
+    expected_attach_type: Option<bpf_attach_type>,
+    insns: &[Insn],
+) -> Result<OwnedFd, (io::Error, String)> {
     let license = c"GPL";
     let mut log = vec![0u8; 4096];
-    let mut attr = Attr::new()
-        .u32(0, prog_type)
-        .u32(4, insns.len() as u32)
-        .u64(8, insns.as_ptr() as u64)
-        .u64(16, license.as_ptr() as u64)
-        .u32(24, 1)
-        .u32(28, log.len() as u32)
-        .u64(32, log.as_mut_ptr() as u64)
-        .u32(68, expected_attach_type);
-    match bpf(BPF_PROG_LOAD, &mut attr) {
+    let mut a = attr();
+    // SAFETY: writing plain integers into the union's prog_load view.
+    let load = unsafe { &mut a.__bindgen_anon_3 };
+    load.prog_type = prog_type as u32;
+    load.insn_cnt = insns.len() as u32;
+    load.insns = insns.as_ptr() as u64;
+    load.license = license.as_ptr() as u64;
+    load.log_level = 1;
+    load.log_size = log.len() as u32;
+    load.log_buf = log.as_mut_ptr() as u64;
+    load.expected_attach_type = expected_attach_type.map_or(0, |t| t as u32);
+    match bpf(BPF_PROG_LOAD, &mut a) {
         Ok(rc) => Ok(fd_from(rc)),
         Err(e) => {
             let end = log.iter().position(|b| *b == 0).unwrap_or(log.len());
@@ -333,28 +336,58 @@ pub fn prog_load(prog_type: u32, expected_attach_type: u32, insns: &[Insn]) -> R
     }
 }
 
-/// Runs a loaded program once on `packet` (BPF_PROG_TEST_RUN); returns
-/// its return value.
-pub fn prog_test_run(prog: BorrowedFd<'_>, packet: &[u8]) -> io::Result<u32> {
-    let mut attr = Attr::new()
-        .u32(0, prog.as_raw_fd() as u32)
-        .u32(8, packet.len() as u32)
-        .u64(16, packet.as_ptr() as u64)
-        .u32(32, 1);
-    bpf(BPF_PROG_TEST_RUN, &mut attr)?;
-    Ok(u32::from_ne_bytes(attr.0[4..8].try_into().expect("4 bytes")))
+/// What one BPF_PROG_TEST_RUN gives back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TestRun {
+    /// The program's return value.
+    pub retval: u32,
+    /// The packet as the program left it (for packet programs).
+    pub data: Vec<u8>,
+    /// The context as the program left it (where the kernel copies it out).
+    pub ctx: Vec<u8>,
+}
+
+/// Runs a loaded program once (BPF_PROG_TEST_RUN) on `packet` and, for
+/// programs that take one, the context `ctx` (an `__sk_buff`, a
+/// `bpf_sk_lookup`).
+pub fn prog_test_run(prog: BorrowedFd<'_>, packet: &[u8], ctx: &[u8]) -> io::Result<TestRun> {
+    // Room for the packet to grow (encapsulation).
+    let mut data = vec![0u8; packet.len() + 256];
+    let mut ctx_out = vec![0u8; ctx.len()];
+    let mut a = attr();
+    a.test.prog_fd = prog.as_raw_fd() as u32;
+    a.test.data_size_in = packet.len() as u32;
+    a.test.data_in = if packet.is_empty() { 0 } else { packet.as_ptr() as u64 };
+    a.test.data_size_out = if packet.is_empty() { 0 } else { data.len() as u32 };
+    a.test.data_out = if packet.is_empty() { 0 } else { data.as_mut_ptr() as u64 };
+    a.test.ctx_size_in = ctx.len() as u32;
+    a.test.ctx_in = if ctx.is_empty() { 0 } else { ctx.as_ptr() as u64 };
+    a.test.ctx_size_out = ctx_out.len() as u32;
+    a.test.ctx_out = if ctx.is_empty() { 0 } else { ctx_out.as_mut_ptr() as u64 };
+    a.test.repeat = 1;
+    bpf(BPF_PROG_TEST_RUN, &mut a)?;
+    // SAFETY: the kernel writes back the test view it was given.
+    let (retval, data_len, ctx_len) = unsafe { (a.test.retval, a.test.data_size_out, a.test.ctx_size_out) };
+    data.truncate(data_len as usize);
+    ctx_out.truncate(ctx_len as usize);
+    Ok(TestRun { retval, data, ctx: ctx_out })
 }
 
 /// BPF_LINK_CREATE for a program on an interface (`target_ifindex`).
-pub fn link_create(prog: BorrowedFd<'_>, target: u32, attach_type: u32) -> io::Result<OwnedFd> {
-    let mut attr = Attr::new().u32(0, prog.as_raw_fd() as u32).u32(4, target).u32(8, attach_type);
-    bpf(BPF_LINK_CREATE, &mut attr).map(fd_from)
+pub fn link_create(prog: BorrowedFd<'_>, target: u32, attach_type: bpf_attach_type) -> io::Result<OwnedFd> {
+    let mut a = attr();
+    a.link_create.__bindgen_anon_1.prog_fd = prog.as_raw_fd() as u32;
+    a.link_create.__bindgen_anon_2.target_ifindex = target;
+    a.link_create.attach_type = attach_type as u32;
+    bpf(BPF_LINK_CREATE, &mut a).map(fd_from)
 }
 
 /// Atomically replaces the program behind a link.
 pub fn link_update(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()> {
-    let mut attr = Attr::new().u32(0, link.as_raw_fd() as u32).u32(4, prog.as_raw_fd() as u32);
-    bpf(BPF_LINK_UPDATE, &mut attr).map(|_| ())
+    let mut a = attr();
+    a.link_update.link_fd = link.as_raw_fd() as u32;
+    a.link_update.__bindgen_anon_1.new_prog_fd = prog.as_raw_fd() as u32;
+    bpf(BPF_LINK_UPDATE, &mut a).map(|_| ())
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -368,17 +401,16 @@ pub struct ProgInfo {
 }
 
 pub fn prog_info(fd: BorrowedFd<'_>) -> io::Result<ProgInfo> {
+    // The kernel fills as many map ids as we make room for.
     let mut ids = [0u32; 64];
-    // bpf_prog_info: nr_map_ids at 52, map_ids (a pointer) at 56; the
-    // kernel fills as many ids as we make room for.
-    let mut b = [0u8; 80];
-    b[52..56].copy_from_slice(&(ids.len() as u32).to_ne_bytes());
-    b[56..64].copy_from_slice(&(ids.as_mut_ptr() as u64).to_ne_bytes());
-    info_by_fd(fd, &mut b)?;
-    let n = (rd32(&b, 52) as usize).min(ids.len());
+    let mut i: bpf_prog_info = zeroed_info();
+    i.nr_map_ids = ids.len() as u32;
+    i.map_ids = ids.as_mut_ptr() as u64;
+    info_by_fd(fd, &mut i)?;
+    let n = (i.nr_map_ids as usize).min(ids.len());
     let mut map_ids = ids[..n].to_vec();
     map_ids.sort_unstable();
-    Ok(ProgInfo { id: rd32(&b, 4), tag: b[8..16].try_into().expect("8 bytes"), map_ids, name: c_name(&b[64..80]) })
+    Ok(ProgInfo { id: i.id, tag: i.tag, map_ids, name: c_name(&i.name) })
 }
 
 /// The info of a loaded program by id; `None` once it has been freed.
@@ -403,10 +435,12 @@ pub fn map_fd_by_id(id: u32) -> io::Result<Option<OwnedFd>> {
     fd_by_id(BPF_MAP_GET_FD_BY_ID, id)
 }
 
-fn fd_by_id(cmd: i64, id: u32) -> io::Result<Option<OwnedFd>> {
-    // open_flags BPF_F_RDONLY (ignored for programs): a frozen map opens too.
-    let mut attr = Attr::new().u32(0, id).u32(8, if cmd == BPF_MAP_GET_FD_BY_ID { BPF_F_RDONLY } else { 0 });
-    match bpf(cmd, &mut attr) {
+fn fd_by_id(cmd: bpf_cmd, id: u32) -> io::Result<Option<OwnedFd>> {
+    let mut a = attr();
+    a.__bindgen_anon_6.__bindgen_anon_1.start_id = id;
+    // Read-only (ignored for programs): a frozen map opens too.
+    a.__bindgen_anon_6.open_flags = if cmd == BPF_MAP_GET_FD_BY_ID { BPF_F_RDONLY } else { 0 };
+    match bpf(cmd, &mut a) {
         Ok(rc) => Ok(Some(fd_from(rc))),
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
         Err(e) => Err(e),

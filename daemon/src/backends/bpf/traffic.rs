@@ -32,7 +32,7 @@ impl TrafficReader {
     /// Every pair that carried traffic. No pins yet (nothing configured):
     /// nothing.
     pub(crate) fn read(&self) -> io::Result<Vec<PairTraffic>> {
-        let (Some(stats), Some(services)) = (self.0.map("HM_BACKEND_STATS")?, self.0.map("HM_SERVICES")?) else {
+        let (Some(stats), Some(services)) = (self.0.map(HmMap::BackendStats)?, self.0.map(HmMap::Services)?) else {
             return Ok(Vec::new());
         };
         let ids = service_keys_by_id(services.as_fd())?;

@@ -15,12 +15,6 @@ use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
-/// rtnetlink multicast groups (linux/rtnetlink.h, RTNLGRP_*).
-const RTNLGRP_LINK: u32 = 1;
-const RTNLGRP_NEIGH: u32 = 3;
-const RTNLGRP_IPV4_ROUTE: u32 = 7;
-const RTNLGRP_IPV6_ROUTE: u32 = 11;
-
 /// One change the kernel announced.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum KernelChange {
@@ -40,7 +34,7 @@ pub(crate) enum KernelChange {
 pub(crate) fn spawn_monitor(on_change: impl Fn(KernelChange) + Send + 'static) -> io::Result<()> {
     let mut socket = Socket::new(NETLINK_ROUTE)?;
     socket.bind(&SocketAddr::new(0, 0))?;
-    for group in [RTNLGRP_LINK, RTNLGRP_NEIGH, RTNLGRP_IPV4_ROUTE, RTNLGRP_IPV6_ROUTE] {
+    for group in [libc::RTNLGRP_LINK, libc::RTNLGRP_NEIGH, libc::RTNLGRP_IPV4_ROUTE, libc::RTNLGRP_IPV6_ROUTE] {
         socket.add_membership(group)?;
     }
     thread::Builder::new().name("rtnetlink-events".into()).spawn(move || loop {

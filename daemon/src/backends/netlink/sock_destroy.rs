@@ -8,16 +8,13 @@ use std::net::SocketAddr;
 
 use netlink_packet_sock_diag::constants::{AF_INET, AF_INET6, IPPROTO_UDP};
 
-/// TCP_LISTEN's bit in the states of a request: listeners have no peer.
-const LISTEN_STATE: u32 = 1 << 10;
 use netlink_packet_sock_diag::inet::{ExtensionFlags, InetRequest, SocketId, StateFlags};
 use netlink_packet_sock_diag::SockDiagMessage;
 use netlink_sys::protocols::NETLINK_SOCK_DIAG;
 
 use super::NetlinkSocket;
 
-/// The sock_diag message type that destroys a socket (linux/sock_diag.h).
-const SOCK_DESTROY: u16 = 21;
+use netlink_packet_sock_diag::constants::SOCK_DESTROY;
 
 /// A connected socket as sock_diag names it.
 #[derive(Debug, Clone)]
@@ -44,7 +41,7 @@ pub(crate) fn sockets_to(protocol: u8, peers: &BTreeSet<SocketAddr>) -> io::Resu
             family,
             protocol,
             extensions: ExtensionFlags::empty(),
-            states: StateFlags::from_bits_truncate(StateFlags::all().bits() & !LISTEN_STATE),
+            states: StateFlags::all() - StateFlags::LISTEN,
             socket_id: if v6 { SocketId::new_v6() } else { SocketId::new_v4() },
         };
         for msg in sock.dump(SockDiagMessage::InetRequest(request))? {

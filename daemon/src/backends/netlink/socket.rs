@@ -131,8 +131,7 @@ where
     }
 }
 
-const NLM_F_CAPPED: u16 = 0x100;
-const NLM_F_ACK_TLVS: u16 = 0x200;
+use netlink_packet_core::{NLM_F_ACK_TLVS, NLM_F_CAPPED};
 const NLMSGERR_ATTR_MSG: u16 = 1;
 
 /// An errno with the kernel's explanation of it (extended ack).

@@ -26,7 +26,7 @@ pub const PRIO: u16 = 104;
 /// The handle of hostmesh's filter at `PRIO`.
 pub const HANDLE: u32 = 1;
 
-const ETH_P_ALL: u16 = 0x0003;
+const ETH_P_ALL: u16 = libc::ETH_P_ALL as u16;
 /// `TC_H_MAKE(TC_H_CLSACT, 0)`: the clsact qdisc's own handle.
 const CLSACT_HANDLE: u32 = 0xffff_0000;
 

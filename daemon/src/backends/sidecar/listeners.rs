@@ -5,7 +5,7 @@
 use std::io;
 use std::net::SocketAddr;
 
-use netlink_packet_sock_diag::constants::{AF_INET, AF_INET6, IPPROTO_TCP};
+use netlink_packet_sock_diag::constants::{AF_INET, AF_INET6, IPPROTO_TCP, TCP_LISTEN};
 use netlink_packet_sock_diag::inet::{ExtensionFlags, InetRequest, SocketId, StateFlags};
 use netlink_packet_sock_diag::SockDiagMessage;
 use netlink_sys::protocols::NETLINK_SOCK_DIAG;
@@ -13,8 +13,6 @@ use netlink_sys::protocols::NETLINK_SOCK_DIAG;
 use crate::abi::{self, SockKey};
 use crate::backends::netlink::NetlinkSocket;
 use crate::backends::Listener;
-
-const TCP_LISTEN: u8 = 10;
 
 /// The listener a mesh redirect port should reach, if one exists.
 pub(super) fn find(key: &SockKey) -> io::Result<Option<Listener>> {

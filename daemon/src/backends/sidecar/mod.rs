@@ -7,6 +7,7 @@
 mod listeners;
 mod take;
 
+use crate::abi::HmMap;
 use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -23,7 +24,7 @@ pub(crate) struct LiveSidecars {
 impl LiveSidecars {
     /// `bpffs` is the daemon's pin dir (`maps/HM_MESH_SOCKETS` under it).
     pub(crate) fn new(bpffs: &Path) -> Self {
-        LiveSidecars { sockets_pin: bpffs.join("maps/HM_MESH_SOCKETS") }
+        LiveSidecars { sockets_pin: crate::backends::bpf::pins::PinDir::new(bpffs).map(HmMap::MeshSockets) }
     }
 
     fn map(&self) -> Option<OwnedFd> {
@@ -57,7 +58,7 @@ impl SidecarBackend for LiveSidecars {
         let fd = take::take(holder).map_err(RegisterError::Take)?;
         let installed = match how {
             Install::SockMap => {
-                let map = self.map().ok_or_else(|| io::Error::other("HM_MESH_SOCKETS is not loaded"));
+                let map = self.map().ok_or_else(|| io::Error::other(format!("{} is not loaded", HmMap::MeshSockets)));
                 map.and_then(|map| {
                     let value = (fd.as_raw_fd() as u64).to_ne_bytes();
                     sys::map_update(map.as_fd(), &key.to_bytes(), &value)

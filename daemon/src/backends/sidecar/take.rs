@@ -47,12 +47,10 @@ pub(super) fn take(owner: &Holder) -> io::Result<OwnedFd> {
     }
 }
 
-const IP_TRANSPARENT: libc::c_int = 19;
-const IPV6_TRANSPARENT: libc::c_int = 75;
-
 /// Lets tproxy hand the socket traffic for other local addresses (the
 /// nftables fallback). Setting it on our duplicate sets it on the socket.
 pub(super) fn set_transparent(fd: &OwnedFd, v6: bool) -> io::Result<()> {
-    let (level, name) = if v6 { (libc::SOL_IPV6, IPV6_TRANSPARENT) } else { (libc::SOL_IP, IP_TRANSPARENT) };
+    let (level, name) =
+        if v6 { (libc::SOL_IPV6, libc::IPV6_TRANSPARENT) } else { (libc::SOL_IP, libc::IP_TRANSPARENT) };
     crate::backends::sockopt::set(std::os::fd::AsFd::as_fd(fd), level, name, &(1 as libc::c_int))
 }

@@ -4,6 +4,7 @@
 //! over a service (connect-time LB leaves mesh VIPs alone), a service over
 //! a gateway peer's CIDR.
 
+use crate::abi::HmMap;
 use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -156,7 +157,7 @@ fn mesh(e: &mut Explanation, vip: IpAddr, entry_port: u16, redirect: u16, proto:
         name.as_ref().map(|n| format!(" ({n})")).unwrap_or_default(),
         listener.as_ref().map(|l| format!("; {l}")).unwrap_or_default()
     ));
-    e.kernel.push(format!("HM_MESH[{vip} port {entry_port}/{proto}] = redirect port {redirect}"));
+    e.kernel.push(format!("{}[{vip} port {entry_port}/{proto}] = redirect port {redirect}", HmMap::Mesh));
     e.mesh = Some(MeshView { name, redirect_port: redirect, port: entry_port, listener });
 }
 
@@ -211,16 +212,19 @@ fn service(e: &mut Explanation, key: SvcKey, proto: Protocol, svc: &ServiceEntry
         });
     }
     e.kernel.push(format!(
-        "HM_SERVICES[{}] = id {}, {} backends, table {} slots; HM_MAGLEV: {} chunks",
+        "{}[{}] = id {}, {} backends, table {} slots; {}: {} chunks",
+        HmMap::Services,
         e.target,
         svc.value.id,
         svc.value.backend_count,
         svc.value.table_size,
+        HmMap::Maglev,
         svc.slots.len().div_ceil(crate::abi::MAGLEV_CHUNK)
     ));
     if let Some(c) = cfg {
         e.kernel.push(format!(
-            "HM_CONFIG: connect-time LB handles {}",
+            "{}: connect-time LB handles {}",
+            HmMap::Config,
             match (c.flags & CFG_CTLB_TCP != 0, c.flags & CFG_CTLB_UDP != 0) {
                 (true, true) => "tcp and udp",
                 (true, false) => "tcp",
@@ -281,7 +285,7 @@ fn gateway(e: &mut Explanation, addr: IpAddr, endpoint: IpAddr, up: bool, src: &
         peer.as_ref().map_or("(not in the config)".to_string(), |p| format!("\"{p}\"")),
         if up { "answers its probes" } else { "does not answer its probes now: traffic to it fails fast" }
     ));
-    e.kernel.push(format!("HM_PEERS[{addr}] = endpoint {endpoint} ({})", if up { "up" } else { "down" }));
+    e.kernel.push(format!("{}[{addr}] = endpoint {endpoint} ({})", HmMap::Peers, if up { "up" } else { "down" }));
     e.gateway = Some(GatewayView { peer, endpoint, up });
 }
 
