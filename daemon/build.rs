@@ -4,7 +4,7 @@
 //! come from Debian (`apt-get install -y clang libbpf-dev`).
 //!
 //! The objects are the rows of `src/abi/objects.rs`, the one table of
-//! them (included here); `embedded.rs`, written to `OUT_DIR`, embeds each
+//! them (included here); a list written to `OUT_DIR` embeds each
 //! in the table's order. Any change under `probes/` (a new header too)
 //! rebuilds them.
 //!
@@ -48,7 +48,7 @@ fn main() {
     }
 }
 
-/// `embedded.rs`: every object's bytes, in the table's order, for
+/// The list of every object's bytes, in the table's order, for
 /// `backends/bpf/objects.rs` to `include!`.
 fn write_embedded(out: &Path) -> Result<(), String> {
     let mut text = String::from("[\n");

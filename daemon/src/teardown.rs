@@ -1,20 +1,22 @@
-//! `hostmesh teardown`: remove everything hostmesh owns in this network
-//! namespace — pinned links (which detaches the programs), pinned maps,
-//! `table inet hostmesh`, routes with hostmesh's protocol, `hm-*` links —
-//! and put back the sysctls it changed. Safe to run twice.
+//! `hostmesh teardown`: a reconcile to the empty state, through `plan`
+//! like every sync (`reconcile::reconcile_to_empty`), then what no plan
+//! step covers, in one place: the pinned maps (whole), the pin dir and the
+//! bpffs hostmesh mounted on it, the cgroup2 mount it made under the state
+//! dir on a host that had none, and the files it keeps there. Safe to run
+//! twice.
 
 use std::fs;
 use std::io;
+use std::path::Path;
 
 use crate::backends::bpf::PinnedBpf;
-use crate::backends::netlink::{owned_links, Rtnetlink};
+use crate::backends::netlink::Rtnetlink;
 use crate::backends::nft::NftCli;
 use crate::backends::sysctl::ProcSys;
-use crate::backends::{BackendError, NetBackend, NftBackend, SysctlBackend};
-use crate::model::KernelFeatures;
+use crate::backends::{BackendError, Backends, HostBackend};
+use crate::model::{HostFacts, KernelFeatures};
 use crate::paths::Paths;
-use crate::reconcile::SysctlOriginals;
-use crate::state::STATUS_FILE;
+use crate::reconcile::{reconcile_to_empty, Step, SysctlOriginals};
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum TeardownError {
@@ -22,6 +24,8 @@ pub(crate) enum TeardownError {
     Backend(#[from] BackendError),
     #[error("{what}: {source}")]
     Io { what: String, source: io::Error },
+    #[error("{} steps failed: {}", .0.len(), .0.join("; "))]
+    Steps(Vec<String>),
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> TeardownError {
@@ -29,59 +33,98 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> TeardownError {
     move |source| TeardownError::Io { what, source }
 }
 
+/// The files hostmesh keeps in the state dir (the lock file stays: the
+/// teardown holds it).
+const STATE_FILES: [&str; 3] =
+    [crate::state::STATUS_FILE, crate::reconcile::originals::FILE_NAME, crate::health::SAVED_FILE];
+
+/// Teardown reads no host facts: removal needs none.
+struct NoFacts;
+
+impl HostBackend for NoFacts {
+    fn facts(&mut self) -> crate::backends::Result<HostFacts> {
+        Ok(HostFacts::default())
+    }
+
+    fn path_mtus(
+        &mut self,
+        _: &[std::net::IpAddr],
+    ) -> crate::backends::Result<std::collections::BTreeMap<std::net::IpAddr, u32>> {
+        Ok(Default::default())
+    }
+}
+
 /// Removes everything; returns one line per thing removed or restored.
 pub(crate) fn teardown(paths: &Paths) -> Result<Vec<String>, TeardownError> {
     let mut done = Vec::new();
-
-    // Programs first: unpinning a link detaches its program, so nothing
-    // steers traffic into a veth that is about to go.
-    // clsact filters are found on the qdiscs, pin dir or not. (Teardown
-    // removes TCX links and filters alike, whatever this kernel has.)
-    let mut bpf = PinnedBpf::new(&paths.bpffs, KernelFeatures::complete());
-    // With the pins goes the pin dir (and the bpffs hostmesh mounted there).
-    done.extend(bpf.remove_all()?);
-
-    let mut nft = NftCli::new();
-    if nft.mesh_table()?.is_some() {
-        nft.delete_mesh_table()?;
-        done.push("deleted table inet hostmesh".to_string());
-    }
-
-    let mut net = Rtnetlink::open().map_err(io_err("open rtnetlink"))?;
-    for key in net.owned_routes()? {
-        net.delete_route(&key)?;
-        done.push(format!("deleted route {} table {}", key.dst, key.table));
-    }
-    for (name, _) in owned_links(&net.all_links()?) {
-        net.delete_link(&name)?;
-        done.push(format!("deleted link {name}"));
-    }
-    // Any hm-* link left (a veth end whose peer was foreign).
-    for link in net.all_links()?.into_iter().filter(|l| l.name.starts_with(crate::backends::LINK_PREFIX)) {
-        net.delete_link(&link.name)?;
-        done.push(format!("deleted link {}", link.name));
-    }
-
-    if paths.state_dir.exists() {
-        let (mut originals, notes) =
+    let mut originals = if paths.state_dir.is_dir() {
+        let (originals, notes) =
             SysctlOriginals::load(&paths.state_dir).map_err(io_err(format!("read {}", paths.state_dir.display())))?;
         done.extend(notes.into_iter().map(|n| format!("warning: {n}")));
-        let mut sysctl = ProcSys::new();
-        let saved: Vec<(String, String)> = originals.values().clone().into_iter().collect();
-        for (path, value) in saved {
-            if let Some(current) = sysctl.get(&path)? {
-                if current != value {
-                    sysctl.set(&path, &value)?;
-                    done.push(format!("restored sysctl {} = {value}", path.replace('/', ".")));
-                }
-            }
-            originals.forget(&path);
+        originals
+    } else {
+        SysctlOriginals::default()
+    };
+    let mut backends = Backends {
+        host: Box::new(NoFacts),
+        net: Box::new(Rtnetlink::open().map_err(io_err("open rtnetlink"))?),
+        sysctl: Box::new(ProcSys::new()),
+        // Removal needs no feature: every way of attaching is undone.
+        bpf: Box::new(PinnedBpf::new(&paths.bpffs, KernelFeatures::complete())),
+        nft: Box::new(NftCli::new()),
+    };
+    let emptied = reconcile_to_empty(&mut backends, &mut originals)?;
+    if !emptied.errors.is_empty() {
+        return Err(TeardownError::Steps(emptied.errors.iter().map(|e| format!("{}: {}", e.step, e.error)).collect()));
+    }
+    done.extend(emptied.steps.iter().filter_map(said));
+    drop(backends);
+    // The maps whole, leftover filters and pins, the pin dir and its bpffs.
+    done.extend(PinnedBpf::new(&paths.bpffs, KernelFeatures::complete()).remove_all()?);
+    if paths.state_dir.is_dir() {
+        done.extend(clear_state_dir(&paths.state_dir)?);
+    }
+    Ok(done)
+}
+
+/// What a step did, in the past tense, for the operator; `None` for a
+/// step that changed nothing (a sysctl already back at its value).
+fn said(step: &Step) -> Option<String> {
+    Some(match step {
+        Step::DeleteRoute(k) => format!("deleted route {} table {}", k.dst, k.table),
+        Step::Detach(a) => format!("detached {a}"),
+        Step::DeleteNftTable => "deleted table inet hostmesh".to_string(),
+        Step::DeleteNeighbour(k) => format!("deleted neighbour {} dev {}", k.ip, k.dev),
+        Step::RestoreSysctl { path, original, current } if current.as_ref().is_some_and(|c| c != original) => {
+            format!("restored sysctl {} = {original}", path.replace('/', "."))
         }
-        for file in [STATUS_FILE, crate::reconcile::originals::FILE_NAME] {
-            let p = paths.state_dir.join(file);
-            if p.exists() {
-                fs::remove_file(&p).map_err(io_err(format!("remove {}", p.display())))?;
-            }
+        Step::DeleteLink(name) => format!("deleted link {name}"),
+        _ => return None,
+    })
+}
+
+/// The cgroup2 mount hostmesh made under the state dir (where the host had
+/// none), and the files it keeps there.
+fn clear_state_dir(dir: &Path) -> Result<Vec<String>, TeardownError> {
+    let mut done = Vec::new();
+    let cgroup2 = dir.join(crate::backends::host::CGROUP2_DIR);
+    if crate::backends::host::is_cgroup2_mount(&cgroup2).map_err(io_err("read /proc/self/mounts"))? {
+        nix::mount::umount2(&cgroup2, nix::mount::MntFlags::MNT_DETACH)
+            .map_err(|e| TeardownError::Io { what: format!("unmount {}", cgroup2.display()), source: e.into() })?;
+        done.push(format!("unmounted cgroup2 {}", cgroup2.display()));
+    }
+    match fs::remove_dir(&cgroup2) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            return Err(TeardownError::Io { what: format!("remove {}", cgroup2.display()), source: e })
+        }
+        _ => {}
+    }
+    for file in STATE_FILES {
+        let p = dir.join(file);
+        match fs::remove_file(&p) {
+            Ok(()) => done.push(format!("removed {}", p.display())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(TeardownError::Io { what: format!("remove {}", p.display()), source: e }),
         }
     }
     Ok(done)

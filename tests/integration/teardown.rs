@@ -2,7 +2,7 @@
 
 use hm_testkit::wait_soon;
 use hostmesh::backends::bpf::sys;
-use hostmesh::TcAttach;
+use std::path::{Path, PathBuf};
 
 use crate::fixtures::*;
 
@@ -23,10 +23,6 @@ fn teardown_leaves_no_link_route_pin_or_program() {
     let attached = host.attached_programs();
     let prog_id = attached.iter().find(|(hook, _)| hook == "hm_natout@tc-ingress@hm-natout").unwrap().1;
     assert!(sys::prog_info_by_id(prog_id).unwrap().is_some());
-    let natout_removed = match host.tc_mode() {
-        TcAttach::Tcx => "unpinned link hm_natout@tc-ingress@hm-natout",
-        TcAttach::Netlink => "deleted tc filter hm_natout on ingress of hm-natout",
-    };
 
     // Refused while the daemon runs.
     let out = host.teardown();
@@ -34,12 +30,17 @@ fn teardown_leaves_no_link_route_pin_or_program() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("hostmesh is running"));
 
     d.stop(hm_testkit::SOON);
+    // On a host without a cgroup2 mount the daemon mounts one under its
+    // state dir (backends/host.rs); this test host has one, so the test
+    // makes that mount as the daemon would have, for teardown to find.
+    let cgroup2 = CgroupMount::new(&host.opts.state_dir.join("cgroup2"));
     let out = host.teardown();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let said = String::from_utf8_lossy(&out.stdout);
     for line in [
-        natout_removed,
-        "unpinned link hm_connect4@cgroup@",
+        "detached hm_natout on tc ingress of hm-natout",
+        "detached hm_connect4 on cgroup ",
+        "unpinned map HM_SERVICES",
         "deleted route 10.96.0.10/32",
         "deleted route fd00::10/128",
         "deleted route 10.96.0.60/32 table 255",
@@ -47,6 +48,8 @@ fn teardown_leaves_no_link_route_pin_or_program() {
         "deleted link hm-natin",
         "deleted link hm-tun0",
         "restored sysctl net.ipv4.conf.all.rp_filter = 2",
+        "unmounted cgroup2",
+        "status.json",
     ] {
         assert!(said.contains(line), "missing {line:?} in:\n{said}");
     }
@@ -63,9 +66,45 @@ fn teardown_leaves_no_link_route_pin_or_program() {
     wait_soon("the program to be freed", || sys::prog_info_by_id(prog_id).unwrap().is_none()).unwrap();
     // Sysctls put back.
     assert_eq!(host.ns.sysctl("net/ipv4/conf/all/rp_filter").as_deref(), Some("2"));
+    // The cgroup2 mount and the state files it made.
+    assert!(!cgroup2.mounted(), "cgroup2 still mounted on {}", cgroup2.dir.display());
+    assert!(!cgroup2.dir.exists());
+    let left: Vec<String> = std::fs::read_dir(&host.opts.state_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != hostmesh::state::LOCK_FILE)
+        .collect();
+    assert_eq!(left, Vec::<String>::new(), "state files left");
 
     // Idempotent.
     let again = host.teardown();
     assert!(again.status.success());
     assert!(String::from_utf8_lossy(&again.stdout).starts_with("nothing to remove"));
+}
+
+/// A cgroup2 mount made by the test, unmounted on drop if teardown did not.
+struct CgroupMount {
+    dir: PathBuf,
+}
+
+impl CgroupMount {
+    fn new(dir: &Path) -> CgroupMount {
+        std::fs::create_dir_all(dir).unwrap();
+        nix::mount::mount(Some("cgroup2"), dir, Some("cgroup2"), nix::mount::MsFlags::empty(), None::<&str>)
+            .expect("mount cgroup2");
+        CgroupMount { dir: dir.to_path_buf() }
+    }
+
+    fn mounted(&self) -> bool {
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+        mounts.lines().any(|l| l.split(' ').nth(1) == Some(self.dir.to_str().unwrap()))
+    }
+}
+
+impl Drop for CgroupMount {
+    fn drop(&mut self) {
+        if self.mounted() {
+            let _ = nix::mount::umount2(&self.dir, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
 }

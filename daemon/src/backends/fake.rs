@@ -226,6 +226,10 @@ impl BpfBackend for FakeKernel {
         Ok(self.state().attachments.clone())
     }
 
+    fn present(&mut self) -> Result<std::collections::BTreeSet<Attachment>> {
+        Ok(self.state().attachments.keys().cloned().collect())
+    }
+
     fn attach(&mut self, a: &Attachment) -> Result<()> {
         let mut s = self.mutate(format!("attach {}", a.pin_name()))?;
         if a.device().is_some_and(|d| !link_exists(&s, d)) {

@@ -66,7 +66,7 @@ pub(crate) fn ensure_cgroup2(state_dir: &Path) -> io::Result<Option<PathBuf>> {
     if let Some(root) = cgroup2_mount()? {
         return Ok(Some(root));
     }
-    let dir = state_dir.join("cgroup2");
+    let dir = state_dir.join(CGROUP2_DIR);
     fs::create_dir_all(&dir)?;
     match nix::mount::mount(Some("cgroup2"), &dir, Some("cgroup2"), nix::mount::MsFlags::empty(), None::<&str>) {
         Ok(()) => Ok(Some(dir)),
@@ -74,11 +74,26 @@ pub(crate) fn ensure_cgroup2(state_dir: &Path) -> io::Result<Option<PathBuf>> {
     }
 }
 
-fn cgroup2_mount() -> io::Result<Option<PathBuf>> {
+/// The dir under the state dir where hostmesh mounts cgroup2 on a host
+/// without a cgroup2 mount (teardown unmounts it).
+pub(crate) const CGROUP2_DIR: &str = "cgroup2";
+
+/// Every cgroup2 mount point, in /proc/self/mounts' order.
+fn cgroup2_mounts() -> io::Result<Vec<PathBuf>> {
     let mounts = fs::read_to_string("/proc/self/mounts")?;
     Ok(mounts
         .lines()
         .map(|l| l.split(' ').collect::<Vec<_>>())
-        .find(|f| f.len() > 2 && f[2] == "cgroup2")
-        .map(|f| PathBuf::from(f[1].replace("\\040", " "))))
+        .filter(|f| f.len() > 2 && f[2] == "cgroup2")
+        .map(|f| PathBuf::from(f[1].replace("\\040", " ")))
+        .collect())
+}
+
+fn cgroup2_mount() -> io::Result<Option<PathBuf>> {
+    Ok(cgroup2_mounts()?.into_iter().next())
+}
+
+/// Whether `dir` is a cgroup2 mount point.
+pub(crate) fn is_cgroup2_mount(dir: &Path) -> io::Result<bool> {
+    Ok(cgroup2_mounts()?.iter().any(|m| m == dir))
 }

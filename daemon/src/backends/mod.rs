@@ -100,6 +100,9 @@ pub trait BpfBackend {
     fn put_map_entry(&mut self, key: &MapEntryKey, value: &[u8]) -> Result<()>;
     fn delete_map_entry(&mut self, key: &MapEntryKey) -> Result<()>;
     fn attachments(&mut self) -> Result<BTreeMap<Attachment, AttachStatus>>;
+    /// Every hook hostmesh has a program at, without judging (or loading)
+    /// the program: what teardown detaches.
+    fn present(&mut self) -> Result<std::collections::BTreeSet<Attachment>>;
     /// Attaches, or atomically replaces what is attached at the hook.
     fn attach(&mut self, attachment: &Attachment) -> Result<()>;
     fn detach(&mut self, attachment: &Attachment) -> Result<()>;

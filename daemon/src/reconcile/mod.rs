@@ -6,12 +6,15 @@ mod observe;
 pub(crate) mod originals;
 mod plan;
 mod reconciler;
+mod to_empty;
 
 pub(crate) use apply::StepError;
 pub(crate) use originals::SysctlOriginals;
 #[cfg(test)]
 pub(crate) use plan::plan;
+pub(crate) use plan::Step;
 pub(crate) use reconciler::{Reconciler, SyncOutcome};
+pub(crate) use to_empty::reconcile_to_empty;
 
 #[cfg(test)]
 mod tests;

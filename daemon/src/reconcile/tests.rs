@@ -114,6 +114,35 @@ fn removing_everything_goes_top_down_and_restores_sysctls() {
 }
 
 #[test]
+fn teardown_reconciles_to_empty_through_the_plan_and_leaves_maps_whole() {
+    let k = kernel();
+    let mut originals = SysctlOriginals::in_memory();
+    let mut r = Reconciler::new(k.backends(), SysctlOriginals::in_memory());
+    let mesh = "[[mesh]]\nname = \"m\"\nvip = \"10.96.0.60\"\nport = 80\nredirect_port = 15001\n";
+    r.sync(&config(&format!("{WEB}{API}{mesh}")), false).unwrap();
+    // The daemon's record of the sysctls it changed, as its state dir keeps it.
+    originals.record("net/ipv4/conf/all/rp_filter", "2");
+    originals.record("net/ipv4/conf/eth0/rp_filter", "1");
+    let entries = k.state().maps.len();
+    assert!(entries > 0 && !k.state().attachments.is_empty() && !k.state().routes.is_empty());
+    k.state().log.clear();
+
+    let emptied = crate::reconcile::reconcile_to_empty(&mut k.backends(), &mut originals).unwrap();
+    assert!(emptied.errors.is_empty(), "{:?}", emptied.errors);
+    let s = k.state();
+    assert!(s.links.is_empty() && s.routes.is_empty() && s.neighbours.is_empty() && s.attachments.is_empty());
+    assert_eq!(s.host_sysctls["net/ipv4/conf/all/rp_filter"], "2", "put back");
+    assert!(originals.values().is_empty(), "and forgotten");
+    // The plan's order: routes, programs, neighbours, sysctls, links; map
+    // entries are not deleted one by one (the maps go whole after it).
+    let kinds: Vec<&str> = s.log.iter().map(|l| l.split(' ').next().unwrap()).collect();
+    let mut order = kinds.clone();
+    order.dedup();
+    assert_eq!(order, ["delete_route", "detach", "delete_neighbour", "set_sysctl", "delete_link"], "{:?}", s.log);
+    assert_eq!(s.maps.len(), entries);
+}
+
+#[test]
 fn a_full_resync_repairs_drift_an_incremental_one_trusts_its_record() {
     let k = kernel();
     let mut r = reconciler(&k);

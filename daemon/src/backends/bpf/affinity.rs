@@ -11,24 +11,25 @@ use std::os::fd::{AsFd, BorrowedFd};
 
 use crate::abi::*;
 
-use super::{bpf_err, sys, PinnedBpf};
+use super::load::Loader;
+use super::{bpf_err, sys};
 
-impl PinnedBpf {
-    pub(super) fn prune_affinity_entries(
-        &mut self,
-        serving: &BTreeMap<SvcKey, BTreeSet<SocketAddr>>,
-    ) -> crate::backends::Result<usize> {
-        if self.loaded.is_none() && !self.has_pins() {
-            return Ok(0);
-        }
-        let (services, backends, table) = (
-            self.map_fd_owned(HmMap::Services)?,
-            self.map_fd_owned(HmMap::Backends)?,
-            self.map_fd_owned(HmMap::Affinity)?,
-        );
-        let maps = Maps { services: services.as_fd(), backends: backends.as_fd(), affinity: table.as_fd() };
-        prune(maps, serving).map_err(|e| bpf_err("prune HM_AFFINITY", e))
+/// Deletes the clients remembered at a backend not in `serving` for their
+/// service; returns how many.
+pub(super) fn prune_entries(
+    loader: &mut Loader,
+    serving: &BTreeMap<SvcKey, BTreeSet<SocketAddr>>,
+) -> crate::backends::Result<usize> {
+    if !loader.any() {
+        return Ok(0);
     }
+    let (services, backends, table) = (
+        loader.map_fd_owned(HmMap::Services)?,
+        loader.map_fd_owned(HmMap::Backends)?,
+        loader.map_fd_owned(HmMap::Affinity)?,
+    );
+    let maps = Maps { services: services.as_fd(), backends: backends.as_fd(), affinity: table.as_fd() };
+    prune(maps, serving).map_err(|e| bpf_err(format!("prune {}", HmMap::Affinity), e))
 }
 
 /// The maps it reads and the one it prunes.

@@ -5,8 +5,10 @@
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 
+use super::hooks::link_in_place;
 use super::inspect::Inspector;
-use super::{ifaces, link_in_place, sys};
+use super::sys;
+use crate::backends::ifaces;
 use crate::backends::netlink::RouteSocket;
 use crate::model::{Attachment, Program};
 

@@ -5,12 +5,39 @@
 //! timeouts when they look a flow up.
 
 use std::io;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd};
 
 use crate::abi::*;
 use crate::config::Protocol;
 
-use super::sys;
+use super::load::Loader;
+use super::{bpf_err, sys};
+use crate::backends::Sweep;
+
+/// One sweep of both conntrack maps and of the gateway's learned return
+/// paths: what it removed, and what is left.
+pub(super) fn sweep(loader: &mut Loader) -> crate::backends::Result<Sweep> {
+    if !loader.any() {
+        return Ok(Sweep::default());
+    }
+    let now = now_ns();
+    // The timeouts the probes use, from HM_CONFIG[0].
+    let config = loader.config_entry::<HmConfig>(HmMap::Config)?;
+    let mut sweep = Sweep { capacity: loader.sizes.conntrack, ..Sweep::default() };
+    for (map, left) in [(HmMap::Ct, &mut sweep.open), (HmMap::CtClosing, &mut sweep.closed)] {
+        let fd = loader.map_fd_owned(map)?;
+        let (removed, n) = expire(fd.as_fd(), config, now).map_err(|e| bpf_err(format!("expire flows in {map}"), e))?;
+        sweep.removed += removed;
+        *left = n;
+    }
+    if let Some(gw) = loader.config_entry::<GwConfig>(HmMap::GwConfig)? {
+        let fd = loader.map_fd_owned(HmMap::GwCt)?;
+        sweep.removed += expire_gateway(fd.as_fd(), gw, now)
+            .map_err(|e| bpf_err(format!("expire learned return paths in {}", HmMap::GwCt), e))?
+            .0;
+    }
+    Ok(sweep)
+}
 
 /// CLOCK_MONOTONIC in ns, the clock of bpf_ktime_get_ns().
 pub(super) fn now_ns() -> u64 {

@@ -10,14 +10,40 @@
 use std::collections::BTreeSet;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd};
 
 use crate::abi::*;
 use crate::backends::netlink::sock_destroy;
 use crate::backends::StoppedBackend;
 use crate::config::Protocol;
 
-use super::sys;
+use super::load::Loader;
+use super::{bpf_err, sys};
+use crate::backends::Forgotten;
+use crate::model::Feature;
+
+/// Forgets the veth path's flows to backends that left and destroys the
+/// connected sockets connect-time LB pointed at them.
+pub(super) fn drop_flows(loader: &mut Loader, stopped: &[StoppedBackend]) -> crate::backends::Result<Forgotten> {
+    let mut out = Forgotten::default();
+    if stopped.is_empty() || !loader.any() {
+        return Ok(out);
+    }
+    let stopped: BTreeSet<_> = stopped.iter().copied().collect();
+    let ct = loader.map_fd_owned(HmMap::Ct)?;
+    out.flow_entries =
+        forget_flows(ct.as_fd(), &stopped).map_err(|e| bpf_err(format!("drop flows in {}", HmMap::Ct), e))?;
+    if !loader.features().has(Feature::SockDestroy) {
+        // `hostmesh status` lists the feature as missing, with its cost.
+        return Ok(out);
+    }
+    let revsk = loader.map_fd_owned(HmMap::ReverseSock)?;
+    match destroy_sockets(revsk.as_fd(), &stopped) {
+        Ok(n) => out.sockets = n,
+        Err(e) => out.sockets_error = Some(format!("cannot destroy connected sockets: {e}")),
+    }
+    Ok(out)
+}
 
 /// Deletes both entries of every flow from a VIP to a stopped backend (of
 /// its protocol); returns how many entries.

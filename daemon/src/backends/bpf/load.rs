@@ -1,19 +1,171 @@
-//! Loading the probe objects: against the pinned maps when they are
-//! this build's layout (adopted), resized or replaced when not, each map
-//! created at its configured size; every program verified once.
+//! The loader owns the probe objects and the pinned maps: it loads the
+//! objects against the pins when they are this build's layout (adopted),
+//! resizes or replaces them when not (each map created at its configured
+//! size), verifies every program once, and hands out the maps and
+//! programs by their typed names. Loading is lazy: a host with nothing
+//! configured gets no BPF state at all.
 
-use super::*;
-use crate::abi::MapDef;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
 
-impl PinnedBpf {
-    pub(super) fn ensure_loaded(&mut self) -> Result<&mut Loaded> {
+use aya::{Ebpf, EbpfLoader};
+
+use super::pins::{unpin, PinDir};
+use super::sys::{self, ProgInfo};
+use super::{bpf_err, chain, objects, resize};
+use crate::abi::{HmMap, MapDef, ProbeObject};
+use crate::backends::{MapSizes, Result};
+use crate::model::{KernelFeatures, Program};
+
+pub(super) struct Loader {
+    pub(super) pins: PinDir,
+    features: KernelFeatures,
+    pub(super) sizes: MapSizes,
+    loaded: Option<Loaded>,
+    /// Whether sk_lookup programs load here (probed once, without pins).
+    sk_lookup: Option<Option<String>>,
+    /// Pinned maps that did not match this build's layout and were
+    /// replaced, as sentences for the log.
+    notes: Vec<String>,
+}
+
+pub(super) struct Loaded {
+    /// Each object as its programs name it (`Program::object`).
+    objects: BTreeMap<ProbeObject, Ebpf>,
+    /// Our loaded copy of each program: its tag and maps say whether what
+    /// is attached is this build's program.
+    programs: BTreeMap<Program, ProgInfo>,
+    maps: BTreeMap<HmMap, OwnedFd>,
+    /// The ids of `maps`. A program's other maps are its object's own
+    /// constants (`.rodata*`), created anew by every load: comparing
+    /// programs, only these count.
+    pinned_ids: BTreeSet<u32>,
+    /// Maps a resize replaced, until `finish_migration`.
+    retired: Vec<resize::Retired>,
+}
+
+impl Loader {
+    pub(super) fn new(pins: PinDir, features: KernelFeatures) -> Self {
+        Loader { pins, features, sizes: MapSizes::default(), loaded: None, sk_lookup: None, notes: Vec::new() }
+    }
+
+    pub(super) fn features(&self) -> &KernelFeatures {
+        &self.features
+    }
+
+    /// Whether anything is pinned (nothing to observe otherwise).
+    pub(super) fn has_pins(&self) -> bool {
+        HmMap::pinned().any(|m| self.pins.map(m).exists())
+            || !self.pins.link_names().unwrap_or_default().is_empty()
+            || !self.pins.prog_names().unwrap_or_default().is_empty()
+    }
+
+    /// Whether the maps exist, loaded or pinned: the runtime maps' owners
+    /// have nothing to do before.
+    pub(super) fn any(&self) -> bool {
+        self.loaded.is_some() || self.has_pins()
+    }
+
+    /// Drops what is loaded: the next use loads again (new sizes).
+    /// Returns whether anything was loaded.
+    pub(super) fn unload(&mut self) -> bool {
+        self.loaded.take().is_some()
+    }
+
+    pub(super) fn take_notes(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.notes)
+    }
+
+    pub(super) fn map_fd(&mut self, map: HmMap) -> Result<&OwnedFd> {
+        let loaded = self.ensure_loaded()?;
+        loaded.maps.get(&map).ok_or_else(|| bpf_err(format!("open {map}"), "not among the loaded maps"))
+    }
+
+    /// `map_fd`, a descriptor of its own (to use beside another map).
+    pub(super) fn map_fd_owned(&mut self, map: HmMap) -> Result<OwnedFd> {
+        self.map_fd(map)?.try_clone().map_err(|e| bpf_err(format!("open {map}"), e))
+    }
+
+    /// Entry 0 of a config array map; None if it was never written (an
+    /// array entry never written reads as zeros).
+    pub(super) fn config_entry<T: crate::abi::Pod>(&mut self, map: HmMap) -> Result<Option<T>> {
+        let fd = self.map_fd(map)?;
+        let mut value = vec![0u8; std::mem::size_of::<T>()];
+        let found = sys::map_lookup(fd.as_fd(), &0u32.to_ne_bytes(), &mut value)
+            .map_err(|e| bpf_err(format!("read {map}"), e))?;
+        Ok(if found && value.iter().any(|b| *b != 0) { T::from_bytes(&value) } else { None })
+    }
+
+    /// This build's copy of `program`: its id, tag and maps.
+    pub(super) fn program_info(&mut self, program: Program) -> Result<ProgInfo> {
+        let loaded = self.ensure_loaded()?;
+        loaded.programs.get(&program).cloned().ok_or_else(|| bpf_err(program.name(), "the program is not loaded"))
+    }
+
+    /// The ids of the pinned maps: of a program's maps, only these say
+    /// whose it is.
+    pub(super) fn pinned_ids(&mut self) -> Result<BTreeSet<u32>> {
+        Ok(self.ensure_loaded()?.pinned_ids.clone())
+    }
+
+    /// The program's loaded object, to attach it.
+    pub(super) fn object_of(&mut self, program: Program) -> Result<&mut Ebpf> {
+        let loaded = self.ensure_loaded()?;
+        loaded.objects.get_mut(&program.object()).ok_or_else(|| bpf_err(program.name(), "its object is not loaded"))
+    }
+
+    /// Why sk_lookup programs cannot be used here, if they cannot.
+    pub(super) fn sk_lookup_unavailable(&mut self) -> Option<String> {
+        self.sk_lookup.get_or_insert_with(probe_sk_lookup).clone()
+    }
+
+    /// Unpins every map: teardown. Says what it did, a line each.
+    pub(super) fn unpin_maps(&mut self) -> io::Result<Vec<String>> {
+        self.loaded = None;
+        let mut removed = Vec::new();
+        for map in HmMap::pinned() {
+            let p = self.pins.map(map);
+            if p.exists() {
+                unpin(&p)?;
+                removed.push(format!("unpinned map {map}"));
+            }
+        }
+        Ok(removed)
+    }
+
+    /// After a sync that attached this build's programs: copies the flows
+    /// that the programs they replaced kept writing into maps retired by a
+    /// resize, then lets those maps go.
+    pub(super) fn finish_migration(&mut self) -> Result<Vec<String>> {
+        let Some(loaded) = self.loaded.as_mut() else { return Ok(Vec::new()) };
+        let mut notes = Vec::new();
+        for r in std::mem::take(&mut loaded.retired) {
+            if !resize::written_by_programs(&r.def) {
+                continue;
+            }
+            let new =
+                loaded.maps.get(&r.def.map).ok_or_else(|| bpf_err(format!("open {}", r.def.name), "not loaded"))?;
+            let copied = resize::copy_entries(r.old.as_fd(), new.as_fd(), &r.def, true)
+                .map_err(|e| bpf_err(format!("copy late flows of {} into its resized map", r.def.name), e))?;
+            if copied.copied > 0 {
+                notes.push(format!(
+                    "map {}: {} flows the replaced programs wrote during the resize were copied",
+                    r.def.name, copied.copied
+                ));
+            }
+        }
+        Ok(notes)
+    }
+
+    fn ensure_loaded(&mut self) -> Result<&mut Loaded> {
         if self.loaded.is_none() {
             self.loaded = Some(self.load()?);
         }
         Ok(self.loaded.as_mut().expect("just loaded"))
     }
 
-    pub(super) fn load(&mut self) -> Result<Loaded> {
+    fn load(&mut self) -> Result<Loaded> {
         self.pins.ensure().map_err(|e| bpf_err(format!("prepare {}", self.pins.root.display()), e))?;
         // Every map as the configuration sizes it: a pin of another size
         // is retired, and new maps are created at this size.
@@ -90,7 +242,7 @@ impl PinnedBpf {
     /// outdated: their maps differ), so traffic keeps flowing. A map that
     /// differs only in capacity is resized instead: returned, still open,
     /// for its entries to be copied into the new one.
-    pub(super) fn retire_incompatible(&mut self, def: &MapDef) -> Result<Option<resize::Retired>> {
+    fn retire_incompatible(&mut self, def: &MapDef) -> Result<Option<resize::Retired>> {
         let path = self.pins.map(def.map);
         let fd = match sys::obj_get(&path) {
             Ok(fd) => fd,
@@ -131,19 +283,19 @@ impl PinnedBpf {
         });
         Ok(None)
     }
+}
 
-    /// Loads the mesh object alone, with throwaway maps, to learn whether
-    /// this kernel runs sk_lookup programs.
-    pub(super) fn probe_sk_lookup() -> Option<String> {
-        let mut loader = EbpfLoader::new();
-        let small = crate::config::Capacity::Mesh.key().min;
-        for map in HmMap::ALL.into_iter().filter(|m| m.def().sized_by == Some(crate::config::Capacity::Mesh)) {
-            loader.map_max_entries(map.name(), small);
-        }
-        match loader.load(objects::bytes(ProbeObject::Mesh)) {
-            Ok(mut ebpf) => load_program(&mut ebpf, Program::Mesh).err().map(|e| e.to_string()),
-            Err(e) => Some(chain(&e)),
-        }
+/// Loads the mesh object alone, with throwaway maps, to learn whether
+/// this kernel runs sk_lookup programs.
+fn probe_sk_lookup() -> Option<String> {
+    let mut loader = EbpfLoader::new();
+    let small = crate::config::Capacity::Mesh.key().min;
+    for map in HmMap::ALL.into_iter().filter(|m| m.def().sized_by == Some(crate::config::Capacity::Mesh)) {
+        loader.map_max_entries(map.name(), small);
+    }
+    match loader.load(objects::bytes(ProbeObject::Mesh)) {
+        Ok(mut ebpf) => load_program(&mut ebpf, Program::Mesh).err().map(|e| e.to_string()),
+        Err(e) => Some(chain(&e)),
     }
 }
 
@@ -169,9 +321,9 @@ pub(super) fn load_program(ebpf: &mut Ebpf, program: Program) -> Result<ProgInfo
     sys::prog_info(fd.as_fd()).map_err(|e| bpf_err(format!("info of {name}"), e))
 }
 
-pub(super) fn program_fd(loaded: &Loaded, program: Program) -> Result<aya::programs::ProgramFd> {
-    let ebpf =
-        loaded.objects.get(&program.object()).ok_or_else(|| bpf_err(program.name(), "its object is not loaded"))?;
+/// A descriptor of this build's copy of `program`.
+pub(super) fn program_fd(loader: &mut Loader, program: Program) -> Result<aya::programs::ProgramFd> {
+    let ebpf = loader.object_of(program)?;
     let fd = match ebpf.program(program.name()) {
         Some(aya::programs::Program::SchedClassifier(p)) => p.fd().map_err(|e| bpf_err(program.name(), chain(&e)))?,
         Some(aya::programs::Program::CgroupSockAddr(p)) => p.fd().map_err(|e| bpf_err(program.name(), chain(&e)))?,

@@ -20,7 +20,7 @@ use aya::EbpfLoader;
 
 use crate::abi::{HmMap, ProbeObject, NETNS_COOKIE_ADDR, NETNS_COOKIE_PORT};
 
-// libc and nix lack these two socket options (asm-generic/socket.h).
+// libc and nix lack these two socket options (include/uapi/asm-generic/socket.h).
 const SO_COOKIE: libc::c_int = 57;
 const SO_NETNS_COOKIE: libc::c_int = 71;
 

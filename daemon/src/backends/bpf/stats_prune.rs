@@ -13,18 +13,18 @@ use std::os::fd::{AsFd, BorrowedFd};
 
 use crate::abi::*;
 
-use super::{bpf_err, sys, PinnedBpf};
+use super::load::Loader;
+use super::{bpf_err, sys};
 use crate::backends::Result;
 
-impl PinnedBpf {
-    pub(super) fn prune_stats(&mut self, configured: &HashSet<(SvcKey, SocketAddr)>) -> Result<usize> {
-        if self.loaded.is_none() && !self.has_pins() {
-            return Ok(0);
-        }
-        let services = self.map_fd_owned(HmMap::Services)?;
-        let stats = self.map_fd(HmMap::BackendStats)?;
-        prune(services.as_fd(), stats.as_fd(), configured).map_err(|e| bpf_err("prune HM_BACKEND_STATS", e))
+/// Deletes the counters of pairs not in `configured`; returns how many.
+pub(super) fn prune_stats(loader: &mut Loader, configured: &HashSet<(SvcKey, SocketAddr)>) -> Result<usize> {
+    if !loader.any() {
+        return Ok(0);
     }
+    let services = loader.map_fd_owned(HmMap::Services)?;
+    let stats = loader.map_fd(HmMap::BackendStats)?;
+    prune(services.as_fd(), stats.as_fd(), configured).map_err(|e| bpf_err(format!("prune {}", HmMap::BackendStats), e))
 }
 
 /// Deletes every entry whose service (by id, through HM_SERVICES) does not

@@ -17,22 +17,20 @@
 //! drop) for every packet they act on, and pass on untouched what they
 //! leave alone, which the other copy then leaves alone too.
 
-use std::collections::btree_map::Entry;
-use std::collections::BTreeMap;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsRawFd, BorrowedFd};
 
 use aya::programs::links::FdLink;
 use aya::programs::tc::TcAttachOptions;
 use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
 
-use super::pins::unpin;
-use super::{bpf_err, chain, program_fd, PinnedBpf};
+use super::pins::PinDir;
+use super::{bpf_err, chain};
 use crate::backends::ifaces;
 use crate::backends::netlink::tc::{self, Direction, Filter};
 use crate::backends::netlink::RouteSocket;
 use crate::backends::Result;
-use crate::model::{AttachStatus, Attachment, Hook, Program, TcAttach};
+use crate::model::{Attachment, Hook, Program};
 
 /// Attaches `p` at `a`'s TC hook with a TCX link.
 pub(super) fn attach_tcx(p: &mut SchedClassifier, dev: &str, a: &Attachment) -> Result<FdLink> {
@@ -82,61 +80,53 @@ fn tc_err(op: impl Into<String>) -> impl FnOnce(io::Error) -> crate::backends::B
     move |e| bpf_err(op, e)
 }
 
-impl PinnedBpf {
-    fn tc_sock(&mut self) -> Result<&mut RouteSocket> {
-        if self.tc_sock.is_none() {
-            self.tc_sock = Some(RouteSocket::open().map_err(tc_err("open rtnetlink for tc filters"))?);
+/// hostmesh's clsact filters: the rtnetlink socket they are set through,
+/// and the marks (under the pin dir) of the qdiscs hostmesh added.
+pub(super) struct TcFilters {
+    pins: PinDir,
+    /// Opened when first needed.
+    sock: Option<RouteSocket>,
+}
+
+impl TcFilters {
+    pub(super) fn new(pins: PinDir) -> Self {
+        TcFilters { pins, sock: None }
+    }
+
+    fn sock(&mut self) -> Result<&mut RouteSocket> {
+        if self.sock.is_none() {
+            self.sock = Some(RouteSocket::open().map_err(tc_err("open rtnetlink for tc filters"))?);
         }
-        Ok(self.tc_sock.as_mut().expect("just opened"))
+        Ok(self.sock.as_mut().expect("just opened"))
     }
 
     /// hostmesh's filters on every clsact qdisc.
     fn hostmesh_filters(&mut self) -> Result<Vec<Filter>> {
-        hostmesh_filters(self.tc_sock()?).map_err(tc_err("list tc filters"))
+        hostmesh_filters(self.sock()?).map_err(tc_err("list tc filters"))
     }
 
-    /// Adds hostmesh's clsact filters to `out`, and marks Defunct every
-    /// TC hook whose program is pinned but attached nowhere (its interface
-    /// went away, taking the filter with it).
-    pub(super) fn observe_filters(&mut self, out: &mut BTreeMap<Attachment, AttachStatus>) -> Result<()> {
+    /// Each hostmesh filter as the hook it is at, with the id of the
+    /// program it runs and a name for errors.
+    pub(super) fn observe(&mut self) -> Result<Vec<(Attachment, u32, String)>> {
+        let mut out = Vec::new();
         for f in self.hostmesh_filters()? {
             let (Some(program), Some(dev)) = (f.name.as_deref().and_then(Program::from_name), ifaces::name(f.ifindex))
             else {
                 continue;
             };
-            let a = Attachment { program, hook: hook(dev, f.direction) };
-            let status = match self.tc_mode {
-                // A filter where TCX is wanted: re-attach (the link goes
-                // in before the filter goes).
-                TcAttach::Tcx => AttachStatus::Outdated,
-                TcAttach::Netlink => self.program_status(&a, f.prog_id.unwrap_or(0), &filter_name(&f))?,
-            };
-            match out.entry(a) {
-                // A link and a filter: a move that was cut short; attach
-                // finishes it.
-                Entry::Occupied(mut e) => *e.get_mut() = AttachStatus::Outdated,
-                Entry::Vacant(e) => {
-                    e.insert(status);
-                }
-            }
+            out.push((Attachment { program, hook: hook(dev, f.direction) }, f.prog_id.unwrap_or(0), filter_name(&f)));
         }
-        let pinned = self.pins.prog_names().map_err(|e| bpf_err("list pinned programs", e))?;
-        for a in pinned.iter().filter_map(|n| Attachment::from_pin_name(n)) {
-            if a.device().is_some() {
-                out.entry(a).or_insert(AttachStatus::Defunct);
-            }
-        }
-        Ok(())
+        Ok(out)
     }
 
-    /// Attaches (or replaces in place) hostmesh's clsact filter for `a`.
-    pub(super) fn attach_filter(&mut self, a: &Attachment, dev: &str) -> Result<()> {
+    /// Attaches (or replaces in place) hostmesh's clsact filter for `a`,
+    /// running `prog`.
+    pub(super) fn attach(&mut self, a: &Attachment, dev: &str, prog: BorrowedFd<'_>) -> Result<()> {
         let ifindex = ifaces::index(dev)
             .ok_or_else(|| bpf_err(format!("attach {a}"), io::Error::from_raw_os_error(libc::ENODEV)))?;
         let d = direction(a);
-        let prog = program_fd(self.ensure_loaded()?, a.program)?;
         let marker = self.pins.qdisc(ifindex);
-        let sock = self.tc_sock()?;
+        let sock = self.sock()?;
         let existing = tc::filters(sock, ifindex, d).map_err(tc_err(format!("dump {} filters of {dev}", d.name())))?;
         if let Some(f) = existing.iter().find(|f| f.squats()) {
             return Err(bpf_err(
@@ -156,26 +146,23 @@ impl PinnedBpf {
         if created {
             std::fs::create_dir_all(&marker).map_err(tc_err(format!("mark {}", marker.display())))?;
         }
-        let replaced = tc::replace_bpf(sock, ifindex, d, prog.as_fd().as_raw_fd(), a.program.name());
+        let replaced = tc::replace_bpf(sock, ifindex, d, prog.as_raw_fd(), a.program.name());
         if let Err(e) = replaced {
             if created {
                 self.release_qdisc(ifindex)?;
             }
             return Err(bpf_err(format!("attach {a} as a clsact filter"), e));
         }
-        self.pin_program(a)?;
-        // A TCX link left from TCX mode goes once the filter runs.
-        let link = self.pins.link(&a.pin_name());
-        unpin(&link).map_err(|e| bpf_err(format!("unpin {}", link.display()), e))
+        Ok(())
     }
 
     /// Removes hostmesh's clsact filter for `a`, if there is one, and the
     /// qdisc hostmesh added for it once nothing is left on it.
-    pub(super) fn remove_filter(&mut self, a: &Attachment) -> Result<()> {
+    pub(super) fn remove(&mut self, a: &Attachment) -> Result<()> {
         // An interface that is gone took its filters and qdisc with it.
         let Some(ifindex) = a.device().and_then(ifaces::index) else { return Ok(()) };
         let d = direction(a);
-        let sock = self.tc_sock()?;
+        let sock = self.sock()?;
         let filters = tc::filters(sock, ifindex, d).map_err(tc_err(format!("dump {} filters", d.name())))?;
         if filters.iter().any(Filter::is_hostmesh) {
             tc::delete_bpf(sock, ifindex, d).map_err(tc_err(format!("detach {a} (clsact filter)")))?;
@@ -190,7 +177,7 @@ impl PinnedBpf {
         if !marker.exists() {
             return Ok(false);
         }
-        let sock = self.tc_sock()?;
+        let sock = self.sock()?;
         let mut empty = true;
         for d in [Direction::Ingress, Direction::Egress] {
             empty &= tc::filters(sock, ifindex, d).map_err(tc_err("dump filters"))?.is_empty();
@@ -205,10 +192,10 @@ impl PinnedBpf {
 
     /// Teardown: every hostmesh filter, then the qdiscs hostmesh added
     /// that are empty now. Returns one line per thing removed.
-    pub(super) fn remove_all_filters(&mut self) -> Result<Vec<String>> {
+    pub(super) fn remove_all(&mut self) -> Result<Vec<String>> {
         let mut done = Vec::new();
         for f in self.hostmesh_filters()? {
-            let sock = self.tc_sock()?;
+            let sock = self.sock()?;
             tc::delete_bpf(sock, f.ifindex, f.direction).map_err(tc_err(format!("delete {}", filter_name(&f))))?;
             done.push(format!("deleted {}", filter_name(&f)));
         }

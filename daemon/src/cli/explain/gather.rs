@@ -211,6 +211,20 @@ fn service(e: &mut Explanation, key: SvcKey, proto: Protocol, svc: &ServiceEntry
             bytes_from: c.bytes_from,
         });
     }
+    service_entries(e, svc, cfg);
+    e.service = Some(ServiceView {
+        name: named.map(|s| s.name.clone()),
+        origin: named.map(|s| s.origin.to_string()),
+        id: svc.value.id,
+        table_size: svc.value.table_size,
+        affinity_timeout_s: svc.affinity_s,
+        backends,
+    });
+    Ok(())
+}
+
+/// The map entries of a service, as explain lists them.
+fn service_entries(e: &mut Explanation, svc: &ServiceEntry, cfg: Option<HmConfig>) {
     e.kernel.push(format!(
         "{}[{}] = id {}, {} backends, table {} slots; {}: {} chunks",
         HmMap::Services,
@@ -233,15 +247,6 @@ fn service(e: &mut Explanation, key: SvcKey, proto: Protocol, svc: &ServiceEntry
             }
         ));
     }
-    e.service = Some(ServiceView {
-        name: named.map(|s| s.name.clone()),
-        origin: named.map(|s| s.origin.to_string()),
-        id: svc.value.id,
-        table_size: svc.value.table_size,
-        affinity_timeout_s: svc.affinity_s,
-        backends,
-    });
-    Ok(())
 }
 
 /// The backend a connection from `from` gets now, as the probes choose:
