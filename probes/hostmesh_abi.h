@@ -15,6 +15,7 @@
 
 #include <linux/types.h>
 #include <linux/bpf.h>
+#include <linux/pkt_cls.h>
 
 /* Map capacities as compiled: the defaults. The daemon creates each map at
  * the size its [daemon] key sets (daemon/src/config/capacity.rs). */
@@ -281,5 +282,12 @@ _Static_assert(sizeof(struct hm_gw_ct_value) == 24, "hm_gw_ct_value layout");
  * (local_ipv4/local_ipv6, its last member): the daemon's feature probe asks
  * whether the kernel takes this size (backends/bpf/features.rs). */
 #define HM_TUNNEL_KEY_SIZE sizeof(struct bpf_tunnel_key)
+
+/* What the programs return (linux/pkt_cls.h, linux/bpf.h), for the probe
+ * tests (daemon/src/backends/bpf/probe_tests.rs). */
+#define HM_TC_ACT_UNSPEC TC_ACT_UNSPEC
+#define HM_TC_ACT_OK TC_ACT_OK
+#define HM_TC_ACT_REDIRECT TC_ACT_REDIRECT
+#define HM_SK_PASS SK_PASS
 
 #endif /* HOSTMESH_ABI_H */

@@ -111,17 +111,17 @@ pub fn wire(u: &Underlay, [ma, ga, gb, mb]: [&Netns; 4]) {
     ma.veth_to(ga, ("eth0", &lan(u.ma)), ("a0", &lan(u.ga_lan)));
     ga.veth_to(gb, ("wan", &lan(u.ga_wan)), ("wan", &lan(u.gb_wan)));
     gb.veth_to(mb, ("b0", &lan(u.gb_lan)), ("eth0", &lan(u.mb)));
-    for ns in [ma, ga, gb, mb] {
-        ns.ip(&["link", "set", "lo", "up"]);
-    }
+    // (Netns::new set every loopback up.)
     let host_prefix = if u.is_v6() { 128 } else { 32 };
     ga.ip(&["addr", "add", &format!("{}/{host_prefix}", u.wan_local), "dev", "wan"]);
-    for addr in [MA_WORKLOAD, MA_UNLISTED] {
-        ma.ip(&["addr", "add", &format!("{addr}/32"), "dev", "lo"]);
-    }
-    mb.ip(&["addr", "add", &format!("{MB_WORKLOAD}/32"), "dev", "lo"]);
-    ma.ip(&["addr", "add", &format!("{MA_WORKLOAD6}/128"), "dev", "lo", "nodad"]);
-    mb.ip(&["addr", "add", &format!("{MB_WORKLOAD6}/128"), "dev", "lo", "nodad"]);
+    let (w, u1, w6) = (format!("{MA_WORKLOAD}/32"), format!("{MA_UNLISTED}/32"), format!("{MA_WORKLOAD6}/128"));
+    ma.ip_batch(&[
+        &["addr", "add", &w, "dev", "lo"],
+        &["addr", "add", &u1, "dev", "lo"],
+        &["addr", "add", &w6, "dev", "lo", "nodad"],
+    ]);
+    let (w, w6) = (format!("{MB_WORKLOAD}/32"), format!("{MB_WORKLOAD6}/128"));
+    mb.ip_batch(&[&["addr", "add", &w, "dev", "lo"], &["addr", "add", &w6, "dev", "lo", "nodad"]]);
 }
 
 /// The gateway config of every host, `[ma, ga, gb, mb]`; `probes` is added

@@ -136,12 +136,24 @@ impl Host {
     }
 
     /// Destinations of routes carrying hostmesh's protocol.
+    /// Every route with hostmesh's protocol, in any table, as `ip route`
+    /// names its destination (a host route by its address alone); read
+    /// over rtnetlink, so polling it spawns nothing.
     pub fn owned_routes(&self) -> Vec<String> {
-        let mut v: Vec<String> = ["hostmesh", "104"]
-            .iter()
-            .flat_map(|p| self.ns.routes_with_proto(p))
-            .filter_map(|r| r["dst"].as_str().map(str::to_string))
-            .collect();
+        let mut v: Vec<String> = self.ns.run(|| {
+            let mut net = hostmesh::backends::netlink::Rtnetlink::open().expect("rtnetlink");
+            net.owned_routes()
+                .expect("dump routes")
+                .into_iter()
+                .map(|k| {
+                    if k.dst.prefix_len() == k.dst.max_prefix_len() {
+                        k.dst.addr().to_string()
+                    } else {
+                        k.dst.to_string()
+                    }
+                })
+                .collect()
+        });
         v.sort();
         v.dedup();
         v

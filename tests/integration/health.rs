@@ -289,7 +289,15 @@ fn http_exec_and_udp_checks_take_a_backend_down_and_back_and_checks_leave_from_s
 
     // udp: a socket that never answers takes b1 down.
     udp[0] = None;
-    let silent = net.backends.run(|| std::net::UdpSocket::bind("192.168.10.11:9092").unwrap());
+    // (The port is free once every child another test forked meanwhile,
+    // holding a copy of the server's socket until its exec, has exec'd.)
+    let bind = || net.backends.run(|| std::net::UdpSocket::bind("192.168.10.11:9092"));
+    let mut silent = None;
+    hm_testkit::wait_soon("the UDP check port to be free", || {
+        silent = bind().ok();
+        silent.is_some()
+    })
+    .unwrap();
     net.wait_state("dns", 0, 5353, BackendState::Down);
     let reason = net.backend("dns", 0, 5353).unwrap().reason.unwrap();
     assert!(reason.starts_with("timeout after"), "{reason}");

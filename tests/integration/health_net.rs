@@ -67,9 +67,11 @@ impl HealthNet {
         let host = Host::with_daemon_config(daemon_config);
         let backends = Netns::new();
         host.ns.veth_to(&backends, ("eth0", "192.168.10.1/24"), ("eth0", "192.168.10.11/24"));
-        host.ns.ip(&["addr", "add", "192.168.10.2/24", "dev", "eth0"]);
+        host.ns.ip_batch(&[
+            &["addr", "add", "192.168.10.2/24", "dev", "eth0"],
+            &["route", "add", "default", "via", "192.168.10.11", "dev", "eth0"],
+        ]);
         backends.ip(&["addr", "add", "192.168.10.12/24", "dev", "eth0"]);
-        host.ns.ip(&["route", "add", "default", "via", "192.168.10.11", "dev", "eth0"]);
         let mut net = HealthNet { main: [None, None], checks: [None, None], host, backends };
         for i in 0..2 {
             net.start_main(i);

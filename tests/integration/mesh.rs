@@ -9,7 +9,7 @@ use hm_testkit::wait_soon;
 use hostmesh::state::{ObjectKind, ObjectState};
 
 use crate::fixtures::*;
-use crate::topology::{Topology, CLIENT};
+use crate::topology::Topology;
 
 pub const SIDECAR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/clients/sidecar.py");
 
@@ -109,7 +109,7 @@ impl Drop for Sidecar {
 
 /// Runs the VIP client in the host namespace.
 fn client(host: &Host, args: &[&str]) -> serde_json::Value {
-    let out = host.ns.command("python3").arg(CLIENT).args(args).output().expect("run the client");
+    let out = host.ns.command(&crate::topology::client()).args(args).output().expect("run the client");
     assert!(out.status.success(), "client {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }
@@ -203,8 +203,14 @@ fn check_sidecar_lifecycle(backend: &str) {
         tcp_ask(&host.ns, "10.96.0.60:80").is_ok_and(|a| a == "second 10.96.0.60:80")
     })
     .unwrap_or_else(|e| panic!("{backend}: {e}"));
+    // UDP follows the new sidecar too (its listener is registered on its
+    // own, a moment after the TCP one).
+    wait_soon("UDP to reach the restarted sidecar", || {
+        client(&host, &["requests", "udp", "10.96.0.60", "53", "1"])["answers"].get("second 10.96.0.60:53").is_some()
+    })
+    .unwrap_or_else(|e| panic!("{backend}: {e}"));
     let (answer, _) = ask(&host, "udp", "10.96.0.60", 53);
-    assert_eq!(answer, "second 10.96.0.60:53", "{backend}: UDP follows the new sidecar too");
+    assert_eq!(answer, "second 10.96.0.60:53", "{backend}: and stays there");
 
     // The entry goes: interception stops.
     let generation = host.status().generation;

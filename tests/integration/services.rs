@@ -116,8 +116,8 @@ fn check_removal(mode: &str, proto: &str, port: u16) {
     let mut watcher = t
         .host
         .ns
-        .command_in_cgroup("python3", t.host.cgroup.path())
-        .args([CLIENT, "watch", proto, "10.96.0.10", &port.to_string(), "0.05", &seconds])
+        .command_in_cgroup(&client(), t.host.cgroup.path())
+        .args(["watch", proto, "10.96.0.10", &port.to_string(), "0.05", &seconds])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -236,8 +236,8 @@ fn two_daemons_in_two_namespaces_with_the_same_vip_do_not_interfere() {
     let out = b
         .host
         .ns
-        .command_in_cgroup("python3", a.host.cgroup.path())
-        .args([CLIENT, "requests", "tcp", "10.96.0.10", "80", "10"])
+        .command_in_cgroup(&client(), a.host.cgroup.path())
+        .args(["requests", "tcp", "10.96.0.10", "80", "10"])
         .output()
         .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -262,9 +262,14 @@ fn veth_flows_are_tracked_and_idle_ones_expire() {
     use hostmesh::abi::{CT_FORWARD, CT_F_CLOSING, CT_F_FIN_BACK, CT_F_FIN_OUT, CT_F_REPLIED};
     let t = Topology::new("connect_time_lb = \"off\"\nresync_interval = \"1s\"\nconntrack_udp_timeout = \"3s\"");
     let _d = t.host.start_ready();
-    // TCP first: each phase is read at once (closed TCP flows go 10 s later).
+    // TCP first (closed TCP flows go 10 s later). Once the FINs of both
+    // sides have passed (after the client exits), every flow has moved to
+    // the closed ones.
     t.requests("tcp", "10.96.0.10", 80, 3);
-    assert!(t.conntrack(HmMap::Ct).iter().all(|(k, _)| k.proto != 6), "no closed flow stays with the open ones");
+    let tcp = |map| t.conntrack(map).into_iter().filter(|(k, _)| k.proto == 6).count();
+    wait_soon("the closed TCP flows to move", || tcp(HmMap::Ct) == 0 && tcp(HmMap::CtClosing) == 6).unwrap_or_else(
+        |e| panic!("{e}: open {:?}, closed {:?}", t.conntrack(HmMap::Ct), t.conntrack(HmMap::CtClosing)),
+    );
     let flows = t.conntrack(HmMap::CtClosing);
     let forward: Vec<_> = flows.iter().filter(|(k, _)| k.dir == CT_FORWARD && k.proto == 6).collect();
     assert_eq!(forward.len(), 3, "three closed TCP flows: {flows:?}");

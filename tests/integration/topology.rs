@@ -20,7 +20,11 @@ use serde_json::Value;
 
 use crate::fixtures::*;
 
-pub const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/clients/vip_client.py");
+/// The VIP client (tests/clients/vip_client.rs): the one cargo built
+/// beside the daemon, or `HM_TEST_CLIENT` (scripts/test-kernels runs copies).
+pub fn client() -> String {
+    std::env::var("HM_TEST_CLIENT").unwrap_or_else(|_| env!("CARGO_BIN_EXE_hm-vip-client").to_string())
+}
 
 pub const SERVICES: &str = r#"
 [[service]]
@@ -117,15 +121,18 @@ impl Topology {
         let backends = Netns::new();
         let far = Netns::new();
         host.ns.veth_to(&backends, ("eth0", "192.168.10.1/24"), ("eth0", "192.168.10.11/24"));
-        backends.ip(&["addr", "add", "192.168.10.12/24", "dev", "eth0"]);
-        backends.ip(&["addr", "add", "192.168.10.254/24", "dev", "eth0"]);
-        host.ns.ip(&["addr", "add", "fd00:10::1/64", "dev", "eth0", "nodad"]);
-        for a in ["fd00:10::11/64", "fd00:10::12/64"] {
-            backends.ip(&["addr", "add", a, "dev", "eth0", "nodad"]);
-        }
-        host.ns.ip(&["route", "add", "default", "via", "192.168.10.254", "dev", "eth0"]);
-        host.ns.ip(&["-6", "route", "add", "default", "via", "fd00:10::11", "dev", "eth0"]);
         backends.veth_to(&far, ("far0", "10.50.0.1/24"), ("eth0", "10.50.0.5/24"));
+        backends.ip_batch(&[
+            &["addr", "add", "192.168.10.12/24", "dev", "eth0"],
+            &["addr", "add", "192.168.10.254/24", "dev", "eth0"],
+            &["addr", "add", "fd00:10::11/64", "dev", "eth0", "nodad"],
+            &["addr", "add", "fd00:10::12/64", "dev", "eth0", "nodad"],
+        ]);
+        host.ns.ip_batch(&[
+            &["addr", "add", "fd00:10::1/64", "dev", "eth0", "nodad"],
+            &["route", "add", "default", "via", "192.168.10.254", "dev", "eth0"],
+            &["route", "add", "default", "via", "fd00:10::11", "dev", "eth0"],
+        ]);
         far.ip(&["route", "add", "default", "via", "10.50.0.1"]);
         backends.set_sysctl("net/ipv4/ip_forward", "1");
 
@@ -178,8 +185,7 @@ impl Held {
     pub fn start(host: &Host, args: &[&str]) -> Held {
         let mut child = host
             .ns
-            .command_in_cgroup("python3", host.cgroup.path())
-            .arg(CLIENT)
+            .command_in_cgroup(&client(), host.cgroup.path())
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -222,13 +228,7 @@ impl Topology {
 
 /// The client, once, in `host`'s namespace and cgroup; its JSON answer.
 pub fn run_client(host: &Host, args: &[&str]) -> Value {
-    let out = host
-        .ns
-        .command_in_cgroup("python3", host.cgroup.path())
-        .arg(CLIENT)
-        .args(args)
-        .output()
-        .expect("run the client");
+    let out = host.ns.command_in_cgroup(&client(), host.cgroup.path()).args(args).output().expect("run the client");
     assert!(out.status.success(), "client {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("client {args:?}: {e}: {:?}", out.stdout))
 }
@@ -248,8 +248,8 @@ impl Topology {
                 let child = self
                     .host
                     .ns
-                    .command_in_cgroup("python3", self.host.cgroup.path())
-                    .args([CLIENT, "loop", proto, "10.96.0.10", port, "0.05", &seconds.to_string()])
+                    .command_in_cgroup(&client(), self.host.cgroup.path())
+                    .args(["loop", proto, "10.96.0.10", port, "0.05", &seconds.to_string()])
                     .stdout(Stdio::piped())
                     .spawn()
                     .expect("run the client");

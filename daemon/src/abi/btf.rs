@@ -12,14 +12,14 @@ const MAGIC: u16 = 0xeb9f;
 
 /// One member of a struct, in bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Member {
+pub(crate) struct Member {
     pub name: String,
     pub offset: u32,
     pub size: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Struct {
+pub(crate) struct Struct {
     pub size: u32,
     pub members: Vec<Member>,
 }

@@ -194,6 +194,10 @@ fn rust_constants() -> BTreeMap<&'static str, i64> {
         ("HM_NETNS_COOKIE_ADDR", i64::from(u32::from(NETNS_COOKIE_ADDR))),
         ("HM_NETNS_COOKIE_PORT", i64::from(NETNS_COOKIE_PORT)),
         ("HM_TUNNEL_KEY_SIZE", i64::from(TUNNEL_KEY_SIZE)),
+        ("HM_TC_ACT_UNSPEC", i64::from(TC_ACT_UNSPEC)),
+        ("HM_TC_ACT_OK", i64::from(TC_ACT_OK)),
+        ("HM_TC_ACT_REDIRECT", i64::from(TC_ACT_REDIRECT)),
+        ("HM_SK_PASS", i64::from(SK_PASS)),
     ])
 }
 

@@ -5,7 +5,7 @@
 //! only fails `cargo test`, without root.
 
 #[cfg(test)]
-mod btf;
+pub(crate) mod btf;
 #[cfg(test)]
 mod layout_tests;
 mod maps;
@@ -13,6 +13,12 @@ mod objects;
 
 pub use maps::{Capacity, HmMap, MapDef, MAPS};
 pub use objects::{ObjectDef, ProbeObject, OBJECTS};
+
+/// The struct `name` as an object's BTF lays it out (tests).
+#[cfg(test)]
+pub(crate) fn btf_struct(object: &[u8], name: &str) -> Option<btf::Struct> {
+    btf::Btf::of_object(object).ok()?.structs().ok()?.remove(name)
+}
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
@@ -299,6 +305,14 @@ pub const NETNS_COOKIE_PORT: u16 = 9;
 /// `sizeof(struct bpf_tunnel_key)` with the tunnel's source address
 /// (`HM_TUNNEL_KEY_SIZE`): what the tunnel-source feature probe passes.
 pub const TUNNEL_KEY_SIZE: u32 = 44;
+
+/// What the programs return (`HM_TC_ACT_*`, `HM_SK_PASS`): TC programs
+/// let classification go on, end it passing the packet, or redirect it;
+/// sk_lookup programs let the lookup go on.
+pub const TC_ACT_UNSPEC: i32 = -1;
+pub const TC_ACT_OK: i32 = 0;
+pub const TC_ACT_REDIRECT: i32 = 7;
+pub const SK_PASS: i32 = 1;
 
 /// An address as the probes store it: IPv6, or IPv4-mapped.
 pub fn addr16(ip: IpAddr) -> [u8; 16] {

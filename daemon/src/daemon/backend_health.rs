@@ -23,6 +23,10 @@ pub(super) struct BackendHealthState {
     /// The states of the last run, until the checker starts with them.
     restored: BTreeMap<BackendKey, BackendHealth>,
     saved: Saved,
+    /// The states the last sync compiled with: what the dataplane follows,
+    /// and what the status reports (a change the checker saw since is
+    /// applied, and reported, by the sync it wakes).
+    applied: BTreeMap<BackendKey, BackendHealth>,
 }
 
 impl BackendHealthState {
@@ -32,12 +36,12 @@ impl BackendHealthState {
             BTreeMap::new()
         });
         let saved = restored.iter().map(|(k, h)| (k.clone(), (h.health, h.since))).collect();
-        BackendHealthState { monitor: None, restored, saved }
+        BackendHealthState { monitor: None, restored, saved, applied: BTreeMap::new() }
     }
 
-    /// Every checked backend's health now.
-    pub(super) fn states(&self) -> BTreeMap<BackendKey, BackendHealth> {
-        self.monitor.as_ref().map(HealthMonitor::states).unwrap_or_default()
+    /// Every checked backend's health as the last sync applied it.
+    pub(super) fn applied(&self) -> &BTreeMap<BackendKey, BackendHealth> {
+        &self.applied
     }
 
     /// Starts, updates or stops the checker for `config`; a change of
@@ -51,6 +55,7 @@ impl BackendHealthState {
         let targets = health::targets(config);
         if targets.is_empty() {
             self.monitor = None;
+            self.applied.clear();
             return BTreeMap::new();
         }
         if self.monitor.is_none() {
@@ -66,13 +71,15 @@ impl BackendHealthState {
                     // Without checks nothing is known up: checked backends
                     // get no traffic, and the status says why.
                     error!(log, "cannot start the health checker; checked backends take no traffic"; "error" => e.to_string());
+                    self.applied.clear();
                     return BTreeMap::new();
                 }
             }
         }
         let monitor = self.monitor.as_mut().expect("started above");
         monitor.set_targets(targets);
-        monitor.states()
+        self.applied = monitor.states();
+        self.applied.clone()
     }
 
     /// One log line per change of health since the last call.

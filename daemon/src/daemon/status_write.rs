@@ -32,7 +32,7 @@ impl Daemon {
         // The desired state of that sync (the reconciler keeps it).
         let desired = outcome.and(self.runner.reconciler.desired());
         let peers = self.peers.probe();
-        let backends = crate::health::report(&loaded.config, &self.backend_health.states());
+        let backends = crate::health::report(&loaded.config, self.backend_health.applied());
         let mut counts = report::counts(loaded, desired, peers, &self.sweeper.last);
         counts.backends_down = backends.iter().filter(|b| b.state == crate::state::BackendState::Down).count();
         Status {

@@ -27,6 +27,8 @@ mod load;
 pub(crate) mod netns_cookie;
 pub mod objects;
 pub(crate) mod pins;
+#[cfg(test)]
+mod probe_tests;
 mod resize;
 mod stats_prune;
 pub mod sys;

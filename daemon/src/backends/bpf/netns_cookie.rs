@@ -11,7 +11,7 @@
 use std::fs::File;
 use std::io;
 use std::net::UdpSocket;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use aya::maps::HashMap;
@@ -19,32 +19,13 @@ use aya::programs::{CgroupAttachMode, CgroupSockAddr};
 use aya::EbpfLoader;
 
 use crate::abi::{HmMap, ProbeObject, NETNS_COOKIE_ADDR, NETNS_COOKIE_PORT};
-
-// libc and nix lack these two socket options (include/uapi/asm-generic/socket.h).
-const SO_COOKIE: libc::c_int = 57;
-const SO_NETNS_COOKIE: libc::c_int = 71;
+use crate::backends::sockopt;
 
 /// The cookie of the calling thread's network namespace, from
 /// SO_NETNS_COOKIE (5.14+).
 pub(crate) fn read_with_sockopt() -> io::Result<u64> {
     let sock = std::net::UdpSocket::bind("127.0.0.1:0").or_else(|_| std::net::UdpSocket::bind("[::1]:0"))?;
-    let mut cookie: u64 = 0;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: a valid socket, and a buffer of the size we pass.
-    let rc = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            SO_NETNS_COOKIE,
-            &mut cookie as *mut u64 as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    if rc == 0 {
-        Ok(cookie)
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    sockopt::get(sock.as_fd(), libc::SOL_SOCKET, sockopt::SO_NETNS_COOKIE)
 }
 
 /// The cgroup2 dir of the calling process (`0::/path` in /proc/self/cgroup).
@@ -75,15 +56,7 @@ pub(crate) fn read_with_bpf(cgroup: &Path) -> io::Result<u64> {
         .map_err(|e| fail(&format!("attach hm_netns_cookie to cgroup {}", cgroup.display()), &e))?;
 
     let sock = UdpSocket::bind((NETNS_COOKIE_ADDR, 0)).or_else(|_| UdpSocket::bind("0.0.0.0:0"))?;
-    let mut cookie: u64 = 0;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: a valid socket and a buffer of the size passed.
-    let rc = unsafe {
-        libc::getsockopt(sock.as_raw_fd(), libc::SOL_SOCKET, SO_COOKIE, &mut cookie as *mut u64 as *mut _, &mut len)
-    };
-    if rc != 0 {
-        return Err(fail("getsockopt(SO_COOKIE)", &io::Error::last_os_error()));
-    }
+    let cookie = sockopt::socket_cookie(sock.as_fd()).map_err(|e| fail("getsockopt(SO_COOKIE)", &e))?;
     // The program runs before the kernel routes the connect(), so even an
     // error here (no loopback) has been seen by it.
     let _ = sock.connect((NETNS_COOKIE_ADDR, NETNS_COOKIE_PORT));

@@ -1,0 +1,321 @@
+//! The probes' logic on crafted packets, as Cilium's `bpf/tests` do: the
+//! programs this build carries run once per packet (BPF_PROG_TEST_RUN)
+//! against maps the loader made and the reconciler's own map entries for a
+//! compiled configuration. A new flow's backend is the one the Rust model
+//! (Maglev table and flow hash) predicts, a reply is translated back, a
+//! closed flow moves to the closed ones, a packet of no flow passes
+//! untouched, and `sk_lookup` hands a mesh VIP to its sidecar's listener.
+//!
+//! They need root (loading programs, a bpffs of their own under a temp
+//! dir) and take milliseconds. Each runs on a thread of its own in a fresh
+//! network namespace (the programs' FIB lookups see only its loopback, up
+//! and forwarding), which goes with the thread.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::os::fd::{AsFd, AsRawFd};
+
+use super::pins::PinDir;
+use super::{sys, PinnedBpf};
+use crate::abi::{self, HmMap, Pod, ProbeObject};
+use crate::backends::BpfBackend;
+use crate::model::{flow_hash::flow_hash, maglev, Desired, HostFacts, Prior, Program};
+use crate::table_size;
+
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const CLIENT: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+/// Local addresses, so the FIB hands a translated packet to the stack
+/// (TC_ACT_OK) on any host, whatever its routes.
+const BACKENDS: [&str; 3] = ["127.0.0.11:8080", "127.0.0.12:8080", "127.0.0.13:8080"];
+const TABLE: u32 = 251;
+
+/// The probes loaded with maps pinned in a bpffs of the test's own,
+/// removed (and unmounted) on drop.
+struct Probes {
+    bpf: PinnedBpf,
+    _dir: tempfile::TempDir,
+}
+
+impl Probes {
+    /// Loads the probes and writes the map entries `config` compiles to.
+    fn with(config: &str) -> Probes {
+        assert!(nix::unistd::geteuid().is_root(), "the probe tests load BPF programs: run them as root");
+        own_netns();
+        let dir = tempfile::tempdir().unwrap();
+        let pins = dir.path().join("bpf");
+        PinDir::new(&pins).prepare().unwrap();
+        super::raise_memlock_limit();
+        let features = super::features::probe().unwrap();
+        let mut bpf = PinnedBpf::new(&pins, features.clone());
+        let facts =
+            HostFacts { interfaces: ["lo".to_string()].into(), netns_cookie: 1, features, ..Default::default() };
+        let desired: Desired = crate::model::compile(&crate::config::from_text(config), &facts, &Prior::default());
+        assert!(desired.warnings.is_empty(), "{:?}", desired.warnings);
+        for (k, v) in &desired.map_entries {
+            bpf.put_map_entry(k, &v.spec.bytes().unwrap()).unwrap();
+        }
+        Probes { bpf, _dir: dir }
+    }
+
+    fn run(&mut self, program: Program, packet: &[u8]) -> sys::TestRun {
+        let prog = super::load::program_fd(&mut self.bpf.maps, program).unwrap();
+        sys::prog_test_run(prog.as_fd(), packet, &[]).unwrap()
+    }
+
+    /// Every (key, value) of a conntrack map.
+    fn conntrack(&mut self, map: HmMap) -> Vec<(abi::CtKey, abi::CtValue)> {
+        let fd = self.bpf.maps.map_fd(map).unwrap();
+        let def = map.def();
+        sys::map_dump(fd.as_fd(), def.key_size as usize, def.value_size as usize)
+            .unwrap()
+            .into_iter()
+            .map(|(k, v)| (abi::CtKey::from_bytes(&k).unwrap(), abi::CtValue::from_bytes(&v).unwrap()))
+            .collect()
+    }
+}
+
+impl Drop for Probes {
+    fn drop(&mut self) {
+        let _ = self.bpf.remove_all();
+    }
+}
+
+/// Moves the calling thread into a new network namespace with its
+/// loopback up and forwarding (what the veth path's hm-natout has).
+fn own_netns() {
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET)");
+    crate::backends::NetBackend::set_link_up(&mut crate::backends::netlink::Rtnetlink::open().unwrap(), "lo").unwrap();
+    let mut sysctl = crate::backends::sysctl::ProcSys::new();
+    crate::backends::SysctlBackend::set(&mut sysctl, "net/ipv4/conf/lo/forwarding", "1").unwrap();
+}
+
+fn service(proto: &str) -> String {
+    let backends: Vec<String> = BACKENDS.iter().map(|b| format!("\"{b}\"")).collect();
+    format!(
+        "[daemon]\nconnect_time_lb = \"off\"\nhost_interfaces = [\"lo\"]\n[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = 80\nprotocol = \
+         \"{proto}\"\nmaglev_table_size = {TABLE}\nbackends = [{}]\n",
+        backends.join(", ")
+    )
+}
+
+/// The backend the Rust model gives a flow: Maglev's table for the
+/// service's backends, at the slot of the flow's hash.
+fn modelled_backend(sport: u16, proto: u8) -> SocketAddr {
+    let entries: Vec<maglev::Entry> =
+        BACKENDS.iter().map(|b| maglev::Entry { addr: b.parse().unwrap(), weight: 1 }).collect();
+    let size = table_size::resolve(Some(TABLE), None, entries.len());
+    let table = maglev::build(&entries, size);
+    let slot = flow_hash(IpAddr::V4(CLIENT), IpAddr::V4(VIP), sport, 80, proto) % size;
+    entries[table[slot as usize] as usize].addr
+}
+
+const TCP_FIN: u8 = 0x01;
+const TCP_SYN: u8 = 0x02;
+const TCP_ACK: u8 = 0x10;
+
+/// An Ethernet frame with an IPv4 packet carrying a TCP segment (`flags`)
+/// or a UDP datagram, checksums valid.
+fn packet(src: SocketAddr, dst: SocketAddr, tcp_flags: Option<u8>) -> Vec<u8> {
+    let (IpAddr::V4(s), IpAddr::V4(d)) = (src.ip(), dst.ip()) else { panic!("IPv4 only") };
+    let payload = b"hello\n";
+    let mut l4 = Vec::new();
+    l4.extend(src.port().to_be_bytes());
+    l4.extend(dst.port().to_be_bytes());
+    let proto = match tcp_flags {
+        Some(flags) => {
+            l4.extend(1000u32.to_be_bytes()); // seq
+            l4.extend(0u32.to_be_bytes()); // ack
+            l4.extend([5 << 4, flags]);
+            l4.extend(64240u16.to_be_bytes()); // window
+            l4.extend([0, 0, 0, 0]); // checksum, urgent
+            6u8
+        }
+        None => {
+            l4.extend(((8 + payload.len()) as u16).to_be_bytes());
+            l4.extend([0, 0]);
+            17u8
+        }
+    };
+    l4.extend(payload);
+    let mut ip = vec![0x45, 0];
+    ip.extend(((20 + l4.len()) as u16).to_be_bytes());
+    ip.extend([0, 1, 0x40, 0, 64, proto, 0, 0]);
+    ip.extend(s.octets());
+    ip.extend(d.octets());
+    let sum = checksum(&ip, 0);
+    ip[10..12].copy_from_slice(&sum.to_be_bytes());
+    let at = if proto == 6 { 16 } else { 6 };
+    let sum = checksum(&l4, pseudo(s, d, proto, l4.len()));
+    l4[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+    let mut frame = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2, 0x08, 0x00];
+    frame.extend(ip);
+    frame.extend(l4);
+    frame
+}
+
+fn pseudo(s: Ipv4Addr, d: Ipv4Addr, proto: u8, len: usize) -> u32 {
+    let mut b = Vec::new();
+    b.extend(s.octets());
+    b.extend(d.octets());
+    b.extend([0, proto]);
+    b.extend((len as u16).to_be_bytes());
+    b.chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum()
+}
+
+/// The Internet checksum of `bytes`, starting from `sum`.
+fn checksum(bytes: &[u8], mut sum: u32) -> u16 {
+    for w in bytes.chunks(2) {
+        sum += u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// (source, destination) of a frame built by `packet`, checking both
+/// checksums are still valid.
+fn addresses(frame: &[u8]) -> (SocketAddr, SocketAddr) {
+    let ip = &frame[14..34];
+    assert_eq!(checksum(ip, 0), 0, "IPv4 header checksum");
+    let (s, d) = (Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]), Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]));
+    let l4 = &frame[34..];
+    assert_eq!(checksum(l4, pseudo(s, d, ip[9], l4.len())), 0, "L4 checksum after translation");
+    let port = |at: usize| u16::from_be_bytes([l4[at], l4[at + 1]]);
+    (SocketAddr::new(s.into(), port(0)), SocketAddr::new(d.into(), port(2)))
+}
+
+fn client(sport: u16) -> SocketAddr {
+    SocketAddr::new(CLIENT.into(), sport)
+}
+
+fn vip() -> SocketAddr {
+    SocketAddr::new(VIP.into(), 80)
+}
+
+#[test]
+fn natout_sends_each_new_flow_to_the_backend_the_rust_maglev_model_picks() {
+    let mut p = Probes::with(&service("tcp"));
+    let mut seen = std::collections::BTreeSet::new();
+    for sport in 40000..40064 {
+        let out = p.run(Program::NatOut, &packet(client(sport), vip(), Some(TCP_SYN)));
+        assert_eq!(out.retval, abi::TC_ACT_OK as u32, "a local backend: the stack delivers it");
+        let (src, dst) = addresses(&out.data);
+        assert_eq!(src, client(sport), "the source is kept");
+        assert_eq!(dst, modelled_backend(sport, 6), "port {sport}: the probe and the Rust model disagree");
+        seen.insert(dst);
+    }
+    assert_eq!(seen.len(), BACKENDS.len(), "64 flows reach every backend: {seen:?}");
+    // Each flow is tracked both ways: client -> VIP, backend -> client.
+    assert_eq!(p.conntrack(HmMap::Ct).len(), 2 * 64);
+    // UDP the same.
+    let mut p = Probes::with(&service("udp"));
+    for sport in 50000..50016 {
+        let out = p.run(Program::NatOut, &packet(client(sport), vip(), None));
+        assert_eq!(addresses(&out.data).1, modelled_backend(sport, 17), "UDP, port {sport}");
+    }
+}
+
+#[test]
+fn a_reply_gets_the_vip_back_and_a_closed_flow_moves_to_the_closed_ones() {
+    let mut p = Probes::with(&service("tcp"));
+    let sport = 41000;
+    let backend = addresses(&p.run(Program::NatOut, &packet(client(sport), vip(), Some(TCP_SYN))).data).1;
+    // The SYN-ACK from the backend, on a host interface: the VIP again,
+    // and classification goes on (TC_ACT_UNSPEC).
+    let out = p.run(Program::Reply, &packet(backend, client(sport), Some(TCP_SYN | TCP_ACK)));
+    assert_eq!(out.retval as i32, abi::TC_ACT_UNSPEC);
+    assert_eq!(addresses(&out.data), (vip(), client(sport)), "the reply comes from the VIP");
+    // A FIN each way closes it: its entries leave the open flows.
+    let fin = p.run(Program::NatOut, &packet(client(sport), vip(), Some(TCP_FIN | TCP_ACK)));
+    assert_eq!(addresses(&fin.data).1, backend, "a known flow keeps its backend");
+    p.run(Program::Reply, &packet(backend, client(sport), Some(TCP_FIN | TCP_ACK)));
+    assert_eq!(p.conntrack(HmMap::Ct), vec![], "no open flow left");
+    let closed = p.conntrack(HmMap::CtClosing);
+    assert_eq!(closed.len(), 2, "{closed:?}");
+    assert!(closed.iter().all(|(_, v)| v.flags & abi::CT_F_CLOSING != 0), "{closed:?}");
+}
+
+#[test]
+fn packets_of_no_flow_pass_untouched_and_a_syn_nobody_serves_is_refused() {
+    let mut p = Probes::with(&service("tcp"));
+    // A reply no flow knows: left alone for the stack and other programs.
+    let stray = packet("127.0.0.11:8080".parse().unwrap(), client(42000), Some(TCP_SYN | TCP_ACK));
+    let out = p.run(Program::Reply, &stray);
+    assert_eq!((out.retval as i32, &out.data), (abi::TC_ACT_UNSPEC, &stray));
+    // Not IP at all (an ARP request): hm_natout passes it.
+    let mut arp = vec![0xff; 6];
+    arp.extend([0x02, 0, 0, 0, 0, 1, 0x08, 0x06]);
+    arp.extend([0u8; 28]);
+    let out = p.run(Program::NatOut, &arp);
+    assert_eq!((out.retval, &out.data), (abi::TC_ACT_OK as u32, &arp));
+    // A SYN to a VIP:port with no service is answered with a RST.
+    let other = SocketAddr::new(VIP.into(), 81);
+    let out = p.run(Program::NatOut, &packet(client(42001), other, Some(TCP_SYN)));
+    assert_eq!(out.retval, abi::TC_ACT_REDIRECT as u32, "sent back where it came from");
+    assert_eq!(addresses(&out.data), (other, client(42001)), "a RST from the VIP");
+    assert_eq!(out.data[34 + 13] & 0x04, 0x04, "RST set");
+}
+
+#[test]
+fn sk_lookup_hands_a_mesh_vip_to_its_sidecar_s_listener_and_passes_the_rest() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let mut p = Probes::with(&format!("[[mesh]]\nname = \"m\"\nvip = \"{VIP}\"\nport = 80\nredirect_port = {port}\n"));
+    // The registrar's job, done by hand: the listener under its key.
+    let key = abi::SockKey { port, family: abi::AF_INET, proto: 6 };
+    let sockets = p.bpf.maps.map_fd(HmMap::MeshSockets).unwrap();
+    sys::map_update(sockets.as_fd(), &key.to_bytes(), &u64::try_from(listener.as_raw_fd()).unwrap().to_ne_bytes())
+        .unwrap();
+    let cookie = crate::backends::sockopt::socket_cookie(listener.as_fd()).unwrap();
+
+    let ctx = SkLookupCtx::from_btf();
+    let prog = super::load::program_fd(&mut p.bpf.maps, Program::Mesh).unwrap();
+    let lookup = |dst: Ipv4Addr, dport: u16| {
+        let out = sys::prog_test_run(prog.as_fd(), &[], &ctx.build(dst, dport)).unwrap();
+        assert_eq!(out.retval, abi::SK_PASS as u32);
+        ctx.cookie(&out.ctx)
+    };
+    assert_eq!(lookup(VIP, 80), cookie, "the mesh VIP goes to the sidecar's listener");
+    assert_eq!(lookup(VIP, 81), 0, "another port of the VIP: no socket chosen");
+    assert_eq!(lookup(Ipv4Addr::new(10, 96, 0, 11), 80), 0, "another address: no socket chosen");
+}
+
+/// `struct bpf_sk_lookup` as the mesh object's BTF lays it out (the
+/// kernel's UAPI, which no crate here binds).
+struct SkLookupCtx {
+    size: usize,
+    family: usize,
+    protocol: usize,
+    local_ip4: usize,
+    local_port: usize,
+}
+
+impl SkLookupCtx {
+    fn from_btf() -> SkLookupCtx {
+        let s = crate::abi::btf_struct(super::objects::bytes(ProbeObject::Mesh), "bpf_sk_lookup")
+            .expect("bpf_sk_lookup in the mesh object's BTF");
+        let at = |name: &str| s.members.iter().find(|m| m.name == name).map(|m| m.offset as usize).unwrap();
+        // The socket's cookie: the union the struct starts with.
+        assert!(s.members.iter().any(|m| m.offset == 0 && m.size == 8), "{:?}", s.members);
+        SkLookupCtx {
+            size: s.size as usize,
+            family: at("family"),
+            protocol: at("protocol"),
+            local_ip4: at("local_ip4"),
+            local_port: at("local_port"),
+        }
+    }
+
+    fn build(&self, dst: Ipv4Addr, dport: u16) -> Vec<u8> {
+        let mut b = vec![0u8; self.size];
+        b[self.family..self.family + 4].copy_from_slice(&u32::from(abi::AF_INET).to_ne_bytes());
+        b[self.protocol..self.protocol + 4].copy_from_slice(&6u32.to_ne_bytes());
+        b[self.local_ip4..self.local_ip4 + 4].copy_from_slice(&dst.octets());
+        b[self.local_port..self.local_port + 4].copy_from_slice(&u32::from(dport).to_ne_bytes());
+        b
+    }
+
+    fn cookie(&self, out: &[u8]) -> u64 {
+        u64::from_ne_bytes(out[..8].try_into().unwrap())
+    }
+}
