@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 
-use crate::mesh::Sidecar;
+use crate::fixtures::Sidecar;
 use crate::topology::*;
 
 fn explain(net: &Topology, args: &[&str]) -> Value {

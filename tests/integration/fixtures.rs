@@ -1,8 +1,9 @@
 //! A test host: a network namespace with a daemon's dirs, and the config
 //! snippets tests share.
 
+use std::io::BufRead;
 use std::path::Path;
-use std::process::Output;
+use std::process::{Child, Output, Stdio};
 use std::time::Duration;
 
 use hm_testkit::{cli, Cgroup, Daemon, DaemonOptions, Netns, TempDir};
@@ -40,6 +41,7 @@ port = 80
 backends = ["192.168.10.11:8080", { address = "192.168.10.12:8080", weight = 2 }]
 "#;
 
+#[allow(dead_code)]
 pub const API: &str = r#"
 [[service]]
 name = "api"
@@ -266,5 +268,40 @@ impl Host {
         }
         out.sort();
         out
+    }
+}
+
+/// tests/clients/sidecar.py: a mesh sidecar answering with its name.
+pub const SIDECAR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/clients/sidecar.py");
+
+/// A sidecar process, killed by PID on drop.
+pub struct Sidecar {
+    child: Child,
+}
+
+impl Sidecar {
+    pub fn start(host: &Host, name: &str, port: u16) -> Sidecar {
+        let mut child = host
+            .ns
+            .command("python3")
+            .args([SIDECAR, name, &port.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the sidecar");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "ready", "the sidecar did not start");
+        Sidecar { child }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

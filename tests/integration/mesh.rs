@@ -2,16 +2,11 @@
 //! on a local sidecar, which sees the VIP:port as its local address — with
 //! sk_lookup, and with the nftables fallback alike.
 
-use std::io::BufRead;
-use std::process::{Child, Stdio};
-
 use hm_testkit::wait_soon;
 use hostmesh::state::{ObjectKind, ObjectState};
 
 use crate::fixtures::*;
 use crate::topology::Topology;
-
-pub const SIDECAR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/clients/sidecar.py");
 
 /// Exact ports on .60 / ::60; whole VIPs on .61 / ::61, except port 80 of
 /// .61, whose exact entry goes to another sidecar.
@@ -74,38 +69,6 @@ port = 0
 protocol = "udp"
 redirect_port = 15002
 "#;
-
-/// A sidecar process, killed by PID on drop.
-pub struct Sidecar {
-    child: Child,
-}
-
-impl Sidecar {
-    pub fn start(host: &Host, name: &str, port: u16) -> Sidecar {
-        let mut child = host
-            .ns
-            .command("python3")
-            .args([SIDECAR, name, &port.to_string()])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start the sidecar");
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "ready", "the sidecar did not start");
-        Sidecar { child }
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Runs the VIP client in the host namespace.
 fn client(host: &Host, args: &[&str]) -> serde_json::Value {

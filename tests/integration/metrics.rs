@@ -6,9 +6,8 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::time::Duration;
 
-use hm_testkit::{http_get, scaled, wait_soon, Prometheus};
+use hm_testkit::{http_get, wait_soon, Prometheus};
 
 use crate::topology::*;
 
@@ -83,8 +82,10 @@ fn prometheus_sees_build_info_and_each_connection_counted_once_on_each_path() {
     }
     let counted = wait_soon("the counts in prometheus", || by(&prom, &net, backends, "backend") == want);
     assert!(counted.is_ok(), "want {want:?}, prometheus has {:?}", by(&prom, &net, backends, "backend"));
-    // A few scrapes later: still exactly that (nothing counted twice).
-    std::thread::sleep(scaled(Duration::from_secs(3)));
+    // Three scrapes later: still exactly that (nothing counted twice).
+    let scrapes = || prom.query(&net.host.ns, "count_over_time(up[1h])").first().map_or(0.0, |(_, v)| *v);
+    let seen = scrapes();
+    wait_soon("three more scrapes", || scrapes() >= seen + 3.0).unwrap();
     assert_eq!(by(&prom, &net, backends, "backend"), want);
     let paths = by(&prom, &net, r#"hostmesh_service_connections_total{service=~"web|dns"}"#, "path");
     let key = |s: &str, p: &str| (s.to_string(), p.to_string());

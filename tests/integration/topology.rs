@@ -233,27 +233,32 @@ pub fn run_client(host: &Host, args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("client {args:?}: {e}: {:?}", out.stdout))
 }
 
-/// Two clients of 10.96.0.10, one over TCP (port 80) and one over UDP
-/// (53), each sending a request every 50 ms for a few seconds.
+/// Clients each sending a request every 50 ms for a few seconds.
 pub struct Loops {
-    clients: Vec<(&'static str, Child)>,
+    clients: Vec<(String, Child)>,
 }
 
 impl Topology {
-    /// Starts the loops; they run for `seconds`.
+    /// Two loops to 10.96.0.10, TCP (port 80) and UDP (53); they run for
+    /// `seconds`.
     pub fn loops(&self, seconds: u32) -> Loops {
-        let clients = [("tcp", "80"), ("udp", "53")]
-            .into_iter()
-            .map(|(proto, port)| {
+        self.loops_to(&[("tcp", "10.96.0.10", 80), ("udp", "10.96.0.10", 53)], seconds)
+    }
+
+    /// A loop to each (protocol, address, port).
+    pub fn loops_to(&self, targets: &[(&str, &str, u16)], seconds: u32) -> Loops {
+        let clients = targets
+            .iter()
+            .map(|(proto, addr, port)| {
                 let child = self
                     .host
                     .ns
                     .command_in_cgroup(&client(), self.host.cgroup.path())
-                    .args(["loop", proto, "10.96.0.10", port, "0.05", &seconds.to_string()])
+                    .args(["loop", proto, addr, &port.to_string(), "0.05", &seconds.to_string()])
                     .stdout(Stdio::piped())
                     .spawn()
                     .expect("run the client");
-                (proto, child)
+                (format!("{proto} {addr}:{port}"), child)
             })
             .collect();
         Loops { clients }

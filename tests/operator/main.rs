@@ -11,5 +11,6 @@ mod fixtures;
 
 mod dirs;
 mod files;
+mod lifecycle;
 mod repair;
 mod signals;
