@@ -82,6 +82,13 @@ impl From<PathArgs> for Paths {
 }
 
 pub fn main() -> ExitCode {
+    // Config files are read under a read lease (config/read.rs): a writer
+    // opening one meanwhile makes the kernel send SIGIO, whose default
+    // action ends the process. Ignored, the lease is simply released.
+    // SAFETY: setting a signal's disposition before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGIO, libc::SIG_IGN);
+    }
     let cli = Cli::parse();
     if !matches!(cli.command, Command::Run(_)) {
         // A command whose output is piped into `head` ends quietly when the

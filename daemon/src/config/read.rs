@@ -11,7 +11,6 @@ use std::io::{self, Read};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
-use std::sync::Once;
 
 /// Why a drop-in was not read.
 #[derive(Debug)]
@@ -69,16 +68,18 @@ pub(super) fn kind_of(meta: &std::fs::Metadata) -> &'static str {
 /// available (another filesystem, no right to them), BeingWritten if a
 /// writer has the file open.
 fn take_read_lease(f: &File) -> Result<bool, Unread> {
-    static IGNORE_SIGIO: Once = Once::new();
     // A writer opening the file while the lease is held makes the kernel
-    // signal the holder (SIGIO, whose default action ends the process);
-    // the lease is released right after the read anyway.
-    IGNORE_SIGIO.call_once(|| {
+    // signal the holder (SIGIO, whose default action ends the process):
+    // `main` ignores SIGIO for the whole process before anything reads a
+    // config file. (Unit tests have no `main`: they set the same here.)
+    #[cfg(test)]
+    {
+        static IGNORE_SIGIO: std::sync::Once = std::sync::Once::new();
         // SAFETY: setting a disposition to SIG_IGN has no handler to race.
-        unsafe {
+        IGNORE_SIGIO.call_once(|| unsafe {
             libc::signal(libc::SIGIO, libc::SIG_IGN);
-        }
-    });
+        });
+    }
     // SAFETY: fcntl on an fd this function borrows, no pointers.
     let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) };
     if r == 0 {

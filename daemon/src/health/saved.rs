@@ -23,17 +23,13 @@ struct Saved {
 /// the caller logs (and starts without).
 pub(crate) fn load(state_dir: &Path) -> io::Result<BTreeMap<BackendKey, BackendHealth>> {
     let path = state_dir.join(SAVED_FILE);
-    let file = match std::fs::File::open(&path) {
-        Ok(f) => f,
+    let bytes = match crate::state::read_state_file(&path, MAX_SAVED_BYTES) {
+        Ok(b) => b,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
         Err(e) => return Err(e),
     };
-    let len = file.metadata()?.len();
-    if len > MAX_SAVED_BYTES {
-        return Err(io::Error::other(format!("{} is {len} bytes; at most {MAX_SAVED_BYTES}", path.display())));
-    }
-    let saved: Saved = serde_json::from_reader(io::BufReader::new(file))
-        .map_err(|e| io::Error::other(format!("{}: {e}", path.display())))?;
+    let saved: Saved =
+        serde_json::from_slice(&bytes).map_err(|e| io::Error::other(format!("{}: {e}", path.display())))?;
     Ok(saved.backends.into_iter().collect())
 }
 

@@ -38,7 +38,8 @@ impl SysctlOriginals {
     pub(crate) fn load(state_dir: &Path) -> io::Result<(Self, Vec<String>)> {
         let file = state_dir.join(FILE_NAME);
         let mut notes = Vec::new();
-        let bytes = match read_plain_file(&file) {
+        // Sysctl values of a few paths: a megabyte is far more than enough.
+        let bytes = match crate::state::read_state_file(&file, 1 << 20) {
             Ok(b) => Some(b),
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(e),
@@ -97,19 +98,6 @@ impl SysctlOriginals {
             let _ = crate::state::write_atomic(file, &json);
         }
     }
-}
-
-/// Reads a regular file without following a symlink, at most 1 MiB.
-fn read_plain_file(path: &Path) -> io::Result<Vec<u8>> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path)?;
-    if !f.metadata()?.is_file() {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{} is not a regular file", path.display())));
-    }
-    let mut bytes = Vec::new();
-    f.take(1 << 20).read_to_end(&mut bytes)?;
-    Ok(bytes)
 }
 
 #[cfg(test)]

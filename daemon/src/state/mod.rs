@@ -46,6 +46,34 @@ pub fn prepare_state_dir(dir: &Path) -> Result<(), StateDirError> {
     Ok(())
 }
 
+/// Reads a file hostmesh keeps in the state dir: the one way every such
+/// file is read. Never through a symlink (O_NOFOLLOW), only a regular file
+/// that root (or hostmesh's own user) owns and nobody else may write (the
+/// rule of `trust.rs`), and whole but at most `max` bytes (a larger one is
+/// an error naming the cap, never a truncated read).
+pub fn read_state_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path)?;
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{} is not a regular file", path.display())));
+    }
+    check_trusted(path, meta.uid(), meta.mode()).map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e))?;
+    if meta.len() > max {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} is {} bytes; hostmesh reads at most {max}", path.display(), meta.len()),
+        ));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    f.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{} grew past {max} bytes", path.display())));
+    }
+    Ok(bytes)
+}
+
 /// Writes `bytes` to `path` via a new temporary file (random name, created
 /// exclusively, so no planted link is followed) and a rename, so readers
 /// never see a partial file.
@@ -80,6 +108,25 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
         dir
+    }
+
+    #[test]
+    fn state_files_are_read_whole_and_only_when_safe() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = scratch("read");
+        let file = dir.join("status.json");
+        fs::write(&file, "{}").unwrap();
+        fs::set_permissions(&file, fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(read_state_file(&file, 2).unwrap(), b"{}");
+        let big = read_state_file(&file, 1).unwrap_err();
+        assert!(big.to_string().contains("2 bytes; hostmesh reads at most 1"), "{big}");
+        fs::set_permissions(&file, fs::Permissions::from_mode(0o664)).unwrap();
+        let writable = read_state_file(&file, 100).unwrap_err();
+        assert!(writable.to_string().contains("writable by its group"), "{writable}");
+        let link = dir.join("linked.json");
+        symlink(&file, &link).unwrap();
+        assert_eq!(read_state_file(&link, 100).unwrap_err().raw_os_error(), Some(libc::ELOOP), "no symlink followed");
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

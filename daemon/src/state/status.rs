@@ -2,7 +2,6 @@
 //! Written after every sync; read by `hostmesh status`.
 
 use std::fmt;
-use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -227,7 +226,8 @@ impl Status {
 
     pub fn read(state_dir: &Path) -> io::Result<Status> {
         let path = Self::path(state_dir);
-        let bytes = fs::read(&path)?;
+        // The status of 100,000 services is about 30 MB.
+        let bytes = super::read_state_file(&path, 256 << 20)?;
         serde_json::from_slice(&bytes)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display())))
     }
