@@ -16,8 +16,7 @@ pub enum Unsafe {
 /// The one rule for what hostmesh trusts: owned by root (or the uid the
 /// daemon runs as) and writable by no group and no other user.
 pub(crate) fn check_trusted(path: &Path, uid: u32, mode: u32) -> Result<(), Unsafe> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
+    let me = nix::unistd::geteuid().as_raw();
     if uid != 0 && uid != me {
         return Err(Unsafe::Owner { path: path.to_path_buf(), uid });
     }

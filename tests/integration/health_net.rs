@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use hm_testkit::{scaled, Netns, Proto, Servers};
+use hm_testkit::{Netns, Proto, Servers};
 use hostmesh::state::{BackendState, BackendStatus};
 use serde_json::Value;
 
@@ -24,10 +24,11 @@ pub const BACKENDS: [&str; 2] = ["192.168.10.11", "192.168.10.12"];
 pub const NAMES: [&str; 2] = ["b1", "b2"];
 pub const CHECK_PORT: u16 = 9090;
 
-/// The check interval the tests use (200 ms, slower on a slow machine),
-/// and `fall = rise = 2`.
+/// The check interval the tests use (200 ms; at most three times that on
+/// a slow machine, where a check on a local link still takes
+/// milliseconds), and `fall = rise = 2`.
 pub fn interval() -> Duration {
-    scaled(Duration::from_millis(200))
+    Duration::from_millis(200) * hm_testkit::time_scale().min(3)
 }
 
 /// A web (TCP 80) and a dns (UDP 53) service on 10.96.0.10 over both

@@ -1,6 +1,6 @@
-//! getsockopt(2) and setsockopt(2) for the few options std does not offer
-//! (receive timeouts on netlink sockets, IP_TRANSPARENT on a sidecar's
-//! listener, socket and network namespace cookies).
+//! getsockopt(2) and setsockopt(2) for the few options neither std nor nix
+//! offers: IPV6_TRANSPARENT (with IP_TRANSPARENT, on a sidecar's listener),
+//! and the socket and network namespace cookies.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};

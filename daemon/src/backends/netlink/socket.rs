@@ -188,13 +188,8 @@ fn extack_message(raw: &[u8]) -> Option<String> {
 }
 
 fn set_recv_timeout(socket: &Socket, timeout: Duration) -> io::Result<()> {
-    let tv = libc::timeval { tv_sec: timeout.as_secs() as libc::time_t, tv_usec: 0 };
-    let fd = socket.as_raw_fd();
+    let tv = nix::sys::time::TimeVal::new(timeout.as_secs() as i64, 0);
     // SAFETY: the socket outlives this borrow.
-    crate::backends::sockopt::set(
-        unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
-        libc::SOL_SOCKET,
-        libc::SO_RCVTIMEO,
-        &tv,
-    )
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(socket.as_raw_fd()) };
+    nix::sys::socket::setsockopt(&fd, nix::sys::socket::sockopt::ReceiveTimeout, &tv).map_err(io::Error::from)
 }
