@@ -166,6 +166,7 @@ impl Loader {
     }
 
     fn load(&mut self) -> Result<Loaded> {
+        let _held = super::held_signals::HeldSignals::new();
         self.pins.ensure().map_err(|e| bpf_err(format!("prepare {}", self.pins.root.display()), e))?;
         // Every map as the configuration sizes it: a pin of another size
         // is retired, and new maps are created at this size.
@@ -288,6 +289,7 @@ impl Loader {
 /// Loads the mesh object alone, with throwaway maps, to learn whether
 /// this kernel runs sk_lookup programs.
 fn probe_sk_lookup() -> Option<String> {
+    let _held = super::held_signals::HeldSignals::new();
     let mut loader = EbpfLoader::new();
     let small = crate::config::Capacity::Mesh.key().min;
     for map in HmMap::ALL.into_iter().filter(|m| m.def().sized_by == Some(crate::config::Capacity::Mesh)) {

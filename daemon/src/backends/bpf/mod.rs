@@ -21,6 +21,7 @@ pub(crate) mod attached;
 mod conntrack;
 pub(crate) mod features;
 mod flows_drop;
+mod held_signals;
 mod hooks;
 pub(crate) mod inspect;
 mod load;

@@ -43,6 +43,7 @@ pub(crate) fn own_cgroup(cgroup2_root: &Path) -> io::Result<PathBuf> {
 pub(crate) fn read_with_bpf(cgroup: &Path) -> io::Result<u64> {
     let fail = |what: &str, e: &dyn std::fmt::Display| io::Error::other(format!("{what}: {e}"));
     let object = super::objects::bytes(ProbeObject::NetnsCookie);
+    let held = super::held_signals::HeldSignals::new();
     let mut ebpf = EbpfLoader::new().load(object).map_err(|e| fail("load probes/netns_cookie.c", &e))?;
     let program: &mut CgroupSockAddr = ebpf
         .program_mut("hm_netns_cookie")
@@ -50,6 +51,7 @@ pub(crate) fn read_with_bpf(cgroup: &Path) -> io::Result<u64> {
         .try_into()
         .map_err(|e| fail("hm_netns_cookie", &e))?;
     program.load().map_err(|e| fail("verify hm_netns_cookie", &e))?;
+    drop(held);
     let dir = File::open(cgroup).map_err(|e| fail(&format!("open cgroup {}", cgroup.display()), &e))?;
     program
         .attach(&dir, CgroupAttachMode::Single)

@@ -319,3 +319,38 @@ impl SkLookupCtx {
         u64::from_ne_bytes(out[..8].try_into().unwrap())
     }
 }
+
+#[test]
+fn the_programs_load_while_signals_keep_arriving() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    // The daemon's threads take signals (SIGHUP, SIGTERM, SIGCHLD from
+    // exec checks); one that arrives while the verifier runs makes
+    // BPF_PROG_LOAD fail with EAGAIN. A handler, as the daemon has, and a
+    // signal at this thread every 100 µs while it loads every object.
+    signal_hook::flag::register(libc::SIGUSR1, Arc::new(AtomicBool::new(false))).unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    // SAFETY: pthread_self has no preconditions.
+    let me = unsafe { libc::pthread_self() } as usize;
+    let killer = {
+        let done = Arc::clone(&done);
+        std::thread::spawn(move || {
+            let mut sent = 0u32;
+            while !done.load(Ordering::Relaxed) {
+                // SAFETY: the target thread outlives this loop (it joins
+                // this thread before it returns).
+                unsafe { libc::pthread_kill(me as libc::pthread_t, libc::SIGUSR1) };
+                sent += 1;
+                std::thread::sleep(std::time::Duration::from_micros(100));
+            }
+            sent
+        })
+    };
+    let loaded = std::panic::catch_unwind(|| Probes::with(&service("tcp")));
+    done.store(true, Ordering::Relaxed);
+    let sent = killer.join().unwrap();
+    assert!(sent > 10, "only {sent} signals sent");
+    let mut p = loaded.unwrap_or_else(|_| panic!("loading failed with {sent} signals arriving"));
+    let out = p.run(Program::NatOut, &packet(client(43000), vip(), Some(TCP_SYN)));
+    assert_eq!(out.retval, abi::TC_ACT_OK as u32);
+}

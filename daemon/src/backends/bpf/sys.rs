@@ -327,6 +327,7 @@ pub fn prog_load(
     load.log_size = log.len() as u32;
     load.log_buf = log.as_mut_ptr() as u64;
     load.expected_attach_type = expected_attach_type.map_or(0, |t| t as u32);
+    let _held = super::held_signals::HeldSignals::new();
     match bpf(BPF_PROG_LOAD, &mut a) {
         Ok(rc) => Ok(fd_from(rc)),
         Err(e) => {
