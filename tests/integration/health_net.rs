@@ -129,3 +129,41 @@ impl HealthNet {
             .unwrap_or_else(|e| panic!("{e}: {:?}", self.backend(service, i, port)));
     }
 }
+
+pub const REQUESTS: u32 = 32;
+
+pub fn assert_only(net: &HealthNet, proto: &str, name: &str, what: &str) {
+    let (answers, errors) = net.requests(proto, REQUESTS);
+    assert!(errors.is_empty(), "{what}, {proto}: {errors:?}");
+    assert_eq!(answers, [(name.to_string(), u64::from(REQUESTS))], "{what}, {proto}");
+}
+
+/// Waits until every request of a round reaches `name` and none fails:
+/// after a change of health, the sync that applies it follows the status
+/// that shows it.
+pub fn wait_only(net: &HealthNet, proto: &str, name: &str, what: &str) {
+    hm_testkit::wait_soon(&format!("{what}: only {name} answers {proto}"), || {
+        let (answers, errors) = net.requests(proto, REQUESTS);
+        errors.is_empty() && answers == [(name.to_string(), u64::from(REQUESTS))]
+    })
+    .unwrap();
+}
+
+/// Waits until a round of requests reaches both backends and none fails.
+pub fn wait_both(net: &HealthNet, proto: &str, what: &str) {
+    hm_testkit::wait_soon(&format!("{what}: both backends answer {proto}"), || {
+        let (answers, errors) = net.requests(proto, REQUESTS);
+        errors.is_empty() && answers.iter().map(|(n, _)| n.as_str()).eq(NAMES)
+    })
+    .unwrap();
+}
+
+/// Checks on the check port, so a backend fails them while it serves.
+pub fn port_checks(weights: [u32; 2]) -> String {
+    let check = format!("kind = \"tcp\", port = {CHECK_PORT}");
+    services(&check, &check, weights)
+}
+
+pub fn index_of(name: &str) -> usize {
+    NAMES.iter().position(|n| *n == name).unwrap()
+}
