@@ -190,9 +190,11 @@ pub struct TcFilter {
 }
 
 impl TcFilter {
-    /// At hostmesh's priority and handle, a bpf filter named `hm_*`.
+    /// At one of hostmesh's priorities with its handle, a bpf filter named
+    /// `hm_*`.
     pub fn is_hostmesh(&self) -> bool {
-        self.pref == u64::from(hostmesh::backends::netlink::tc::PRIO)
+        use hostmesh::backends::netlink::tc::{PRIO_AFTER, PRIO_FIRST};
+        [u64::from(PRIO_FIRST), u64::from(PRIO_AFTER)].contains(&self.pref)
             && self.handle == "0x1"
             && self.kind == "bpf"
             && self.name.as_deref().is_some_and(|n| n.starts_with("hm_"))

@@ -120,6 +120,18 @@ fn a_foreign_clsact_filter_is_untouched_by_apply_restart_and_teardown() {
     assert!(errors.is_empty(), "{errors:?}");
     assert_eq!(answers.iter().map(|(_, n)| n).sum::<u64>(), 10);
     assert_eq!(foreign(&t), before, "apply left the foreign filters as they were");
+    // Priority 1 is the other tool's on eth0's ingress: hostmesh's filter
+    // runs after it there, and the status says so (elsewhere it is first).
+    let prios: BTreeSet<u64> = ours.iter().map(|f| f.pref).collect();
+    assert_eq!(prios, BTreeSet::from([1, 104]), "{ours:?}");
+    let warnings = t.host.status().warnings;
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].starts_with(
+            "hm_reply on tc ingress of eth0 runs at priority 104, after another tool's filters (bpf at priority 1)"
+        ),
+        "{warnings:?}"
+    );
     // Another tool puts a filter on the qdisc hostmesh added to lo: that
     // qdisc is no longer hostmesh's alone to remove.
     tc(&t, &["filter", "add", "dev", "lo", "egress", "pref", "300", "handle", "3", "bpf", "bytecode", "1,6 0 0 0,"]);
@@ -224,7 +236,8 @@ fn a_filter_running_another_program_is_replaced_in_place() {
     host.ns.run(move || {
         let mut sock = RouteSocket::open().unwrap();
         let lo = nix::net::if_::if_nametoindex("lo").unwrap();
-        tc::replace_bpf(&mut sock, lo, tc::Direction::Ingress, other.as_fd().as_raw_fd(), "hm_reply").unwrap();
+        let at = tc::Slot { ifindex: lo, direction: tc::Direction::Ingress, prio: tc::PRIO_FIRST };
+        tc::replace_bpf(&mut sock, at, other.as_fd().as_raw_fd(), "hm_reply").unwrap();
     });
     let swapped = ours(&host);
     assert_ne!(swapped.prog, before.prog);
@@ -240,4 +253,69 @@ fn a_filter_running_another_program_is_replaced_in_place() {
     assert!(d.log_text().contains("msg=\"sync done\""));
     let on_lo_ingress = hostmesh_filters(&host.ns).into_iter().filter(|f| f.dev == "lo" && f.dir == "ingress").count();
     assert_eq!(on_lo_ingress, 1, "replaced, not added");
+}
+
+/// Another tool's filter on `dev`'s ingress at `pref` that passes every
+/// packet and ends classification: `matchall action pass` where the kernel
+/// has it, else classic BPF that matches everything (with no action, a
+/// match ends classification with TC_ACT_OK just the same).
+fn pass_everything(t: &Topology, dev: &str, pref: &str) {
+    let matchall = ["filter", "add", "dev", dev, "ingress", "pref", pref, "matchall", "action", "pass"];
+    if !t.host.ns.exec_output("tc", &matchall).status.success() {
+        let bytecode = ["filter", "add", "dev", dev, "ingress", "pref", pref, "bpf", "bytecode", "1,6 0 0 4294967295,"];
+        tc(t, &bytecode);
+    }
+}
+
+/// hostmesh's filters on eth0's ingress, by priority.
+fn ours_on_eth0(t: &Topology) -> Vec<u64> {
+    let ours = hostmesh_filters(&t.host.ns).into_iter().filter(|f| f.dev == "eth0" && f.dir == "ingress");
+    ours.map(|f| f.pref).collect()
+}
+
+#[test]
+fn a_foreign_filter_that_ends_classification_hides_nothing_from_hostmesh() {
+    // Seen on Debian 12's 6.1: another tool's `matchall action pass` at
+    // priority 7 on the host interface's ingress ended classification
+    // before hostmesh's hm_reply (then at 104) saw the veth path's
+    // replies, and connect() to the VIP timed out.
+    let t = Topology::new("connect_time_lb = \"off\"\ntc_attach = \"netlink\"");
+    tc(&t, &["qdisc", "add", "dev", "eth0", "clsact"]);
+    pass_everything(&t, "eth0", "7");
+    let d = t.host.start_ready();
+    assert_eq!(ours_on_eth0(&t), [1], "first, where TCX runs");
+    let asked = |t: &Topology| {
+        for (proto, port) in [("tcp", 80), ("udp", 53)] {
+            let (answers, _, errors) = t.requests(proto, "10.96.0.10", port, 5);
+            assert!(errors.is_empty(), "{proto}: {errors:?}\n{}", d.log_text());
+            assert_eq!(answers.iter().map(|(_, n)| n).sum::<u64>(), 5, "{proto}");
+        }
+    };
+    asked(&t);
+    assert!(t.host.status().warnings.is_empty(), "{:?}", t.host.status().warnings);
+
+    // Another tool takes priority 1 too (classic BPF that matches
+    // nothing, put ahead of hostmesh's in the same slot): hostmesh steps
+    // after it and the status names the filters that now run first.
+    tc(&t, &["filter", "add", "dev", "eth0", "ingress", "pref", "1", "handle", "7", "bpf", "bytecode", "1,6 0 0 0,"]);
+    let sync = |t: &Topology| {
+        let generation = t.host.status().generation;
+        d.signal(nix::sys::signal::Signal::SIGHUP);
+        t.wait_sync_after(generation);
+    };
+    sync(&t);
+    assert_eq!(ours_on_eth0(&t), [104], "after the other tool's filter at 1");
+    let warnings = t.host.status().warnings;
+    let shadowed = warnings.iter().find(|w| w.starts_with("hm_reply on tc ingress of eth0 runs at priority 104"));
+    let shadowed = shadowed.unwrap_or_else(|| panic!("{warnings:?}"));
+    assert!(shadowed.contains("at priority 1,") && shadowed.contains("at priority 7)"), "{shadowed}");
+    let (text, _) = t.host.status_text();
+    assert!(text.contains("warning: hm_reply on tc ingress of eth0 runs at priority 104"), "{text}");
+
+    // Priority 1 freed: the next sync moves hostmesh's filter back first.
+    tc(&t, &["filter", "del", "dev", "eth0", "ingress", "pref", "1", "handle", "7", "bpf"]);
+    sync(&t);
+    assert_eq!(ours_on_eth0(&t), [1]);
+    assert!(t.host.status().warnings.is_empty(), "{:?}", t.host.status().warnings);
+    asked(&t);
 }

@@ -94,6 +94,11 @@ pub trait BpfBackend {
     fn take_notes(&mut self) -> Vec<String> {
         Vec::new()
     }
+    /// What keeps programs from seeing every packet, as sentences for the
+    /// status (another tool's clsact filter ahead of hostmesh's).
+    fn warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// Every configuration map entry (`BpfMap`), as `MapValue::read_back`
     /// keeps it.
     fn map_entries(&mut self) -> Result<BTreeMap<MapEntryKey, MapValue>>;

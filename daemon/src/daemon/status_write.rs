@@ -62,6 +62,7 @@ impl Daemon {
                 .map(|d| d.warnings.clone())
                 .unwrap_or_default()
                 .into_iter()
+                .chain(self.runner.reconciler.backend_warnings())
                 .chain(self.metrics.error.clone())
                 .collect(),
             kernel: Some(report::kernel(&self.features, loaded.config.daemon.tc_attach)),

@@ -284,6 +284,12 @@ impl Reconciler {
         None
     }
 
+    /// What the backends found that keeps the dataplane from working as
+    /// planned, for the status (`BpfBackend::warnings`).
+    pub(crate) fn backend_warnings(&self) -> Vec<String> {
+        self.backends.bpf.warnings()
+    }
+
     /// Housekeeping between syncs: expire idle flows from conntrack.
     pub(crate) fn expire_flows(&mut self) -> Result<crate::backends::Sweep, BackendError> {
         self.backends.bpf.expire_flows()

@@ -55,12 +55,15 @@ impl Hooks {
                 out.insert(a, status);
             }
         }
-        for (a, prog_id, what) in self.filters.observe()? {
+        for found in self.filters.observe()? {
+            let a = found.attachment;
             let status = match self.tc_mode {
-                // A filter where TCX is wanted: re-attach (the link goes
-                // in before the filter goes).
+                // A filter where TCX is wanted, or not where it should be
+                // (first, unless another tool holds that slot): re-attach
+                // (the new one goes in before the old goes).
                 TcAttach::Tcx => AttachStatus::Outdated,
-                TcAttach::Netlink => self.program_status(loader, &a, prog_id, &what)?,
+                TcAttach::Netlink if found.misplaced => AttachStatus::Outdated,
+                TcAttach::Netlink => self.program_status(loader, &a, found.prog_id, &found.what)?,
             };
             // A link and a filter: a move that was cut short; attach
             // finishes it.
@@ -83,7 +86,7 @@ impl Hooks {
         let names = self.pins.link_names().map_err(|e| bpf_err("list pinned links", e))?;
         let mut out: std::collections::BTreeSet<Attachment> =
             names.iter().filter_map(|n| Attachment::from_pin_name(n)).collect();
-        out.extend(self.filters.observe()?.into_iter().map(|(a, _, _)| a));
+        out.extend(self.filters.observe()?.into_iter().map(|f| f.attachment));
         Ok(out)
     }
 
@@ -129,6 +132,12 @@ impl Hooks {
         }
         let prog = self.pins.prog(&a.pin_name());
         unpin(&prog).map_err(|e| bpf_err(format!("unpin {}", prog.display()), e))
+    }
+
+    /// Where other tools' clsact filters run before hostmesh's, as
+    /// sentences for the status.
+    pub(super) fn warnings(&self) -> Vec<String> {
+        self.filters.warnings()
     }
 
     /// Teardown: every filter and the qdiscs hostmesh added, every link

@@ -117,6 +117,10 @@ impl BpfBackend for PinnedBpf {
         self.maps.take_notes()
     }
 
+    fn warnings(&self) -> Vec<String> {
+        self.hooks.warnings()
+    }
+
     fn map_entries(&mut self) -> Result<BTreeMap<MapEntryKey, MapValue>> {
         let mut out = BTreeMap::new();
         if !self.maps.any() {

@@ -17,6 +17,7 @@
 //! drop) for every packet they act on, and pass on untouched what they
 //! leave alone, which the other copy then leaves alone too.
 
+use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
@@ -27,7 +28,7 @@ use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
 use super::pins::PinDir;
 use super::{bpf_err, chain};
 use crate::backends::ifaces;
-use crate::backends::netlink::tc::{self, Direction, Filter};
+use crate::backends::netlink::tc::{self, Direction, Filter, Slot};
 use crate::backends::netlink::RouteSocket;
 use crate::backends::Result;
 use crate::model::{Attachment, Hook, Program};
@@ -57,22 +58,71 @@ pub(super) fn hook(dev: String, d: Direction) -> Hook {
     }
 }
 
-/// hostmesh's filters on every clsact qdisc of this namespace.
-pub(super) fn hostmesh_filters(sock: &mut RouteSocket) -> io::Result<Vec<Filter>> {
+/// Every filter on one hook: an interface with a clsact qdisc, one
+/// direction.
+struct OnHook {
+    ifindex: u32,
+    direction: Direction,
+    filters: Vec<Filter>,
+}
+
+/// The filters of every hook with a clsact qdisc in this namespace.
+fn every_hook(sock: &mut RouteSocket) -> io::Result<Vec<OnHook>> {
     let mut out = Vec::new();
     let context = |what: String| move |e: io::Error| io::Error::new(e.kind(), format!("{what}: {e}"));
     for ifindex in tc::clsact_interfaces(sock).map_err(context("dump qdiscs".into()))? {
-        for d in [Direction::Ingress, Direction::Egress] {
-            let filters = tc::filters(sock, ifindex, d).map_err(context(format!("dump {} filters", d.name())))?;
-            out.extend(filters.into_iter().filter(Filter::is_hostmesh));
+        for direction in [Direction::Ingress, Direction::Egress] {
+            let filters =
+                tc::filters(sock, ifindex, direction).map_err(context(format!("dump {} filters", direction.name())))?;
+            out.push(OnHook { ifindex, direction, filters });
         }
     }
     Ok(out)
 }
 
+/// hostmesh's filters on every clsact qdisc of this namespace.
+pub(super) fn hostmesh_filters(sock: &mut RouteSocket) -> io::Result<Vec<Filter>> {
+    Ok(every_hook(sock)?.into_iter().flat_map(|h| h.filters).filter(Filter::is_hostmesh).collect())
+}
+
+fn dev_name(ifindex: u32) -> String {
+    ifaces::name(ifindex).unwrap_or_else(|| format!("ifindex {ifindex}"))
+}
+
 fn filter_name(f: &Filter) -> String {
-    let dev = ifaces::name(f.ifindex).unwrap_or_else(|| format!("ifindex {}", f.ifindex));
-    format!("tc filter {} on {} of {dev}", f.name.as_deref().unwrap_or("?"), f.direction.name())
+    format!("tc filter {} on {} of {}", f.name.as_deref().unwrap_or("?"), f.direction.name(), dev_name(f.ifindex))
+}
+
+fn slot_of(f: &Filter) -> Slot {
+    Slot { ifindex: f.ifindex, direction: f.direction, prio: f.prio }
+}
+
+/// Why `program` at `prio` on a hook may not see every packet: other
+/// tools' filters run before it (`tc::ahead`), because one holds priority
+/// 1. `None` when none does.
+fn shadow_warning(program: &str, ifindex: u32, d: Direction, filters: &[Filter], prio: u16) -> Option<String> {
+    let ahead = tc::ahead(filters, prio);
+    if ahead.is_empty() {
+        return None;
+    }
+    let list: Vec<String> = ahead
+        .iter()
+        .map(|f| match &f.name {
+            Some(n) => format!("{} {n} at priority {}", f.kind, f.prio),
+            None => format!("{} at priority {}", f.kind, f.prio),
+        })
+        .collect();
+    Some(format!(
+        "{program} on tc {} of {} runs at priority {prio}, after another tool's filters ({}): priority {}, where \
+         hostmesh's filters run first, is taken, and a filter ahead of hostmesh's that ends classification (action \
+         pass) hides packets from it; free priority {} (hostmesh moves there at the next sync) or use a kernel with TCX \
+         (6.6+)",
+        d.name(),
+        dev_name(ifindex),
+        list.join(", "),
+        tc::PRIO_FIRST,
+        tc::PRIO_FIRST,
+    ))
 }
 
 fn tc_err(op: impl Into<String>) -> impl FnOnce(io::Error) -> crate::backends::BackendError {
@@ -80,17 +130,30 @@ fn tc_err(op: impl Into<String>) -> impl FnOnce(io::Error) -> crate::backends::B
     move |e| bpf_err(op, e)
 }
 
+/// A hostmesh filter as found: the hook it is at, the id of the program
+/// it runs, a name for errors, and whether it must move (it is not where
+/// `tc::slot` puts it, or the hook has two).
+pub(super) struct Found {
+    pub(super) attachment: Attachment,
+    pub(super) prog_id: u32,
+    pub(super) what: String,
+    pub(super) misplaced: bool,
+}
+
 /// hostmesh's clsact filters: the rtnetlink socket they are set through,
-/// and the marks (under the pin dir) of the qdiscs hostmesh added.
+/// the marks (under the pin dir) of the qdiscs hostmesh added, and the
+/// hooks where other tools' filters run before hostmesh's.
 pub(super) struct TcFilters {
     pins: PinDir,
     /// Opened when first needed.
     sock: Option<RouteSocket>,
+    /// By hook: why hostmesh's filter there may not see every packet.
+    shadowed: BTreeMap<(u32, Direction), String>,
 }
 
 impl TcFilters {
     pub(super) fn new(pins: PinDir) -> Self {
-        TcFilters { pins, sock: None }
+        TcFilters { pins, sock: None, shadowed: BTreeMap::new() }
     }
 
     fn sock(&mut self) -> Result<&mut RouteSocket> {
@@ -100,27 +163,47 @@ impl TcFilters {
         Ok(self.sock.as_mut().expect("just opened"))
     }
 
-    /// hostmesh's filters on every clsact qdisc.
-    fn hostmesh_filters(&mut self) -> Result<Vec<Filter>> {
-        hostmesh_filters(self.sock()?).map_err(tc_err("list tc filters"))
+    /// Sentences for the status: the hooks where other tools' filters run
+    /// before hostmesh's, as last seen.
+    pub(super) fn warnings(&self) -> Vec<String> {
+        self.shadowed.values().cloned().collect()
     }
 
-    /// Each hostmesh filter as the hook it is at, with the id of the
-    /// program it runs and a name for errors.
-    pub(super) fn observe(&mut self) -> Result<Vec<(Attachment, u32, String)>> {
+    /// Each hostmesh filter as the hook it is at (and the hooks where it
+    /// runs after other tools' filters, for `warnings`).
+    pub(super) fn observe(&mut self) -> Result<Vec<Found>> {
+        let hooks = every_hook(self.sock()?).map_err(tc_err("list tc filters"))?;
         let mut out = Vec::new();
-        for f in self.hostmesh_filters()? {
-            let (Some(program), Some(dev)) = (f.name.as_deref().and_then(Program::from_name), ifaces::name(f.ifindex))
-            else {
-                continue;
-            };
-            out.push((Attachment { program, hook: hook(dev, f.direction) }, f.prog_id.unwrap_or(0), filter_name(&f)));
+        self.shadowed.clear();
+        for h in hooks {
+            let ours: Vec<&Filter> = h.filters.iter().filter(|f| f.is_hostmesh()).collect();
+            let slot = tc::slot(&h.filters).ok();
+            for f in &ours {
+                let (Some(program), Some(dev)) =
+                    (f.name.as_deref().and_then(Program::from_name), ifaces::name(f.ifindex))
+                else {
+                    continue;
+                };
+                if let Some(w) =
+                    slot.and_then(|p| shadow_warning(program.name(), h.ifindex, h.direction, &h.filters, p))
+                {
+                    self.shadowed.insert((h.ifindex, h.direction), w);
+                }
+                out.push(Found {
+                    attachment: Attachment { program, hook: hook(dev, f.direction) },
+                    prog_id: f.prog_id.unwrap_or(0),
+                    what: filter_name(f),
+                    misplaced: ours.len() > 1 || slot != Some(f.prio),
+                });
+            }
         }
         Ok(out)
     }
 
     /// Attaches (or replaces in place) hostmesh's clsact filter for `a`,
-    /// running `prog`.
+    /// running `prog`, at the slot `tc::slot` gives; a hostmesh filter at
+    /// the other priority (an older build's, or from before priority 1 was
+    /// freed) goes once the new one runs.
     pub(super) fn attach(&mut self, a: &Attachment, dev: &str, prog: BorrowedFd<'_>) -> Result<()> {
         let ifindex = ifaces::index(dev)
             .ok_or_else(|| bpf_err(format!("attach {a}"), io::Error::from_raw_os_error(libc::ENODEV)))?;
@@ -128,31 +211,39 @@ impl TcFilters {
         let marker = self.pins.qdisc(ifindex);
         let sock = self.sock()?;
         let existing = tc::filters(sock, ifindex, d).map_err(tc_err(format!("dump {} filters of {dev}", d.name())))?;
-        if let Some(f) = existing.iter().find(|f| f.squats()) {
-            return Err(bpf_err(
+        let prio = tc::slot(&existing).map_err(|f| {
+            bpf_err(
                 format!("attach {a}"),
                 format!(
-                    "{} of {dev} has a {} filter ({}) at priority {} handle {} that is not hostmesh's; hostmesh does \
-                     not replace it (remove it, or move it to another priority)",
+                    "{} of {dev} has other tools' filters at priorities {} and {} (here a {} filter, {}), the two \
+                     hostmesh can take; hostmesh does not replace them (move one of them to another priority)",
                     d.name(),
+                    tc::PRIO_FIRST,
+                    tc::PRIO_AFTER,
                     f.kind,
                     f.name.as_deref().unwrap_or("unnamed"),
-                    tc::PRIO,
-                    tc::HANDLE
                 ),
-            ));
-        }
+            )
+        })?;
         let created = tc::create_clsact(sock, ifindex).map_err(tc_err(format!("add a clsact qdisc to {dev}")))?;
         if created {
             std::fs::create_dir_all(&marker).map_err(tc_err(format!("mark {}", marker.display())))?;
         }
-        let replaced = tc::replace_bpf(sock, ifindex, d, prog.as_raw_fd(), a.program.name());
+        let at = Slot { ifindex, direction: d, prio };
+        let replaced = tc::replace_bpf(sock, at, prog.as_raw_fd(), a.program.name());
         if let Err(e) = replaced {
             if created {
                 self.release_qdisc(ifindex)?;
             }
-            return Err(bpf_err(format!("attach {a} as a clsact filter"), e));
+            return Err(bpf_err(format!("attach {a} as a clsact filter at priority {prio}"), e));
         }
+        for old in existing.iter().filter(|f| f.is_hostmesh() && f.prio != prio) {
+            tc::delete_bpf(sock, slot_of(old)).map_err(tc_err(format!("delete {} (moved)", filter_name(old))))?;
+        }
+        match shadow_warning(a.program.name(), ifindex, d, &existing, prio) {
+            Some(w) => self.shadowed.insert((ifindex, d), w),
+            None => self.shadowed.remove(&(ifindex, d)),
+        };
         Ok(())
     }
 
@@ -162,10 +253,11 @@ impl TcFilters {
         // An interface that is gone took its filters and qdisc with it.
         let Some(ifindex) = a.device().and_then(ifaces::index) else { return Ok(()) };
         let d = direction(a);
+        self.shadowed.remove(&(ifindex, d));
         let sock = self.sock()?;
         let filters = tc::filters(sock, ifindex, d).map_err(tc_err(format!("dump {} filters", d.name())))?;
-        if filters.iter().any(Filter::is_hostmesh) {
-            tc::delete_bpf(sock, ifindex, d).map_err(tc_err(format!("detach {a} (clsact filter)")))?;
+        for f in filters.iter().filter(|f| f.is_hostmesh()) {
+            tc::delete_bpf(sock, slot_of(f)).map_err(tc_err(format!("detach {a} (clsact filter)")))?;
         }
         self.release_qdisc(ifindex).map(|_| ())
     }
@@ -194,9 +286,11 @@ impl TcFilters {
     /// that are empty now. Returns one line per thing removed.
     pub(super) fn remove_all(&mut self) -> Result<Vec<String>> {
         let mut done = Vec::new();
-        for f in self.hostmesh_filters()? {
+        self.shadowed.clear();
+        let ours = hostmesh_filters(self.sock()?).map_err(tc_err("list tc filters"))?;
+        for f in ours {
             let sock = self.sock()?;
-            tc::delete_bpf(sock, f.ifindex, f.direction).map_err(tc_err(format!("delete {}", filter_name(&f))))?;
+            tc::delete_bpf(sock, slot_of(&f)).map_err(tc_err(format!("delete {}", filter_name(&f))))?;
             done.push(format!("deleted {}", filter_name(&f)));
         }
         let marks = self.pins.qdisc_marks().map_err(|e| bpf_err("list qdisc marks", e))?;
