@@ -266,8 +266,93 @@ static __always_inline int syn_ack(const struct flow *f)
 	return f->proto == IPPROTO_TCP && (f->tcp_flags & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK);
 }
 
+/* An ICMP error about a flow hm_natout translated (fragmentation needed,
+ * packet too big, port unreachable, time exceeded) quotes the packet as
+ * the backend was sent it: client -> backend. The client's socket knows
+ * only client -> VIP, so untranslated the error is lost: path MTU
+ * discovery stalls behind a smaller link, a connected UDP socket never
+ * hears ECONNREFUSED. The quoted destination gets the VIP and port back;
+ * the checksums are adjusted so the ICMP message's sum is unchanged (so
+ * a CHECKSUM_COMPLETE skb's csum stays right): the quoted IPv4 header's
+ * own checksum absorbs its address change, the ICMP checksum the port's
+ * (and, for IPv6, the address's). The quoted L4 checksum is left: the
+ * quote is truncated and nobody checks it. Nothing else is touched, and
+ * the flow's entries are not refreshed by an error. */
+static __always_inline void icmp_error_back(struct __sk_buff *skb, const struct flow *f)
+{
+	__u32 icmp_off = f->l4_off, in_off = f->l4_off + 8, in_l4;
+	__u8 type, in_proto, in_src[16], in_dst[16];
+	struct hm_ct_key rk = {};
+	struct hm_ct_value *rev;
+	__be16 ports[2], vport;
+	int closed;
+
+	if (bpf_skb_load_bytes(skb, icmp_off, &type, 1))
+		return;
+	if (!f->v6) {
+		struct iphdr in;
+
+		/* Destination unreachable, time exceeded, parameter problem. */
+		if (f->proto != IPPROTO_ICMP || (type != 3 && type != 11 && type != 12))
+			return;
+		if (bpf_skb_load_bytes(skb, in_off, &in, sizeof(in)) || in.ihl < 5 ||
+		    (in.frag_off & bpf_htons(0x1fff)))
+			return;
+		in_proto = in.protocol;
+		in_l4 = in_off + in.ihl * 4;
+		hm_v4_mapped(in_src, in.saddr);
+		hm_v4_mapped(in_dst, in.daddr);
+	} else {
+		struct ipv6hdr in;
+
+		/* Destination unreachable, packet too big, time exceeded,
+		 * parameter problem. */
+		if (f->proto != IPPROTO_ICMPV6 || type < 1 || type > 4)
+			return;
+		if (bpf_skb_load_bytes(skb, in_off, &in, sizeof(in)))
+			return;
+		in_proto = in.nexthdr;
+		in_l4 = in_off + sizeof(in);
+		__builtin_memcpy(in_src, &in.saddr, 16);
+		__builtin_memcpy(in_dst, &in.daddr, 16);
+	}
+	if ((in_proto != IPPROTO_TCP && in_proto != IPPROTO_UDP) || bpf_skb_load_bytes(skb, in_l4, ports, 4))
+		return;
+	/* The quoted packet went client -> backend; its flow's reverse
+	 * entry (backend -> client) holds the VIP. */
+	ct_key(&rk, in_dst, in_src, ports[1], ports[0], in_proto, HM_CT_REVERSE);
+	rev = ct_find(&rk, &closed);
+	if (!rev)
+		return;
+	vport = rev->nat_port;
+	if (!f->v6) {
+		__be32 from, to;
+
+		__builtin_memcpy(&from, in_dst + 12, 4);
+		__builtin_memcpy(&to, rev->nat_addr + 12, 4);
+		if (bpf_l3_csum_replace(skb, in_off + OFF(struct iphdr, check), from, to, 4) ||
+		    bpf_skb_store_bytes(skb, in_off + OFF(struct iphdr, daddr), &to, 4, 0))
+			return;
+	} else {
+		__u8 vip[16];
+		__s64 diff;
+
+		__builtin_memcpy(vip, rev->nat_addr, 16);
+		diff = bpf_csum_diff((__be32 *)in_dst, 16, (__be32 *)vip, 16, 0);
+		if (bpf_l3_csum_replace(skb, icmp_off + 2, 0, diff, 0) ||
+		    bpf_skb_store_bytes(skb, in_off + OFF(struct ipv6hdr, daddr), vip, 16, 0))
+			return;
+	}
+	if (ports[1] != vport) {
+		if (bpf_l3_csum_replace(skb, icmp_off + 2, ports[1], vport, 2))
+			return;
+		bpf_skb_store_bytes(skb, in_l4 + 2, &vport, 2, 0);
+	}
+}
+
 /* TC ingress on host interfaces and lo: replies from backends get their
- * VIP back as the source. Everything else passes untouched.
+ * VIP back as the source, ICMP errors about their flows the VIP as the
+ * quoted destination. Everything else passes untouched.
  *
  * Only replies of a flow hostmesh translated, and that is not over: the
  * host may talk to a backend straight, from an address and port a VIP
@@ -296,8 +381,15 @@ int hm_reply(struct __sk_buff *skb)
 	__u64 now;
 	int closed;
 
-	if (parse(skb, &f) != PARSED)
+	switch (parse(skb, &f)) {
+	case PARSED:
+		break;
+	case OTHER_IP:
+		icmp_error_back(skb, &f);
 		return TC_ACT_UNSPEC;
+	default:
+		return TC_ACT_UNSPEC;
+	}
 	ct_key(&rk, f.src, f.dst, f.sport, f.dport, f.proto, HM_CT_REVERSE);
 	rev = ct_find(&rk, &closed);
 	if (!rev)

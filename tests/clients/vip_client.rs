@@ -20,6 +20,9 @@
 //!   refused PROTO HOST PORT   one connect(): {"error": "ECONNREFUSED", "seconds": 0.001}
 //!   hold HOST PORT   one TCP connection; a request now and one per line on stdin:
 //!       prints {"answer": "b1"} per request, or {"error": "ECONNRESET"} and ends
+//!   bulk HOST PORT BYTES   one TCP connection: BYTES sent, the sending side
+//!       shut, the answers read to the end: {"answer": "f1", "mss": 1228}
+//!       (TCP_MAXSEG at the end: what path MTU discovery left) or {"error": "..."}
 //!   hold-udp HOST PORT connected|unconnected   one UDP socket (one flow), a
 //!       request now and one per line on stdin: {"answer": "b1"} or
 //!       {"error": "ECONNABORTED"} per request
@@ -103,6 +106,27 @@ fn request(kind: Proto, dst: &SocketAddr, source: Option<SocketAddr>) -> io::Res
         s.recv_from(&mut buf)?
     };
     Ok((String::from_utf8_lossy(&buf[..n]).trim().to_string(), peer.to_string()))
+}
+
+/// `bytes` sent on one TCP connection, then its sending side shut and
+/// everything the server answers read until it closes: the first answer
+/// and the segment size the connection ended with.
+fn bulk(dst: &SocketAddr, bytes: usize) -> io::Result<(String, u32)> {
+    let fd = new_socket(Proto::Tcp, dst, None, TIMEOUT)?;
+    connect(&fd, dst)?;
+    let mut s = TcpStream::from(fd);
+    let chunk = vec![b'x'; 65536];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(chunk.len());
+        s.write_all(&chunk[..n])?;
+        left -= n;
+    }
+    s.shutdown(std::net::Shutdown::Write)?;
+    let mut answers = String::new();
+    s.read_to_string(&mut answers)?;
+    let mss = socket::getsockopt(&s, sockopt::TcpMaxSeg).map_err(io::Error::from)?;
+    Ok((answers.lines().next().unwrap_or_default().to_string(), mss))
 }
 
 /// An error as its errno's name (`ECONNREFUSED`), or its text.
@@ -252,6 +276,10 @@ fn main() {
             return;
         }
         ["refused", p, host, port] => refused(proto(p), &addr(host, port)),
+        ["bulk", host, port, bytes] => match bulk(&addr(host, port), number(bytes)) {
+            Ok((answer, mss)) => json!({ "answer": answer, "mss": mss }),
+            Err(e) => json!({ "error": errno_name(&e) }),
+        },
         ["hold", host, port] => return hold(&addr(host, port)).unwrap_or_else(|e| fail(&e.to_string())),
         ["hold-udp", host, port, how] => {
             let connected = match *how {

@@ -84,7 +84,31 @@ fn mode_tcp_answers_every_vip_over_tcp_and_udp_v4_and_v6() {
 
 #[test]
 fn mode_off_answers_every_vip_over_tcp_and_udp_v4_and_v6() {
-    check_mode("off");
+    let t = Topology::new("connect_time_lb = \"off\"");
+    let _d = t.host.start_ready();
+    assert_vips_answer(&t, "off");
+    assert_refused(&t, "off");
+    // Path MTU discovery through the veth path: the far backend's link
+    // narrows to 1280, so the router answers full-size segments with
+    // "fragmentation needed", quoting the packet it got (host -> backend).
+    // hm_reply translates the quote back to the VIP, or the host's socket
+    // (host -> VIP) never hears of it and the transfer stalls.
+    t.backends.ip(&["link", "set", "far0", "mtu", "1280"]);
+    let v = t.client(&["bulk", "10.96.0.20", "80", "1048576"]);
+    assert_eq!(v["answer"], "f1", "a megabyte through a 1280-byte link: {v}");
+    let mss = v["mss"].as_u64().unwrap();
+    assert!(mss <= 1240, "the connection learnt the path's MTU: {v}");
+    // A backend with no listener: its "port unreachable", translated the
+    // same way, reaches the connected UDP socket as ECONNREFUSED.
+    let generation = t.host.status().generation;
+    t.host.write(
+        "unheard.toml",
+        "[[service]]\nname = \"unheard\"\nvip = \"10.96.0.50\"\nport = 53\nprotocol = \"udp\"\n\
+         backends = [\"192.168.10.11:5999\"]\n",
+    );
+    t.wait_sync_after(generation);
+    let v = t.client(&["refused", "udp", "10.96.0.50", "53"]);
+    assert_eq!(v["error"], "ECONNREFUSED", "{v}");
 }
 
 #[test]

@@ -3,8 +3,9 @@
 //! against maps the loader made and the reconciler's own map entries for a
 //! compiled configuration. A new flow's backend is the one the Rust model
 //! (Maglev table and flow hash) predicts, a reply is translated back, a
-//! closed flow moves to the closed ones, a packet of no flow passes
-//! untouched, and `sk_lookup` hands a mesh VIP to its sidecar's listener.
+//! closed flow moves to the closed ones, an ICMP error about a flow quotes
+//! the VIP again, a packet of no flow passes untouched, and `sk_lookup`
+//! hands a mesh VIP to its sidecar's listener.
 //!
 //! They need root (loading programs, a bpffs of their own under a temp
 //! dir) and take milliseconds. Each runs on a thread of its own in a fresh
@@ -353,4 +354,133 @@ fn the_programs_load_while_signals_keep_arriving() {
     let mut p = loaded.unwrap_or_else(|_| panic!("loading failed with {sent} signals arriving"));
     let out = p.run(Program::NatOut, &packet(client(43000), vip(), Some(TCP_SYN)));
     assert_eq!(out.retval, abi::TC_ACT_OK as u32);
+}
+
+/// An ICMP error from `from` to `to` (type, code, 4 bytes of rest) quoting
+/// the first 28 bytes of `quoted` (an IPv4 packet), checksum valid.
+fn icmp4(from: Ipv4Addr, to: Ipv4Addr, type_code: [u8; 2], rest: [u8; 4], quoted: &[u8]) -> Vec<u8> {
+    let mut icmp = vec![type_code[0], type_code[1], 0, 0];
+    icmp.extend(rest);
+    icmp.extend(&quoted[..28]);
+    let sum = checksum(&icmp, 0);
+    icmp[2..4].copy_from_slice(&sum.to_be_bytes());
+    let mut ip = vec![0x45, 0];
+    ip.extend(((20 + icmp.len()) as u16).to_be_bytes());
+    ip.extend([0, 2, 0, 0, 64, 1, 0, 0]);
+    ip.extend(from.octets());
+    ip.extend(to.octets());
+    let sum = checksum(&ip, 0);
+    ip[10..12].copy_from_slice(&sum.to_be_bytes());
+    let mut frame = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2, 0x08, 0x00];
+    frame.extend(ip);
+    frame.extend(icmp);
+    frame
+}
+
+/// What an ICMP error (from `icmp4`) quotes: (source, destination), after
+/// checking the ICMP checksum and the quoted header's.
+fn quoted4(frame: &[u8]) -> (SocketAddr, SocketAddr) {
+    let icmp = &frame[34..];
+    assert_eq!(checksum(icmp, 0), 0, "ICMP checksum");
+    let ip = &icmp[8..28];
+    assert_eq!(checksum(ip, 0), 0, "the quoted IPv4 header's checksum");
+    let addr = |at: usize| Ipv4Addr::new(ip[at], ip[at + 1], ip[at + 2], ip[at + 3]);
+    let port = |at: usize| u16::from_be_bytes([icmp[28 + at], icmp[28 + at + 1]]);
+    (SocketAddr::new(addr(12).into(), port(0)), SocketAddr::new(addr(16).into(), port(2)))
+}
+
+#[test]
+fn icmp_errors_about_a_translated_flow_quote_the_vip_again() {
+    let router = Ipv4Addr::new(192, 0, 2, 254);
+    let IpAddr::V4(client_ip) = client(0).ip() else { unreachable!() };
+    for (proto, tcp, type_code) in [("tcp", Some(TCP_SYN | TCP_ACK), [3, 4]), ("udp", None, [3, 3])] {
+        let mut p = Probes::with(&service(proto));
+        let sport = 44000;
+        // The packet as hm_natout sent it on: client -> backend.
+        let sent = p.run(Program::NatOut, &packet(client(sport), vip(), tcp)).data;
+        let backend = addresses(&sent).1;
+        // Fragmentation needed (next hop MTU 1280) or port unreachable,
+        // from a router or the backend, quoting it.
+        let error = icmp4(router, client_ip, type_code, [0, 0, 0x05, 0x00], &sent[14..]);
+        let out = p.run(Program::Reply, &error);
+        assert_eq!(out.retval as i32, abi::TC_ACT_UNSPEC, "{proto}: other filters still see it");
+        assert_eq!(quoted4(&out.data), (client(sport), vip()), "{proto}: the quote is of the flow the socket knows");
+        assert_eq!(out.data[..36], error[..36], "{proto}: outer header, type and code unchanged");
+        assert_eq!(out.data[38..42], error[38..42], "{proto}: the MTU unchanged");
+        assert_eq!(p.conntrack(HmMap::Ct).len(), 2, "{proto}: the flow is still there");
+        // An error about a flow hostmesh does not know is left alone.
+        let other = packet(client(sport + 1), backend, tcp);
+        let stray = icmp4(router, client_ip, type_code, [0, 0, 0x05, 0x00], &other[14..]);
+        let out = p.run(Program::Reply, &stray);
+        assert_eq!((out.retval as i32, &out.data), (abi::TC_ACT_UNSPEC, &stray), "{proto}");
+    }
+}
+
+#[test]
+fn an_icmpv6_packet_too_big_about_a_translated_flow_quotes_the_vip_again() {
+    let vip6: SocketAddr = "[fd00:96::10]:53".parse().unwrap();
+    let client6: SocketAddr = "[2001:db8::1]:45000".parse().unwrap();
+    let router: std::net::Ipv6Addr = "2001:db8::fe".parse().unwrap();
+    let mut p = Probes::with(
+        "[daemon]\nconnect_time_lb = \"off\"\nhost_interfaces = [\"lo\"]\n[[service]]\nname = \"dns6\"\n\
+         vip = \"fd00:96::10\"\nport = 53\nprotocol = \"udp\"\nbackends = [\"[::1]:5353\"]\n",
+    );
+    let sent = p.run(Program::NatOut, &packet6(client6, vip6)).data;
+    assert_eq!(&sent[38..54], &std::net::Ipv6Addr::LOCALHOST.octets(), "sent to the backend");
+    // Packet too big (MTU 1280), quoting the first 48 bytes of what was sent.
+    let mut icmp = vec![2, 0, 0, 0, 0, 0, 0x05, 0x00];
+    icmp.extend(&sent[14..62]);
+    let out = p.run(Program::Reply, &icmp6(router, client6, icmp));
+    assert_eq!(out.retval as i32, abi::TC_ACT_UNSPEC);
+    let icmp = &out.data[54..];
+    assert_eq!(checksum(icmp, pseudo6(router, client6, icmp.len())), 0, "ICMPv6 checksum");
+    assert_eq!(&icmp[8 + 24..8 + 40], &vip6.ip().to_string().parse::<std::net::Ipv6Addr>().unwrap().octets());
+    assert_eq!(u16::from_be_bytes([icmp[50], icmp[51]]), 53, "the VIP's port");
+    assert_eq!(&icmp[8 + 8..8 + 24], &"2001:db8::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
+}
+
+/// An Ethernet frame with an IPv6 UDP datagram, checksum valid.
+fn packet6(src: SocketAddr, dst: SocketAddr) -> Vec<u8> {
+    let (IpAddr::V6(s), IpAddr::V6(d)) = (src.ip(), dst.ip()) else { panic!("IPv6 only") };
+    let mut udp = Vec::new();
+    udp.extend(src.port().to_be_bytes());
+    udp.extend(dst.port().to_be_bytes());
+    udp.extend(14u16.to_be_bytes());
+    udp.extend([0, 0]);
+    udp.extend(b"hello\n");
+    let sum = checksum(&udp, pseudo6_of(s, d, 17, udp.len()));
+    udp[6..8].copy_from_slice(&sum.to_be_bytes());
+    frame6(s, d, 17, udp)
+}
+
+/// An Ethernet frame with an ICMPv6 message from `from` to `to`'s address.
+fn icmp6(from: std::net::Ipv6Addr, to: SocketAddr, mut icmp: Vec<u8>) -> Vec<u8> {
+    let IpAddr::V6(d) = to.ip() else { panic!("IPv6 only") };
+    let sum = checksum(&icmp, pseudo6_of(from, d, 58, icmp.len()));
+    icmp[2..4].copy_from_slice(&sum.to_be_bytes());
+    frame6(from, d, 58, icmp)
+}
+
+fn frame6(s: std::net::Ipv6Addr, d: std::net::Ipv6Addr, next: u8, payload: Vec<u8>) -> Vec<u8> {
+    let mut frame = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2, 0x86, 0xdd, 0x60, 0, 0, 0];
+    frame.extend((payload.len() as u16).to_be_bytes());
+    frame.extend([next, 64]);
+    frame.extend(s.octets());
+    frame.extend(d.octets());
+    frame.extend(payload);
+    frame
+}
+
+fn pseudo6(from: std::net::Ipv6Addr, to: SocketAddr, len: usize) -> u32 {
+    let IpAddr::V6(d) = to.ip() else { panic!("IPv6 only") };
+    pseudo6_of(from, d, 58, len)
+}
+
+fn pseudo6_of(s: std::net::Ipv6Addr, d: std::net::Ipv6Addr, next: u8, len: usize) -> u32 {
+    let mut b = Vec::new();
+    b.extend(s.octets());
+    b.extend(d.octets());
+    b.extend((len as u32).to_be_bytes());
+    b.extend([0, 0, 0, next]);
+    b.chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum()
 }
