@@ -15,7 +15,9 @@
  * (marks are cleared crossing a veth). A packet to a VIP must never be
  * handed back to the stack un-NATed: it would be routed into hm-natin again
  * and loop. So a TCP SYN that no backend can take is answered with a RST
- * (connect() fails at once with ECONNREFUSED); anything else is dropped.
+ * (connect() fails at once with ECONNREFUSED), a UDP datagram with an ICMP
+ * port unreachable (a connected socket gets ECONNREFUSED); anything else
+ * is dropped.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -116,7 +118,7 @@ static __always_inline int forward(struct __sk_buff *skb, const struct flow *f, 
 
 /* Answers a TCP SYN with a RST from the VIP, sent back into hm-natin, so
  * connect() fails at once with ECONNREFUSED. Anything else is dropped. */
-static __always_inline int refuse(struct __sk_buff *skb, const struct flow *f)
+static __always_inline int reset(struct __sk_buff *skb, const struct flow *f)
 {
 	__u32 csum_off = f->l4_off + OFF(struct tcphdr, check);
 	void *data = (void *)(long)skb->data;
@@ -173,6 +175,126 @@ static __always_inline int refuse(struct __sk_buff *skb, const struct flow *f)
 	    bpf_skb_store_bytes(skb, f->l4_off + 12, &new_word, 2, 0))
 		return TC_ACT_SHOT;
 	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* What `unreachable` writes before the quote: the client's Ethernet header
+ * with its addresses swapped, a new IP header and an ICMP destination
+ * unreachable (port unreachable). The quote is the datagram's IP header
+ * and the 8 bytes after it (its UDP header): all RFC 792 asks, and what
+ * the client's kernel needs to find the socket. A datagram with IP options
+ * or IPv6 extension headers is dropped, as before. */
+#define QUOTE4 (20 + 8)
+#define QUOTE6 (40 + 8)
+
+struct unreach {
+	__u16 align; /* so that the IP header is 4-byte aligned */
+	__u8 macs[2 * ETH_ALEN];
+	__be16 h_proto;
+	union {
+		struct {
+			struct iphdr ip;
+			__u8 icmp[8];
+		} v4;
+		struct {
+			struct ipv6hdr ip;
+			__u8 icmp[8];
+		} v6;
+	};
+};
+
+#define HEADERS4 (ETH_HLEN + sizeof(struct iphdr) + 8)
+#define HEADERS6 (ETH_HLEN + sizeof(struct ipv6hdr) + 8)
+
+static __always_inline __u16 csum_fold(__s64 sum)
+{
+	__u32 s = (__u32)sum;
+
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return (__u16)~s;
+}
+
+/* Answers a UDP datagram to a VIP:port nobody serves with an ICMP port
+ * unreachable from the VIP, sent back into hm-natin as a RST is: the
+ * client's kernel finds the socket by the quote, so a connected UDP socket
+ * gets ECONNREFUSED at once, as from a port with no listener, instead of
+ * waiting out its timeout. Only this host's processes send into the veth,
+ * so no one else is answered. */
+static __always_inline int unreachable(struct __sk_buff *skb, const struct flow *f)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct unreach r = {};
+	__u32 quote, headers;
+	__s64 sum;
+
+	if (f->l4_off != ETH_HLEN + (f->v6 ? sizeof(struct ipv6hdr) : sizeof(struct iphdr)))
+		return TC_ACT_SHOT;
+	if (data + ETH_HLEN > end)
+		return TC_ACT_SHOT;
+	__builtin_memcpy(r.macs, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(r.macs + ETH_ALEN, eth->h_dest, ETH_ALEN);
+	r.h_proto = eth->h_proto;
+
+	if (!f->v6) {
+		if (data + ETH_HLEN + QUOTE4 > end)
+			return TC_ACT_SHOT;
+		quote = QUOTE4;
+		headers = HEADERS4;
+		r.v4.ip.version = 4;
+		r.v4.ip.ihl = 5;
+		r.v4.ip.tot_len = bpf_htons(sizeof(r.v4) + QUOTE4);
+		r.v4.ip.ttl = 64;
+		r.v4.ip.protocol = IPPROTO_ICMP;
+		__builtin_memcpy(&r.v4.ip.saddr, f->dst + 12, 4);
+		__builtin_memcpy(&r.v4.ip.daddr, f->src + 12, 4);
+		r.v4.ip.check = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&r.v4.ip, sizeof(r.v4.ip), 0));
+		r.v4.icmp[0] = 3; /* destination unreachable */
+		r.v4.icmp[1] = 3; /* port unreachable */
+		/* The ICMP checksum covers its header and the quote. */
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)r.v4.icmp, sizeof(r.v4.icmp), 0);
+		sum = bpf_csum_diff(NULL, 0, data + ETH_HLEN, QUOTE4, (__u32)sum);
+		*(__u16 *)&r.v4.icmp[2] = csum_fold(sum);
+	} else {
+		__be32 tail[2] = { bpf_htonl(sizeof(r.v6.icmp) + QUOTE6), bpf_htonl(IPPROTO_ICMPV6) };
+
+		if (data + ETH_HLEN + QUOTE6 > end)
+			return TC_ACT_SHOT;
+		quote = QUOTE6;
+		headers = HEADERS6;
+		r.v6.ip.version = 6;
+		r.v6.ip.payload_len = bpf_htons(sizeof(r.v6.icmp) + QUOTE6);
+		r.v6.ip.nexthdr = IPPROTO_ICMPV6;
+		r.v6.ip.hop_limit = 64;
+		__builtin_memcpy(&r.v6.ip.saddr, f->dst, 16);
+		__builtin_memcpy(&r.v6.ip.daddr, f->src, 16);
+		r.v6.icmp[0] = 1; /* destination unreachable */
+		r.v6.icmp[1] = 4; /* port unreachable */
+		/* The checksum covers a pseudo-header (addresses, length, next
+		 * header), the ICMPv6 header and the quote. */
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)&r.v6.ip.saddr, 32, 0);
+		sum = bpf_csum_diff(NULL, 0, tail, sizeof(tail), (__u32)sum);
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)r.v6.icmp, sizeof(r.v6.icmp), (__u32)sum);
+		sum = bpf_csum_diff(NULL, 0, data + ETH_HLEN, QUOTE6, (__u32)sum);
+		*(__u16 *)&r.v6.icmp[2] = csum_fold(sum);
+	}
+	/* The packet cut to its Ethernet header and the quote, room made at
+	 * the front for the new headers (the Ethernet header is rewritten
+	 * there), which are then written. */
+	if (bpf_skb_change_tail(skb, ETH_HLEN + quote, 0) ||
+	    bpf_skb_change_head(skb, headers - ETH_HLEN, 0) ||
+	    bpf_skb_store_bytes(skb, 0, r.macs, headers, 0))
+		return TC_ACT_SHOT;
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* No backend can take a new flow to a VIP: its client hears so at once. */
+static __always_inline int refuse(struct __sk_buff *skb, const struct flow *f)
+{
+	if (f->proto == IPPROTO_UDP)
+		return unreachable(skb, f);
+	return reset(skb, f);
 }
 
 SEC("classifier")

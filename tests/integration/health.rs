@@ -152,6 +152,10 @@ fn with_every_backend_down_the_vip_refuses_at_once() {
         let v = net.client(&["refused", "tcp", "10.96.0.10", "80"]);
         // An error, not the client's 5 s timeout: refused at once.
         assert_eq!(v["error"], want, "mode {mode}: {v}");
+        // Connected UDP likewise: at connect(), or by the veth path's ICMP
+        // port unreachable.
+        let v = net.client(&["refused", "udp", "10.96.0.10", "53"]);
+        assert_eq!(v["error"], want, "mode {mode}, udp: {v}");
     }
 }
 

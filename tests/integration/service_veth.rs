@@ -44,11 +44,13 @@ fn vip_packets_reach_hm_natout_and_are_counted_per_service() {
         for _ in 0..3 {
             udp.send_to(b"q", "10.96.0.10:53").unwrap();
         }
-        // Not a service: UDP to the TCP service's port (dropped, not counted).
+        // Not a service: UDP to the TCP service's port (refused with an
+        // ICMP port unreachable, which this unconnected socket ignores;
+        // not counted).
         udp.send_to(b"q", "10.96.0.10:80").unwrap();
     });
     assert!(service_packets(&host, web) >= 1, "the SYN to web was counted");
-    assert_eq!(service_packets(&host, dns), 3, "three datagrams to dns (no backends: dropped)");
+    assert_eq!(service_packets(&host, dns), 3, "three datagrams to dns (no backends: refused)");
 }
 
 #[test]

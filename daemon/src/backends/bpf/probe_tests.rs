@@ -4,7 +4,8 @@
 //! compiled configuration. A new flow's backend is the one the Rust model
 //! (Maglev table and flow hash) predicts, a reply is translated back, a
 //! closed flow moves to the closed ones, an ICMP error about a flow quotes
-//! the VIP again, a packet of no flow passes untouched, and `sk_lookup`
+//! the VIP again, a packet of no flow passes untouched, a VIP nobody
+//! serves refuses (a RST, an ICMP port unreachable), and `sk_lookup`
 //! hands a mesh VIP to its sidecar's listener.
 //!
 //! They need root (loading programs, a bpffs of their own under a temp
@@ -255,6 +256,53 @@ fn packets_of_no_flow_pass_untouched_and_a_syn_nobody_serves_is_refused() {
     assert_eq!(out.retval, abi::TC_ACT_REDIRECT as u32, "sent back where it came from");
     assert_eq!(addresses(&out.data), (other, client(42001)), "a RST from the VIP");
     assert_eq!(out.data[34 + 13] & 0x04, 0x04, "RST set");
+}
+
+#[test]
+fn a_udp_datagram_nobody_serves_is_answered_with_a_port_unreachable_from_the_vip() {
+    // A service with no backends, and a port of the VIP with no service.
+    let mut p = Probes::with(&format!(
+        "[daemon]\nconnect_time_lb = \"off\"\nhost_interfaces = [\"lo\"]\n[[service]]\nname = \"dns\"\nvip = \"{VIP}\"\n\
+         port = 53\nprotocol = \"udp\"\n[[service]]\nname = \"dns6\"\nvip = \"fd00:96::10\"\nport = 53\nprotocol = \"udp\"\n"
+    ));
+    let IpAddr::V4(client_ip) = client(0).ip() else { unreachable!() };
+    for port in [53, 54] {
+        let sent = packet(client(46000), SocketAddr::new(VIP.into(), port), None);
+        let out = p.run(Program::NatOut, &sent);
+        assert_eq!(out.retval, abi::TC_ACT_REDIRECT as u32, "port {port}: sent back where it came from");
+        let f = &out.data;
+        assert_eq!(f.len(), 14 + 20 + 8 + 28, "port {port}: headers and the quote, nothing more");
+        assert_eq!((&f[..6], &f[6..12], &f[12..14]), (&sent[6..12], &sent[..6], &sent[12..14]), "MACs swapped");
+        let ip = &f[14..34];
+        assert_eq!(checksum(ip, 0), 0, "IPv4 header checksum");
+        assert_eq!((ip[0], ip[9]), (0x45, 1), "IPv4, ICMP");
+        assert_eq!(u16::from_be_bytes([ip[2], ip[3]]), 56, "total length");
+        assert_eq!(
+            (&ip[12..16], &ip[16..20]),
+            (&VIP.octets()[..], &client_ip.octets()[..]),
+            "from the VIP to the client"
+        );
+        assert_eq!(&f[34..36], &[3, 3], "destination unreachable: port unreachable");
+        assert_eq!(quoted4(f), (client(46000), SocketAddr::new(VIP.into(), port)), "quotes the datagram");
+        assert_eq!(&f[42..70], &sent[14..42], "the quote is the datagram's IP header and UDP header");
+    }
+    assert_eq!(p.conntrack(HmMap::Ct), vec![], "nothing tracked");
+
+    let vip6: SocketAddr = "[fd00:96::10]:53".parse().unwrap();
+    let client6: SocketAddr = "[2001:db8::1]:46000".parse().unwrap();
+    let sent = packet6(client6, vip6);
+    let out = p.run(Program::NatOut, &sent);
+    assert_eq!(out.retval, abi::TC_ACT_REDIRECT as u32, "IPv6: sent back where it came from");
+    let f = &out.data;
+    assert_eq!(f.len(), 14 + 40 + 8 + 48, "IPv6: headers and the quote, nothing more");
+    assert_eq!((&f[..6], &f[6..12], &f[12..14]), (&sent[6..12], &sent[..6], &sent[12..14]), "MACs swapped");
+    assert_eq!((f[14] >> 4, u16::from_be_bytes([f[18], f[19]]), f[20]), (6, 56, 58), "IPv6, payload 56, ICMPv6");
+    let IpAddr::V6(vip_ip) = vip6.ip() else { unreachable!() };
+    assert_eq!((&f[22..38], &f[38..54]), (&vip_ip.octets()[..], &sent[22..38]), "from the VIP to the client");
+    let icmp = &f[54..];
+    assert_eq!(checksum(icmp, pseudo6(vip_ip, client6, icmp.len())), 0, "ICMPv6 checksum");
+    assert_eq!(&icmp[..2], &[1, 4], "destination unreachable: port unreachable");
+    assert_eq!(&icmp[8..56], &sent[14..62], "the quote is the datagram's IPv6 header and UDP header");
 }
 
 #[test]
