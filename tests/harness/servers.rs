@@ -13,6 +13,7 @@ use std::time::Duration;
 use crate::Netns;
 
 const POLL: Duration = Duration::from_millis(50);
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Proto {
@@ -100,6 +101,9 @@ fn serve_tcp(listener: TcpListener, answer: Answer, stop: Arc<AtomicBool>) {
 fn serve_conn(mut conn: TcpStream, peer: SocketAddr, answer: &Answer, stop: &AtomicBool) {
     let _ = conn.set_nonblocking(false);
     let _ = conn.set_read_timeout(Some(POLL));
+    // A client that stops reading must not hold this thread (and the
+    // guard that joins it) for ever.
+    let _ = conn.set_write_timeout(Some(WRITE_TIMEOUT));
     if let Answer::Echo = answer {
         let server = conn.local_addr().map(|a| a.ip().to_string()).unwrap_or_default();
         if conn.write_all(format!("{} {server}\n", peer.ip()).as_bytes()).is_err() {
