@@ -383,6 +383,37 @@ impl SvcKey {
 /// padding whose every bit pattern is a value. The derives are the only
 /// safe way to get those traits, so safe code cannot make a type `Pod`
 /// that would read or write uninitialised or invalid bytes.
+///
+/// A struct without padding is `Pod` by the derives:
+/// ```
+/// use zerocopy::{FromBytes, Immutable, IntoBytes};
+/// #[derive(Clone, Copy, FromBytes, IntoBytes, Immutable)]
+/// #[repr(C)]
+/// struct Key { port: u16, proto: u8, family: u8 }
+/// fn pod<T: hostmesh::abi::Pod>() {}
+/// pod::<Key>();
+/// ```
+/// one with padding is refused by them:
+/// ```compile_fail
+/// use zerocopy::{FromBytes, Immutable, IntoBytes};
+/// #[derive(Clone, Copy, FromBytes, IntoBytes, Immutable)]
+/// #[repr(C)]
+/// struct Key { port: u16, proto: u8 }
+/// fn pod<T: hostmesh::abi::Pod>() {}
+/// pod::<Key>();
+/// ```
+/// and their traits cannot be implemented by hand (they are `unsafe`,
+/// and zerocopy admits only its derives):
+/// ```compile_fail
+/// use zerocopy::{FromBytes, Immutable, IntoBytes};
+/// #[derive(Clone, Copy, Immutable)]
+/// #[repr(C)]
+/// struct Key { port: u16, proto: u8 }
+/// impl FromBytes for Key {}
+/// impl IntoBytes for Key {}
+/// fn pod<T: hostmesh::abi::Pod>() {}
+/// pod::<Key>();
+/// ```
 pub trait Pod: FromBytes + IntoBytes + Immutable + Copy + 'static {
     fn to_bytes(&self) -> Vec<u8> {
         self.as_bytes().to_vec()
