@@ -99,21 +99,19 @@ fn mode_off_answers_every_vip_over_tcp_and_udp_v4_and_v6() {
     let mss = v["mss"].as_u64().unwrap();
     assert!(mss <= 1240, "the connection learnt the path's MTU: {v}");
     // A backend with no listener: its "port unreachable", translated the
-    // same way, reaches the connected UDP socket as ECONNREFUSED.
+    // same way, reaches the connected UDP socket as ECONNREFUSED. And an
+    // IPv6 UDP VIP with no backends: the veth path's own ICMPv6 port
+    // unreachable, ECONNREFUSED too. One file, so one sync.
     let generation = t.host.status().generation;
     t.host.write(
         "unheard.toml",
         "[[service]]\nname = \"unheard\"\nvip = \"10.96.0.50\"\nport = 53\nprotocol = \"udp\"\n\
-         backends = [\"192.168.10.11:5999\"]\n",
+         backends = [\"192.168.10.11:5999\"]\n\n\
+         [[service]]\nname = \"none6\"\nvip = \"fd00:96::40\"\nport = 53\nprotocol = \"udp\"\n",
     );
     t.wait_sync_after(generation);
     let v = t.client(&["refused", "udp", "10.96.0.50", "53"]);
     assert_eq!(v["error"], "ECONNREFUSED", "{v}");
-    // An IPv6 UDP VIP with no backends: an ICMPv6 port unreachable from
-    // the veth path, ECONNREFUSED for the connected socket.
-    let generation = t.host.status().generation;
-    t.host.write("none6.toml", "[[service]]\nname = \"none6\"\nvip = \"fd00:96::40\"\nport = 53\nprotocol = \"udp\"\n");
-    t.wait_sync_after(generation);
     let v = t.client(&["refused", "udp", "fd00:96::40", "53"]);
     assert_eq!(v["error"], "ECONNREFUSED", "{v}");
 }
