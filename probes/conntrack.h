@@ -32,20 +32,22 @@ static __always_inline void ct_key(struct hm_ct_key *k, const __u8 src[16], cons
 	k->dir = dir;
 }
 
-static __always_inline __u64 ct_timeout_ns(const struct hm_ct_value *ct, __u8 proto, const struct hm_config *cfg)
+/* How long a flow in state `flags` (HM_CT_F_*) lives idle: HM_CT's and
+ * HM_NAT's entries alike. */
+static __always_inline __u64 ct_timeout_ns(__u8 flags, __u8 proto, const struct hm_config *cfg)
 {
-	if (ct->flags & HM_CT_F_CLOSING)
+	if (flags & HM_CT_F_CLOSING)
 		return HM_CT_CLOSING_TIMEOUT_S * NS_PER_S;
 	if (proto == IPPROTO_UDP)
 		return (cfg ? cfg->udp_timeout_s : HM_CT_UDP_TIMEOUT_DEFAULT_S) * NS_PER_S;
-	if (!(ct->flags & HM_CT_F_REPLIED))
+	if (!(flags & HM_CT_F_REPLIED))
 		return HM_CT_SYN_TIMEOUT_S * NS_PER_S;
 	return (__u64)(cfg ? cfg->tcp_timeout_s : HM_CT_TCP_TIMEOUT_DEFAULT_S) * NS_PER_S;
 }
 
 static __always_inline int ct_live(const struct hm_ct_value *ct, __u8 proto, __u64 now, const struct hm_config *cfg)
 {
-	return now - ct->last_seen_ns < ct_timeout_ns(ct, proto, cfg);
+	return now - ct->last_seen_ns < ct_timeout_ns(ct->flags, proto, cfg);
 }
 
 /* The entry for `k`: an open flow's, else (TCP) a closed one's, which sets

@@ -35,7 +35,10 @@ struct hm_config {
 	__u32 flags;               /* HM_CFG_* */
 	__u32 tcp_timeout_s;       /* conntrack: established TCP idle */
 	__u32 udp_timeout_s;       /* conntrack: UDP idle */
-	__u32 _pad;
+	/* [daemon] snat_port_range, host byte order: the ports external flows
+	 * to another host's backend take as their source (HM_NAT). */
+	__u16 snat_port_min;
+	__u16 snat_port_max;
 };
 _Static_assert(sizeof(struct hm_config) == 24, "hm_config layout");
 
@@ -73,6 +76,13 @@ _Static_assert(sizeof(struct hm_svc_value) == 16, "hm_svc_value layout");
 /* affinity = "client-ip": a client keeps its backend (HM_AFFINITY) for the
  * service's HM_SVC_AFFINITY timeout after its last connection. */
 #define HM_SVC_F_AFFINITY (1u << 1)
+/* external = true: packets from the network to the VIP:port are balanced
+ * at the host interfaces' ingress too (HM_NAT). */
+#define HM_SVC_F_EXTERNAL (1u << 2)
+/* The entry of a node port: its key has the family's unspecified address
+ * (:: or ::ffff:0.0.0.0) and the node port; it matches packets from the
+ * network to any address of this host on that port. */
+#define HM_SVC_F_NODE_PORT (1u << 3)
 
 /* HM_SVC_AFFINITY: service id -> its affinity settings (services with
  * HM_SVC_F_AFFINITY only). */
@@ -181,6 +191,52 @@ _Static_assert(sizeof(struct hm_ct_value) == 32, "hm_ct_value layout");
 #define HM_CT_F_FIN_BACK (1u << 3) /* TCP: the backend sent its FIN */
 #define HM_CT_F_RESET (1u << 4)    /* TCP: a RST (never stored: the flow is forgotten) */
 
+/* HM_NAT: flows from the network (node ports, external VIPs), translated
+ * at the host interfaces by hm_reply (ingress) and hm_direct (egress).
+ * Keyed by hm_ct_key, whose dir says where the key is looked up: every
+ * packet of the client's, and the replies of a flow whose source was
+ * translated (HM_NAT_F_SNAT: a backend on another host), arrive at a host
+ * interface's ingress (HM_NAT_IN); replies of a backend on this host (a
+ * process, or a VM or namespace behind a veth or bridge) leave through
+ * one's egress (HM_NAT_OUT). Each flow has two entries, the client's
+ * (forward) and the backend's (HM_NAT_F_REPLY); the value is what a packet
+ * the key matches is rewritten to, and the key of the other entry is the
+ * value's addresses and ports swapped. */
+struct hm_nat_value {
+	__u8 dst[16];
+	__u8 src[16];
+	__be16 dport;
+	__be16 sport;
+	__u8 flags; /* HM_CT_F_* and HM_NAT_F_* */
+	__u8 _pad[3];
+	__u32 svc_id;
+	__u32 _pad2;
+	__u64 last_seen_ns; /* bpf_ktime_get_ns(), refreshed at most once a second */
+};
+_Static_assert(sizeof(struct hm_nat_value) == 56, "hm_nat_value layout");
+
+#define HM_NAT_IN 0
+#define HM_NAT_OUT 1
+#define HM_NAT_F_REPLY (1u << 5) /* the backend's entry */
+#define HM_NAT_F_SNAT (1u << 6)  /* the client's address is replaced by this host's */
+
+/* HM_SNAT: backend address -> the source external flows to it take: this
+ * host's address on the way to it, or none (all zero) for a backend on
+ * this host, which sees the client's own address. A backend of an
+ * external service without an entry is not used by external flows. */
+struct hm_addr {
+	__u8 addr[16];
+};
+_Static_assert(sizeof(struct hm_addr) == 16, "hm_addr layout");
+
+struct hm_snat_value {
+	__u8 src[16];
+};
+_Static_assert(sizeof(struct hm_snat_value) == 16, "hm_snat_value layout");
+
+/* Tries of a port for a new flow's source before it is dropped. */
+#define HM_SNAT_TRIES 16
+
 /* HM_REVERSE_SOCK: connect-time LB's memory of what a socket asked for,
  * so getpeername() and recvmsg() show the VIP, not the backend. */
 struct hm_revsk_key {
@@ -288,6 +344,7 @@ _Static_assert(sizeof(struct hm_gw_ct_value) == 24, "hm_gw_ct_value layout");
 #define HM_TC_ACT_UNSPEC TC_ACT_UNSPEC
 #define HM_TC_ACT_OK TC_ACT_OK
 #define HM_TC_ACT_REDIRECT TC_ACT_REDIRECT
+#define HM_TC_ACT_SHOT TC_ACT_SHOT
 #define HM_SK_PASS SK_PASS
 
 #endif /* HOSTMESH_ABI_H */

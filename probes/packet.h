@@ -57,8 +57,10 @@ static __always_inline int hm_same_addr(const __u8 a[16], const __u8 b[16])
 
 /* What hostmesh needs to know about a packet. */
 struct flow {
-	__u8 src[16];
-	__u8 dst[16];
+	/* 8-aligned: copies and compares of the addresses take two 64-bit
+	 * words, not 16 bytes one by one (and their spills). */
+	__u8 src[16] __attribute__((aligned(8)));
+	__u8 dst[16] __attribute__((aligned(8)));
 	__be16 sport;
 	__be16 dport;
 	__u8 v6;

@@ -67,6 +67,23 @@ struct {
 	__type(value, struct hm_ct_value);
 } HM_CT_CLOSING SEC(".maps");
 
+/* Flows from the network (hostmesh_abi.h, HM_NAT), two entries each; the
+ * daemon sizes it as HM_CT ([daemon] conntrack_size). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, HM_MAX_CONNTRACK);
+	__type(key, struct hm_ct_key);
+	__type(value, struct hm_nat_value);
+} HM_NAT SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, HM_MAX_BACKENDS);
+	__type(key, struct hm_addr);
+	__type(value, struct hm_snat_value);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} HM_SNAT SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, HM_MAX_REVERSE_SOCK);
@@ -232,19 +249,27 @@ static __always_inline __u32 hm_mix64(__u64 x)
  * (daemon/src/model/flow_hash.rs is its mirror; the explain test checks
  * the two agree on real connections). Words are read little-endian, as
  * the BPF target is. */
-static __always_inline __u32 hm_flow_hash(const __u8 *src, const __u8 *dst, __be16 sport, __be16 dport, __u8 proto)
+/* hm_flow_hash on addresses already in 64-bit words. */
+static __always_inline __u32 hm_flow_hash_words(const __u64 src[2], const __u64 dst[2], __be16 sport, __be16 dport,
+						__u8 proto)
 {
-	__u64 w[4];
 	__u64 h = 0x9e3779b97f4a7c15ULL;
 
-	__builtin_memcpy(w, src, 16);
-	__builtin_memcpy(&w[2], dst, 16);
-	h = hm_mix(h ^ w[0]);
-	h = hm_mix(h ^ w[1]);
-	h = hm_mix(h ^ w[2]);
-	h = hm_mix(h ^ w[3]);
+	h = hm_mix(h ^ src[0]);
+	h = hm_mix(h ^ src[1]);
+	h = hm_mix(h ^ dst[0]);
+	h = hm_mix(h ^ dst[1]);
 	h = hm_mix(h ^ ((__u64)sport << 24 | (__u64)dport << 8 | proto));
 	return (__u32)(h ^ (h >> 32));
+}
+
+static __always_inline __u32 hm_flow_hash(const __u8 *src, const __u8 *dst, __be16 sport, __be16 dport, __u8 proto)
+{
+	__u64 s[2], d[2];
+
+	__builtin_memcpy(s, src, 16);
+	__builtin_memcpy(d, dst, 16);
+	return hm_flow_hash_words(s, d, sport, dport, proto);
 }
 
 

@@ -9,7 +9,8 @@
  * of the right interface (FIB lookup + redirect), or lets the stack deliver
  * it when the backend is a local address. Replies come back on a host
  * interface (or lo, for local backends), where hm_reply restores the VIP
- * as the source.
+ * as the source. hm_reply and hm_direct also balance flows from the
+ * network to node ports and external VIPs (HM_NAT).
  *
  * What must survive the veth crossing lives in HM_CT, not in skb marks
  * (marks are cleared crossing a veth). A packet to a VIP must never be
@@ -382,6 +383,377 @@ int hm_natout(struct __sk_buff *skb)
 	return forward(skb, &f, backend);
 }
 
+/* Flows from the network: node ports and external VIPs (hostmesh_abi.h,
+ * HM_NAT). A client's packet arrives at a host interface's ingress
+ * (hm_reply), is given a backend by the service's Maglev table as a host
+ * client's would be, and is forwarded to it; a backend on another host
+ * sees this host's address and a port of [daemon] snat_port_range (so its
+ * replies come back here, to the same ingress), a backend on this host
+ * the client's own address (its replies leave through a host interface's
+ * egress, hm_direct). */
+
+/* What the steps of hm_reply return besides a TC verdict: the packet is
+ * not theirs, a new flow may start, a new flow must be refused. Each step
+ * is a function of its own (a BPF subprogram), called one after the other
+ * from hm_reply, so their stacks are not added up: inlined into one, they
+ * exceed the 512 bytes the verifier allows. */
+#define NOT_MINE (-100)
+#define NEW_FLOW (-101)
+#define REFUSE (-102)
+
+/* hm_flow_hash of a parsed packet, whose addresses are 8-aligned. */
+static __always_inline __u32 flow_hash(const struct flow *f)
+{
+	return hm_flow_hash_words((const __u64 *)f->src, (const __u64 *)f->dst, f->sport, f->dport, f->proto);
+}
+
+/* lo's ifindex in every namespace (LOOPBACK_IFINDEX): the host's own
+ * packets, which the network's flows never are. */
+#define HM_LOOPBACK_IFINDEX 1
+
+/* The key of the other entry of the flow `v` belongs to: the answer to the
+ * packet `v` makes. A client's entry answered is the backend's reply,
+ * which comes back to the ingress when its source was translated and
+ * leaves through an egress when not; a backend's entry answered is the
+ * client's next packet, at the ingress. */
+static __always_inline void nat_peer_key(struct hm_ct_key *k, const struct hm_nat_value *v, __u8 proto)
+{
+	__u8 dir = (v->flags & (HM_NAT_F_REPLY | HM_NAT_F_SNAT)) ? HM_NAT_IN : HM_NAT_OUT;
+
+	ct_key(k, v->dst, v->src, v->dport, v->sport, proto, dir);
+}
+
+/* Rewrites a packet as its flow's entry says, source then destination, and
+ * `f` with it. */
+static __always_inline int nat_rewrite(struct __sk_buff *skb, struct flow *f, const struct hm_nat_value *v)
+{
+	if ((!hm_same_addr(f->src, v->src) || f->sport != v->sport) && rewrite(skb, f, 0, v->src, v->sport))
+		return -1;
+	if (rewrite(skb, f, 1, v->dst, v->dport))
+		return -1;
+	__builtin_memcpy(f->src, v->src, 16);
+	__builtin_memcpy(f->dst, v->dst, 16);
+	f->sport = v->sport;
+	f->dport = v->dport;
+	return 0;
+}
+
+/* Whether a packet may use the entry found for it: not idle past its
+ * timeout, and not a SYN on the client's entry of a closed flow (which
+ * starts a new flow on the tuple). */
+static __always_inline int nat_live(const struct hm_nat_value *v, const struct flow *f, __u64 now)
+{
+	if (now - v->last_seen_ns >= ct_timeout_ns(v->flags, f->proto, hm_config()))
+		return 0;
+	return (v->flags & HM_NAT_F_REPLY) || !(v->flags & HM_CT_F_CLOSING) || f->proto != IPPROTO_TCP ||
+	       (f->tcp_flags & (TCP_SYN | TCP_ACK)) != TCP_SYN;
+}
+
+/* Forgets the flow of the entry `k` found: both entries. */
+static __always_inline void nat_forget(const struct hm_ct_key *k, const struct hm_nat_value *v, __u8 proto)
+{
+	struct hm_ct_key pk = {};
+
+	nat_peer_key(&pk, v, proto);
+	bpf_map_delete_elem(&HM_NAT, &pk);
+	bpf_map_delete_elem(&HM_NAT, k);
+}
+
+/* What a packet of a known flow says: a FIN from either side (a FIN each
+ * way closes the flow, which then lives HM_CT_CLOSING_TIMEOUT_S), the
+ * backend's answer, a RST (the flow is forgotten). Both entries share the
+ * state, and their times are refreshed at most once a second: a write per
+ * packet to a shared cache line costs more than the second is worth. */
+static __always_inline void nat_seen(const struct hm_ct_key *k, struct hm_nat_value *v, const struct flow *f,
+				     __u64 now)
+{
+	struct hm_ct_key pk = {};
+	struct hm_nat_value *peer;
+	__u8 reply = v->flags & HM_NAT_F_REPLY;
+	__u8 state = ct_end(f, reply ? HM_CT_F_FIN_BACK : HM_CT_F_FIN_OUT) | (reply ? HM_CT_F_REPLIED : 0);
+	const __u8 kept = HM_CT_F_REPLIED | HM_CT_F_CLOSING | HM_CT_F_FIN_OUT | HM_CT_F_FIN_BACK;
+
+	if (state & HM_CT_F_RESET) {
+		nat_forget(k, v, f->proto);
+		return;
+	}
+	nat_peer_key(&pk, v, f->proto);
+	peer = bpf_map_lookup_elem(&HM_NAT, &pk);
+	state = (state | v->flags | (peer ? peer->flags : 0)) & kept;
+	if ((state & (HM_CT_F_FIN_OUT | HM_CT_F_FIN_BACK)) == (HM_CT_F_FIN_OUT | HM_CT_F_FIN_BACK))
+		state |= HM_CT_F_CLOSING;
+	if ((v->flags | state) != v->flags || now - v->last_seen_ns >= NS_PER_S) {
+		v->flags |= state;
+		v->last_seen_ns = now;
+	}
+	if (peer && ((peer->flags | state) != peer->flags || now - peer->last_seen_ns >= NS_PER_S)) {
+		peer->flags |= state;
+		peer->last_seen_ns = now;
+	}
+}
+
+/* Whether the packet is to an address of this host: the FIB says so, as
+ * it does for delivery (a node port answers on the host's addresses). */
+static __attribute__((noinline)) int to_this_host(struct __sk_buff *skb, const struct flow *f)
+{
+	struct bpf_fib_lookup fib = {};
+
+	fib.ifindex = skb->ifindex;
+	fib.l4_protocol = f->proto;
+	if (!f->v6) {
+		fib.family = HM_AF_INET;
+		__builtin_memcpy(&fib.ipv4_src, f->src + 12, 4);
+		__builtin_memcpy(&fib.ipv4_dst, f->dst + 12, 4);
+	} else {
+		fib.family = HM_AF_INET6;
+		__builtin_memcpy(fib.ipv6_src, f->src, 16);
+		__builtin_memcpy(fib.ipv6_dst, f->dst, 16);
+	}
+	return bpf_fib_lookup(skb, &fib, sizeof(fib), 0) == BPF_FIB_LKUP_RET_NOT_FWDED;
+}
+
+/* Whether a socket of this host would take a packet backend -> src:port:
+ * a connection of the host's own (bound to a port of the range on
+ * purpose) or a listener. Such a port is never given to a flow, so the
+ * host's connection is never broken by one. */
+static __always_inline int port_taken(struct __sk_buff *skb, const struct hm_nat_value *fv, __be16 port, __u8 proto,
+				      __u8 v6)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *sk;
+	__u32 len;
+
+	if (!v6) {
+		__builtin_memcpy(&t.ipv4.saddr, fv->dst + 12, 4);
+		__builtin_memcpy(&t.ipv4.daddr, fv->src + 12, 4);
+		t.ipv4.sport = fv->dport;
+		t.ipv4.dport = port;
+		len = sizeof(t.ipv4);
+	} else {
+		__builtin_memcpy(t.ipv6.saddr, fv->dst, 16);
+		__builtin_memcpy(t.ipv6.daddr, fv->src, 16);
+		t.ipv6.sport = fv->dport;
+		t.ipv6.dport = port;
+		len = sizeof(t.ipv6);
+	}
+	if (proto == IPPROTO_TCP)
+		sk = bpf_sk_lookup_tcp(skb, &t, len, BPF_F_CURRENT_NETNS, 0);
+	else
+		sk = bpf_sk_lookup_udp(skb, &t, len, BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return 0;
+	bpf_sk_release(sk);
+	return 1;
+}
+
+/* A source port of [daemon] snat_port_range for a new flow to a backend on
+ * another host (`fv`, its source already this host's address): the first
+ * of HM_SNAT_TRIES ports from the flow's hash on whose reply key no other
+ * flow is (the entry `rv` is made there, BPF_NOEXIST, so two CPUs never
+ * share one) and no socket of the host's. Returns 0 when none is free. */
+static __attribute__((noinline)) int snat_port(struct __sk_buff *skb, struct hm_nat_value *fv, struct hm_nat_value *rv,
+				     const struct flow *f, __u32 hash)
+{
+	struct hm_config *cfg = hm_config();
+	struct hm_ct_key rk = {};
+	__u32 min, span;
+
+	if (!cfg || cfg->snat_port_min == 0 || cfg->snat_port_max < cfg->snat_port_min)
+		return 0;
+	min = cfg->snat_port_min;
+	span = cfg->snat_port_max - min + 1;
+	for (__u32 i = 0; i < HM_SNAT_TRIES; i++) {
+		__be16 port = bpf_htons((__u16)(min + (hash + i) % span));
+
+		if (port_taken(skb, fv, port, f->proto, f->v6))
+			continue;
+		ct_key(&rk, fv->dst, fv->src, fv->dport, port, f->proto, HM_NAT_IN);
+		if (bpf_map_update_elem(&HM_NAT, &rk, rv, BPF_NOEXIST) == 0) {
+			fv->sport = port;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* The first packet of a flow from the network: to an external VIP:port, or
+ * to an address of this host on a node port. Picks the backend and fills
+ * the flow's two entries (`fv` the client's, `rv` the backend's) but for
+ * the source a backend on another host sees, which nat_record chooses.
+ * Returns 0 then, REFUSE when no backend can take the flow, a verdict for
+ * a packet that starts none (anything else passes). */
+static __attribute__((noinline)) int nat_new(struct __sk_buff *skb, const struct flow *f, struct hm_nat_value *fv,
+					     struct hm_nat_value *rv)
+{
+	struct hm_svc_key sk = {};
+	struct hm_svc_value *svc;
+	struct hm_backend *be;
+	struct hm_snat_value *snat;
+	struct hm_addr ba = {};
+	__u64 now = bpf_ktime_get_ns();
+	int vip = 1;
+
+	__builtin_memcpy(sk.addr, f->dst, 16);
+	sk.port = f->dport;
+	sk.proto = f->proto;
+	svc = bpf_map_lookup_elem(&HM_SERVICES, &sk);
+	if (!svc || !(svc->flags & HM_SVC_F_EXTERNAL)) {
+		vip = 0;
+		__builtin_memset(sk.addr, 0, 16);
+		if (!f->v6) {
+			sk.addr[10] = 0xff;
+			sk.addr[11] = 0xff;
+		}
+		svc = bpf_map_lookup_elem(&HM_SERVICES, &sk);
+		if (!svc || !(svc->flags & HM_SVC_F_NODE_PORT) || !to_this_host(skb, f))
+			return TC_ACT_UNSPEC;
+	}
+	/* Only a SYN starts a TCP flow. A segment of no flow to a host
+	 * address goes to the host, which resets it; one to an external VIP
+	 * has nowhere to go. */
+	if (f->proto == IPPROTO_TCP && (f->tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST)) != TCP_SYN)
+		return vip ? TC_ACT_SHOT : TC_ACT_UNSPEC;
+	if (svc->backend_count == 0)
+		return REFUSE;
+	be = hm_pick_backend(svc, f->src, flow_hash(f));
+	if (!be)
+		return REFUSE;
+	__builtin_memcpy(ba.addr, be->addr, 16);
+	snat = bpf_map_lookup_elem(&HM_SNAT, &ba);
+	if (!snat)
+		return TC_ACT_SHOT;
+
+	__builtin_memcpy(fv->dst, be->addr, 16);
+	fv->dport = be->port;
+	fv->svc_id = svc->id;
+	fv->last_seen_ns = now;
+	__builtin_memcpy(rv->dst, f->src, 16);
+	rv->dport = f->sport;
+	__builtin_memcpy(rv->src, f->dst, 16);
+	rv->sport = f->dport;
+	rv->svc_id = svc->id;
+	rv->last_seen_ns = now;
+	rv->flags = HM_NAT_F_REPLY;
+	if (hm_same_addr(snat->src, (const __u8[16]){})) {
+		__builtin_memcpy(fv->src, f->src, 16);
+		fv->sport = f->sport;
+	} else {
+		fv->flags = HM_NAT_F_SNAT;
+		rv->flags |= HM_NAT_F_SNAT;
+		__builtin_memcpy(fv->src, snat->src, 16);
+	}
+	return 0;
+}
+
+/* Records a new flow's two entries: a backend on another host's reply key
+ * is made by snat_port with the port it chooses. Returns 0, or a verdict
+ * when the flow cannot be recorded (no port free, a full map). */
+static __attribute__((noinline)) int nat_record(struct __sk_buff *skb, const struct flow *f, struct hm_nat_value *fv,
+						struct hm_nat_value *rv)
+{
+	struct hm_ct_key fk = {}, rk = {};
+
+	if (fv->flags & HM_NAT_F_SNAT) {
+		if (!snat_port(skb, fv, rv, f, flow_hash(f)))
+			return TC_ACT_SHOT;
+		ct_key(&rk, fv->dst, fv->src, fv->dport, fv->sport, f->proto, HM_NAT_IN);
+	} else {
+		ct_key(&rk, fv->dst, fv->src, fv->dport, fv->sport, f->proto, HM_NAT_OUT);
+		if (bpf_map_update_elem(&HM_NAT, &rk, rv, BPF_ANY))
+			return TC_ACT_SHOT;
+	}
+	ct_key(&fk, f->src, f->dst, f->sport, f->dport, f->proto, HM_NAT_IN);
+	if (bpf_map_update_elem(&HM_NAT, &fk, fv, BPF_ANY)) {
+		bpf_map_delete_elem(&HM_NAT, &rk);
+		return TC_ACT_SHOT;
+	}
+	return 0;
+}
+
+/* Sends a packet of a flow from the network on as its entry `v` says. */
+static __attribute__((noinline)) int nat_send(struct __sk_buff *skb, struct flow *f, const struct hm_nat_value *v)
+{
+	if (v->flags & HM_NAT_F_REPLY)
+		hm_count_backend(v->svc_id, f->src, f->sport, HM_STAT_NONE, 0, skb->len);
+	else
+		hm_count_backend(v->svc_id, v->dst, v->dport, HM_STAT_NONE, skb->len, 0);
+	if (nat_rewrite(skb, f, v))
+		return TC_ACT_SHOT;
+	return forward(skb, f, f->dst);
+}
+
+/* A packet at a host interface's ingress that is no veth-path reply: a
+ * packet of a flow from the network (the client's, or the reply of a
+ * backend on another host), whose entry it copies to `out` (returning
+ * 0); NEW_FLOW when it may be the first of one. */
+static __attribute__((noinline)) int external_in(struct __sk_buff *skb, struct flow *f, struct hm_nat_value *out)
+{
+	struct hm_ct_key k = {};
+	struct hm_nat_value *v, nv;
+	__u64 now;
+
+	if (skb->ifindex == HM_LOOPBACK_IFINDEX)
+		return TC_ACT_UNSPEC;
+	now = bpf_ktime_get_ns();
+	ct_key(&k, f->src, f->dst, f->sport, f->dport, f->proto, HM_NAT_IN);
+	v = bpf_map_lookup_elem(&HM_NAT, &k);
+	if (v) {
+		if (nat_live(v, f, now)) {
+			nat_seen(&k, v, f, now);
+			*out = *v;
+			return 0;
+		}
+		/* Over: forgotten, and the packet may start a new flow. */
+		nv = *v;
+		nat_forget(&k, &nv, f->proto);
+		if (nv.flags & HM_NAT_F_REPLY)
+			return TC_ACT_UNSPEC;
+	}
+	return NEW_FLOW;
+}
+
+/* A packet at a host interface's egress: the reply of a backend on this
+ * host to a client of a flow from the network gets the VIP (or this
+ * host's address and node port) back as its source. Returns 1 when it
+ * was one (and `*verdict` says what becomes of it). */
+static __attribute__((noinline)) int external_out(struct __sk_buff *skb, struct flow *f, int *verdict)
+{
+	struct hm_ct_key k = {};
+	struct hm_nat_value *v, nv;
+	__u64 now;
+
+	ct_key(&k, f->src, f->dst, f->sport, f->dport, f->proto, HM_NAT_OUT);
+	v = bpf_map_lookup_elem(&HM_NAT, &k);
+	if (!v)
+		return 0;
+	now = bpf_ktime_get_ns();
+	nv = *v;
+	if (!nat_live(v, f, now)) {
+		nat_forget(&k, &nv, f->proto);
+		return 0;
+	}
+	nat_seen(&k, v, f, now);
+	hm_count_backend(nv.svc_id, f->src, f->sport, HM_STAT_NONE, 0, skb->len);
+	*verdict = nat_rewrite(skb, f, &nv) ? TC_ACT_SHOT : TC_ACT_UNSPEC;
+	return 1;
+}
+
+/* The host sends from a tuple a flow from the network uses on its way to
+ * a backend on another host (a socket bound on purpose to a port of the
+ * range): the host's connection wins, the flow is forgotten. */
+static __attribute__((noinline)) void external_yield(const struct flow *f)
+{
+	struct hm_ct_key k = {};
+	struct hm_nat_value *v, nv;
+
+	ct_key(&k, f->dst, f->src, f->dport, f->sport, f->proto, HM_NAT_IN);
+	v = bpf_map_lookup_elem(&HM_NAT, &k);
+	if (!v || (v->flags & (HM_NAT_F_REPLY | HM_NAT_F_SNAT)) != (HM_NAT_F_REPLY | HM_NAT_F_SNAT))
+		return;
+	nv = *v;
+	nat_forget(&k, &nv, f->proto);
+}
+
 /* A SYN-ACK: the answer to a SYN. */
 static __always_inline int syn_ack(const struct flow *f)
 {
@@ -400,7 +772,7 @@ static __always_inline int syn_ack(const struct flow *f)
  * (and, for IPv6, the address's). The quoted L4 checksum is left: the
  * quote is truncated and nobody checks it. Nothing else is touched, and
  * the flow's entries are not refreshed by an error. */
-static __always_inline void icmp_error_back(struct __sk_buff *skb, const struct flow *f)
+static __attribute__((noinline)) void icmp_error_back(struct __sk_buff *skb, const struct flow *f)
 {
 	__u32 icmp_off = f->l4_off, in_off = f->l4_off + 8, in_l4;
 	__u8 type, in_proto, in_src[16], in_dst[16];
@@ -472,9 +844,63 @@ static __always_inline void icmp_error_back(struct __sk_buff *skb, const struct 
 	}
 }
 
+/* A reply of the veth path's: the VIP back as its source (NOT_MINE when
+ * the packet is none). */
+static __attribute__((noinline)) int veth_reply(struct __sk_buff *skb, struct flow *f)
+{
+	struct hm_ct_key rk = {}, fk = {};
+	struct hm_ct_value *rev, *fwd, *state;
+	__u8 vip[16];
+	__be16 vport;
+	__u32 svc_id;
+	__u64 now;
+	int closed;
+
+	ct_key(&rk, f->src, f->dst, f->sport, f->dport, f->proto, HM_CT_REVERSE);
+	rev = ct_find(&rk, &closed);
+	if (!rev)
+		return NOT_MINE;
+	__builtin_memcpy(vip, rev->nat_addr, 16);
+	vport = rev->nat_port;
+	svc_id = rev->svc_id;
+	ct_key(&fk, f->dst, vip, f->dport, vport, f->proto, HM_CT_FORWARD);
+	fwd = ct_peer(&fk, closed);
+
+	/* The forward entry's state decides whether the flow is live (the
+	 * reverse one's, should the forward one be gone). */
+	state = fwd ? fwd : rev;
+	now = bpf_ktime_get_ns();
+	if (!ct_live(state, f->proto, now, hm_config()) || (syn_ack(f) && (closed || (state->flags & HM_CT_F_CLOSING)))) {
+		ct_forget(&fk, &rk, closed);
+		return TC_ACT_UNSPEC;
+	}
+	if (closed) {
+		rev->last_seen_ns = now;
+		if (fwd)
+			fwd->last_seen_ns = now;
+	} else {
+		ct_seen(&fk, fwd, &rk, rev, HM_CT_F_REPLIED | ct_end(f, HM_CT_F_FIN_BACK), now);
+	}
+
+	hm_count_backend(svc_id, f->src, f->sport, HM_STAT_NONE, 0, skb->len);
+	if (rewrite(skb, f, 0, vip, vport))
+		return TC_ACT_SHOT;
+	return TC_ACT_UNSPEC;
+}
+
+
+/* No backend can take a new flow from the network (refuse, as a
+ * subprogram of its own). */
+static __attribute__((noinline)) int refuse_flow(struct __sk_buff *skb, const struct flow *f)
+{
+	return refuse(skb, f);
+}
+
 /* TC ingress on host interfaces and lo: replies from backends get their
  * VIP back as the source, ICMP errors about their flows the VIP as the
- * quoted destination. Everything else passes untouched.
+ * quoted destination; then flows from the network (node ports, external
+ * VIPs) are balanced and translated (external_in, nat_new, nat_record,
+ * nat_send above). Everything else passes untouched.
  *
  * Only replies of a flow hostmesh translated, and that is not over: the
  * host may talk to a backend straight, from an address and port a VIP
@@ -495,13 +921,8 @@ int hm_reply(struct __sk_buff *skb)
 {
 	HM_BUILD_MARK();
 	struct flow f = {};
-	struct hm_ct_key rk = {}, fk = {};
-	struct hm_ct_value *rev, *fwd, *state;
-	__u8 vip[16];
-	__be16 vport;
-	__u32 svc_id;
-	__u64 now;
-	int closed;
+	struct hm_nat_value fv = {}, rv = {};
+	int verdict;
 
 	switch (parse(skb, &f)) {
 	case PARSED:
@@ -512,39 +933,26 @@ int hm_reply(struct __sk_buff *skb)
 	default:
 		return TC_ACT_UNSPEC;
 	}
-	ct_key(&rk, f.src, f.dst, f.sport, f.dport, f.proto, HM_CT_REVERSE);
-	rev = ct_find(&rk, &closed);
-	if (!rev)
-		return TC_ACT_UNSPEC;
-	__builtin_memcpy(vip, rev->nat_addr, 16);
-	vport = rev->nat_port;
-	svc_id = rev->svc_id;
-	ct_key(&fk, f.dst, vip, f.dport, vport, f.proto, HM_CT_FORWARD);
-	fwd = ct_peer(&fk, closed);
-
-	/* The forward entry's state decides whether the flow is live (the
-	 * reverse one's, should the forward one be gone). */
-	state = fwd ? fwd : rev;
-	now = bpf_ktime_get_ns();
-	if (!ct_live(state, f.proto, now, hm_config()) || (syn_ack(&f) && (closed || (state->flags & HM_CT_F_CLOSING)))) {
-		ct_forget(&fk, &rk, closed);
-		return TC_ACT_UNSPEC;
+	verdict = veth_reply(skb, &f);
+	if (verdict != NOT_MINE)
+		return verdict;
+	verdict = external_in(skb, &f, &fv);
+	if (verdict == NEW_FLOW) {
+		__builtin_memset(&fv, 0, sizeof(fv));
+		verdict = nat_new(skb, &f, &fv, &rv);
+		if (verdict == 0)
+			verdict = nat_record(skb, &f, &fv, &rv);
 	}
-	if (closed) {
-		rev->last_seen_ns = now;
-		if (fwd)
-			fwd->last_seen_ns = now;
-	} else {
-		ct_seen(&fk, fwd, &rk, rev, HM_CT_F_REPLIED | ct_end(&f, HM_CT_F_FIN_BACK), now);
-	}
-
-	hm_count_backend(svc_id, f.src, f.sport, HM_STAT_NONE, 0, skb->len);
-	if (rewrite(skb, &f, 0, vip, vport))
-		return TC_ACT_SHOT;
-	return TC_ACT_UNSPEC;
+	if (verdict == REFUSE)
+		return refuse_flow(skb, &f);
+	if (verdict != 0)
+		return verdict;
+	return nat_send(skb, &f, &fv);
 }
 
-/* TC egress on host interfaces and lo: the host sends straight to a
+/* TC egress on host interfaces and lo: replies of backends on this host
+ * to clients of flows from the network get their VIP or node port back
+ * (external_out). And the host sends straight to a
  * backend (a TCP SYN or a UDP datagram that did not come through the veth)
  * from a client address and port a VIP flow to that backend used. That
  * VIP flow is over — the backend could not tell two flows with one tuple
@@ -558,12 +966,17 @@ int hm_direct(struct __sk_buff *skb)
 	struct flow f = {};
 	struct hm_ct_key rk = {}, fk = {};
 	struct hm_ct_value *rev;
-	int closed;
+	int closed, verdict;
 
-	if (skb->ingress_ifindex != 0 || parse(skb, &f) != PARSED)
+	if (parse(skb, &f) != PARSED)
+		return TC_ACT_UNSPEC;
+	if (external_out(skb, &f, &verdict))
+		return verdict;
+	if (skb->ingress_ifindex != 0)
 		return TC_ACT_UNSPEC;
 	if (f.proto == IPPROTO_TCP && (f.tcp_flags & (TCP_SYN | TCP_ACK)) != TCP_SYN)
 		return TC_ACT_UNSPEC;
+	external_yield(&f);
 	ct_key(&rk, f.dst, f.src, f.dport, f.sport, f.proto, HM_CT_REVERSE);
 	rev = ct_find(&rk, &closed);
 	if (!rev)

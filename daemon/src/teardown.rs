@@ -52,6 +52,13 @@ impl HostBackend for NoFacts {
     ) -> crate::backends::Result<std::collections::BTreeMap<std::net::IpAddr, u32>> {
         Ok(Default::default())
     }
+
+    fn backend_routes(
+        &mut self,
+        _: &[std::net::IpAddr],
+    ) -> crate::backends::Result<std::collections::BTreeMap<std::net::IpAddr, crate::model::BackendRoute>> {
+        Ok(Default::default())
+    }
 }
 
 /// Removes everything; returns one line per thing removed or restored.

@@ -4,6 +4,7 @@
 mod capacity;
 mod conntrack;
 mod explain;
+mod external;
 mod fixtures;
 mod gateway;
 mod health;

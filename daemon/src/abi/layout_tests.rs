@@ -52,7 +52,7 @@ fn mirrors() -> Vec<(&'static str, &'static str, usize, Vec<Field>)> {
     vec![
         mirror!(HmConfig, "hm_config", {
             netns_cookie => "netns_cookie", flags => "flags", tcp_timeout_s => "tcp_timeout_s",
-            udp_timeout_s => "udp_timeout_s", pad => "_pad",
+            udp_timeout_s => "udp_timeout_s", snat_port_min => "snat_port_min", snat_port_max => "snat_port_max",
         }),
         mirror!(SvcKey, "hm_svc_key", { addr => "addr", port_be => "port", proto => "proto", pad => "_pad" }),
         mirror!(SvcValue, "hm_svc_value", {
@@ -80,6 +80,12 @@ fn mirrors() -> Vec<(&'static str, &'static str, usize, Vec<Field>)> {
             nat_addr => "nat_addr", nat_port_be => "nat_port", flags => "flags", pad => "_pad",
             svc_id => "svc_id", last_seen_ns => "last_seen_ns",
         }),
+        mirror!(NatValue, "hm_nat_value", {
+            dst => "dst", src => "src", dport_be => "dport", sport_be => "sport", flags => "flags", pad => "_pad",
+            svc_id => "svc_id", pad2 => "_pad2", last_seen_ns => "last_seen_ns",
+        }),
+        mirror!(Addr, "hm_addr", { addr => "addr" }),
+        mirror!(SnatValue, "hm_snat_value", { src => "src" }),
         mirror!(RevSkKey, "hm_revsk_key", { cookie => "cookie", addr => "addr", port_be => "port", pad => "_pad" }),
         mirror!(RevSkValue, "hm_revsk_value", { addr => "addr", port_be => "port", pad => "_pad" }),
         mirror!(MeshKey, "hm_mesh_key", { addr => "addr", port_be => "port", proto => "proto", pad => "_pad" }),
@@ -176,6 +182,13 @@ fn rust_constants() -> BTreeMap<&'static str, i64> {
         ("HM_CT_UDP_TIMEOUT_DEFAULT_S", CT_UDP_TIMEOUT_DEFAULT_S as i64),
         ("HM_SVC_F_MESH", i64::from(SVC_F_MESH)),
         ("HM_SVC_F_AFFINITY", i64::from(SVC_F_AFFINITY)),
+        ("HM_SVC_F_EXTERNAL", i64::from(SVC_F_EXTERNAL)),
+        ("HM_SVC_F_NODE_PORT", i64::from(SVC_F_NODE_PORT)),
+        ("HM_NAT_IN", i64::from(NAT_IN)),
+        ("HM_NAT_OUT", i64::from(NAT_OUT)),
+        ("HM_NAT_F_REPLY", i64::from(NAT_F_REPLY)),
+        ("HM_NAT_F_SNAT", i64::from(NAT_F_SNAT)),
+        ("HM_SNAT_TRIES", i64::from(SNAT_TRIES)),
         ("HM_CT_FORWARD", i64::from(CT_FORWARD)),
         ("HM_CT_REVERSE", i64::from(CT_REVERSE)),
         ("HM_CT_F_REPLIED", i64::from(CT_F_REPLIED)),
@@ -197,6 +210,7 @@ fn rust_constants() -> BTreeMap<&'static str, i64> {
         ("HM_TC_ACT_UNSPEC", i64::from(TC_ACT_UNSPEC)),
         ("HM_TC_ACT_OK", i64::from(TC_ACT_OK)),
         ("HM_TC_ACT_REDIRECT", i64::from(TC_ACT_REDIRECT)),
+        ("HM_TC_ACT_SHOT", i64::from(TC_ACT_SHOT)),
         ("HM_SK_PASS", i64::from(SK_PASS)),
     ])
 }

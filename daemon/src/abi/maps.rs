@@ -19,12 +19,13 @@ use super::*;
 pub enum Capacity {
     /// HM_SERVICES, HM_SVC_STATS and HM_SVC_AFFINITY (VIP:port/protocol entries).
     Services,
-    /// HM_BACKENDS (distinct backend addresses) and HM_BACKEND_STATS
-    /// ((service, backend) pairs that carried traffic).
+    /// HM_BACKENDS and HM_SNAT (distinct backend addresses) and
+    /// HM_BACKEND_STATS ((service, backend) pairs that carried traffic).
     Backends,
     /// HM_MAGLEV (chunks of `MAGLEV_CHUNK` slots of Maglev tables).
     MaglevChunks,
-    /// HM_CT and HM_CT_CLOSING (veth-path flows, two entries each).
+    /// HM_CT and HM_CT_CLOSING (veth-path flows, two entries each), HM_NAT
+    /// (flows from the network, two entries each).
     Conntrack,
     /// HM_REVERSE_SOCK (connect-time LB's UDP sockets, for their replies).
     ReverseSock,
@@ -47,6 +48,8 @@ pub enum HmMap {
     Maglev,
     Ct,
     CtClosing,
+    Nat,
+    Snat,
     SvcAffinity,
     Affinity,
     ReverseSock,
@@ -181,6 +184,26 @@ pub const MAPS: [MapDef; HmMap::COUNT] = [
         Some(C::Conntrack),
     ),
     row(
+        M::Nat,
+        "HM_NAT",
+        BPF_MAP_TYPE_LRU_HASH,
+        size_of::<CtKey>(),
+        size_of::<NatValue>(),
+        CONNTRACK_SIZE,
+        0,
+        Some(C::Conntrack),
+    ),
+    row(
+        M::Snat,
+        "HM_SNAT",
+        BPF_MAP_TYPE_HASH,
+        size_of::<Addr>(),
+        size_of::<SnatValue>(),
+        MAX_BACKENDS,
+        NO_PREALLOC,
+        Some(C::Backends),
+    ),
+    row(
         M::SvcAffinity,
         "HM_SVC_AFFINITY",
         BPF_MAP_TYPE_HASH,
@@ -284,7 +307,7 @@ const _: () = {
 };
 
 impl HmMap {
-    pub const COUNT: usize = 19;
+    pub const COUNT: usize = 21;
 
     /// Every map, in the table's order.
     pub const ALL: [HmMap; HmMap::COUNT] = {

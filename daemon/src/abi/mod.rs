@@ -87,7 +87,9 @@ pub struct HmConfig {
     pub flags: u32,
     pub tcp_timeout_s: u32,
     pub udp_timeout_s: u32,
-    pub pad: u32,
+    /// `[daemon] snat_port_range`, host byte order.
+    pub snat_port_min: u16,
+    pub snat_port_max: u16,
 }
 
 /// `SvcValue::flags`: the VIP:port is also a mesh entry; connect-time LB
@@ -96,6 +98,13 @@ pub const SVC_F_MESH: u32 = 1 << 0;
 /// `SvcValue::flags`: affinity = "client-ip" (its timeout in
 /// `HM_SVC_AFFINITY`).
 pub const SVC_F_AFFINITY: u32 = 1 << 1;
+/// `SvcValue::flags`: external = true; packets from the network to the
+/// VIP:port are balanced at the host interfaces too.
+pub const SVC_F_EXTERNAL: u32 = 1 << 2;
+/// `SvcValue::flags`: a node port's entry (the family's unspecified
+/// address, the node port): packets from the network to any address of
+/// this host on that port.
+pub const SVC_F_NODE_PORT: u32 = 1 << 3;
 
 /// `HM_SVC_AFFINITY`: service id -> affinity settings.
 #[repr(C)]
@@ -188,6 +197,47 @@ pub const CT_CLOSING_TIMEOUT_S: u64 = 10;
 /// The defaults of `[daemon] conntrack_tcp_timeout` / `conntrack_udp_timeout`.
 pub const CT_TCP_TIMEOUT_DEFAULT_S: u64 = 86_400;
 pub const CT_UDP_TIMEOUT_DEFAULT_S: u64 = 60;
+
+/// `HM_NAT`: a flow from the network, one entry per direction, keyed by
+/// `CtKey` with `dir` `NAT_IN` or `NAT_OUT` (hostmesh_abi.h): what a
+/// packet the key matches is rewritten to.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct NatValue {
+    pub dst: [u8; 16],
+    pub src: [u8; 16],
+    pub dport_be: u16,
+    pub sport_be: u16,
+    pub flags: u8,
+    pub pad: [u8; 3],
+    pub svc_id: u32,
+    pub pad2: u32,
+    pub last_seen_ns: u64,
+}
+
+pub const NAT_IN: u8 = 0;
+pub const NAT_OUT: u8 = 1;
+/// `NatValue::flags` (beside the `CT_F_*` states): the backend's entry.
+pub const NAT_F_REPLY: u8 = 1 << 5;
+/// `NatValue::flags`: the client's address is replaced by this host's.
+pub const NAT_F_SNAT: u8 = 1 << 6;
+/// Ports a new flow tries before it is dropped.
+pub const SNAT_TRIES: u32 = 16;
+
+/// An address alone: `HM_SNAT`'s key.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct Addr {
+    pub addr: [u8; 16],
+}
+
+/// `HM_SNAT`: the source external flows to a backend take; all zero for a
+/// backend on this host.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct SnatValue {
+    pub src: [u8; 16],
+}
 
 /// `HM_MESH` keys have the layout of service keys; port 0 means every port.
 pub type MeshKey = SvcKey;
@@ -312,6 +362,7 @@ pub const TUNNEL_KEY_SIZE: u32 = 44;
 pub const TC_ACT_UNSPEC: i32 = -1;
 pub const TC_ACT_OK: i32 = 0;
 pub const TC_ACT_REDIRECT: i32 = 7;
+pub const TC_ACT_SHOT: i32 = 2;
 pub const SK_PASS: i32 = 1;
 
 /// An address as the probes store it: IPv6, or IPv4-mapped.

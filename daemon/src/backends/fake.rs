@@ -89,6 +89,14 @@ impl HostBackend for FakeKernel {
         let s = self.state();
         Ok(to.iter().filter_map(|ip| s.facts.underlay_mtu.get(ip).map(|m| (*ip, *m))).collect())
     }
+
+    fn backend_routes(
+        &mut self,
+        to: &[std::net::IpAddr],
+    ) -> Result<BTreeMap<std::net::IpAddr, crate::model::BackendRoute>> {
+        let s = self.state();
+        Ok(to.iter().filter_map(|ip| s.facts.backend_routes.get(ip).map(|r| (*ip, r.clone()))).collect())
+    }
 }
 
 impl NetBackend for FakeKernel {

@@ -58,6 +58,13 @@ impl HostBackend for LiveHost {
     fn path_mtus(&mut self, to: &[std::net::IpAddr]) -> Result<std::collections::BTreeMap<std::net::IpAddr, u32>> {
         self.net.path_mtus(to)
     }
+
+    fn backend_routes(
+        &mut self,
+        to: &[std::net::IpAddr],
+    ) -> Result<std::collections::BTreeMap<std::net::IpAddr, crate::model::BackendRoute>> {
+        self.net.backend_routes(to)
+    }
 }
 
 /// Where cgroup2 is mounted. When nothing is, mounts it under the state dir

@@ -62,6 +62,11 @@ pub trait HostBackend {
     /// The MTU of the path to each address (the route's, or its link's);
     /// addresses with no route are left out.
     fn path_mtus(&mut self, to: &[std::net::IpAddr]) -> Result<BTreeMap<std::net::IpAddr, u32>>;
+    /// The route to each address; addresses with no route are left out.
+    fn backend_routes(
+        &mut self,
+        to: &[std::net::IpAddr],
+    ) -> Result<BTreeMap<std::net::IpAddr, crate::model::BackendRoute>>;
 }
 
 pub trait NetBackend {
@@ -182,6 +187,9 @@ pub struct Sweep {
     pub open: usize,
     pub closed: usize,
     pub capacity: u32,
+    /// Entries left in HM_NAT (two per flow from the network; same
+    /// capacity).
+    pub external: usize,
 }
 
 /// What the configuration decides about the BPF backend.

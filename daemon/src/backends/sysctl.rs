@@ -61,7 +61,10 @@ impl SysctlBackend for ProcSys {
         if self.get(path)?.as_deref() == Some(value) {
             return Ok(());
         }
-        fs::write(self.root.join(path), value)
+        // With a newline, as sysctl(8) and `echo` write: an empty value
+        // written as no bytes at all changes nothing (an empty
+        // ip_local_reserved_ports would stay set).
+        fs::write(self.root.join(path), format!("{value}\n"))
             .map_err(|source| BackendError::Sysctl { path: path.replace('/', "."), source })
     }
 }

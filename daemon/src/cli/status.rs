@@ -120,6 +120,12 @@ pub(super) fn render(s: &Status, liveness: &Liveness) -> String {
             c.conntrack_open, c.conntrack_closed, c.conntrack_capacity
         ));
     }
+    if c.conntrack_external > 0 {
+        out.push_str(&format!(
+            "external flows: {} entries, of {} (two per flow, node ports and external VIPs)\n",
+            c.conntrack_external, c.conntrack_capacity
+        ));
+    }
     for w in &s.warnings {
         out.push_str(&format!("warning: {w}\n"));
     }

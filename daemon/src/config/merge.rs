@@ -34,6 +34,9 @@ struct Registry<'a> {
     names: HashMap<(&'static str, &'a str), &'a Origin>,
     services: HashMap<(IpAddr, u16, Protocol), (&'a str, &'a Origin)>,
     meshes: HashMap<(IpAddr, u16, Protocol), (&'a str, &'a Origin)>,
+    /// (node port, protocol, IPv6): a node port answers on the addresses
+    /// of its service's family.
+    node_ports: HashMap<(u16, Protocol, bool), (&'a str, &'a Origin)>,
     daemon: Option<&'a Origin>,
     gateway: Option<&'a Origin>,
     /// The capacities of the [daemon] section in force.
@@ -51,6 +54,7 @@ enum Claim<'a> {
     Name(&'static str, &'a str, &'a Origin),
     Service((IpAddr, u16, Protocol), &'a str, &'a Origin),
     Mesh((IpAddr, u16, Protocol), &'a str, &'a Origin),
+    NodePort((u16, Protocol, bool), &'a str, &'a Origin),
     Daemon(&'a Origin),
     Gateway(&'a Origin),
 }
@@ -66,6 +70,9 @@ fn claims(f: &FileConfig) -> Vec<Claim<'_>> {
     for s in &f.services {
         out.push(Claim::Name("service", &s.name, &s.origin));
         out.push(Claim::Service((s.vip, s.port, s.protocol), &s.name, &s.origin));
+        if let Some(port) = s.node_port {
+            out.push(Claim::NodePort((port, s.protocol, s.vip.is_ipv6()), &s.name, &s.origin));
+        }
     }
     for m in &f.meshes {
         out.push(Claim::Name("mesh", &m.name, &m.origin));
@@ -78,6 +85,12 @@ fn claims(f: &FileConfig) -> Vec<Claim<'_>> {
         out.push(Claim::Name("member", &m.name, &m.origin));
     }
     out
+}
+
+/// The service map entries a file's services take: one each, and one
+/// more for a node port.
+fn service_entries(f: &FileConfig) -> usize {
+    f.services.len() + f.services.iter().filter(|s| s.node_port.is_some()).count()
 }
 
 fn conflict(origin: &Origin, key: &str, message: String) -> ConfigError {
@@ -133,7 +146,7 @@ impl<'a> Registry<'a> {
                 self.remove(&claim);
             }
         } else {
-            self.service_count += f.services.len();
+            self.service_count += service_entries(f);
             self.mesh_count += f.meshes.len();
             self.chunk_count += chunks;
             self.backends.extend(f.services.iter().flat_map(|s| &s.backends).map(|b| b.addr));
@@ -163,7 +176,8 @@ impl<'a> Registry<'a> {
         let chunks = self.chunk_count + own_chunks;
         let what = format!("this file's Maglev tables would make {chunks} chunks of {MAGLEV_CHUNK} slots in all");
         over(&first.origin, "service", chunks, sizes.maglev_chunks, what, Capacity::MaglevChunks)?;
-        let services = self.service_count + f.services.len();
+        // A node port is an entry of the service map of its own.
+        let services = self.service_count + service_entries(f);
         let what = format!("this file's {} services would make {services} in all", f.services.len());
         over(&first.origin, "service", services, sizes.services, what, Capacity::Services)?;
         let new: HashSet<_> = f
@@ -210,6 +224,7 @@ impl<'a> Registry<'a> {
                 }
                 self.services.insert(*key, (name, origin));
             }
+            Claim::NodePort(key, name, origin) => self.claim_node_port(*key, name, origin)?,
             Claim::Mesh(key, name, origin) => {
                 if let Some((other, at)) = self.meshes.get(key) {
                     return Err(conflict(
@@ -249,6 +264,37 @@ impl<'a> Registry<'a> {
         Ok(())
     }
 
+    /// A node port: inside the range, and one service's per protocol and
+    /// family.
+    fn claim_node_port(
+        &mut self,
+        key: (u16, Protocol, bool),
+        name: &'a str,
+        origin: &'a Origin,
+    ) -> Result<(), ConfigError> {
+        let range = self.limits.node_port_range;
+        if !range.contains(key.0) {
+            return Err(conflict(
+                origin,
+                "node_port",
+                format!("service \"{name}\": node_port {} is outside [daemon] node_port_range {range}", key.0),
+            ));
+        }
+        if let Some((other, at)) = self.node_ports.get(&key) {
+            let family = if key.2 { "IPv6" } else { "IPv4" };
+            return Err(conflict(
+                origin,
+                "node_port",
+                format!(
+                    "service \"{name}\": node_port {}/{} ({family}) is already used by service \"{other}\" at {at}",
+                    key.0, key.1
+                ),
+            ));
+        }
+        self.node_ports.insert(key, (name, origin));
+        Ok(())
+    }
+
     fn remove(&mut self, claim: &Claim<'a>) {
         match claim {
             Claim::Name(kind, name, _) => {
@@ -259,6 +305,9 @@ impl<'a> Registry<'a> {
             }
             Claim::Mesh(key, ..) => {
                 self.meshes.remove(key);
+            }
+            Claim::NodePort(key, ..) => {
+                self.node_ports.remove(key);
             }
             Claim::Daemon(_) => self.daemon = None,
             Claim::Gateway(_) => self.gateway = None,
@@ -289,15 +338,22 @@ pub(super) fn merge<'a>(files: &'a [(PathBuf, Vec<&'a FileConfig>)]) -> (Config,
 }
 
 /// What of the [daemon] section the capacity checks need.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Limits {
     sizes: MapSizes,
     maglev_table_size: Option<u32>,
+    node_port_range: PortRange,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits::of(&DaemonSettings::default())
+    }
 }
 
 impl Limits {
     fn of(d: &DaemonSettings) -> Limits {
-        Limits { sizes: d.sizes, maglev_table_size: d.maglev_table_size }
+        Limits { sizes: d.sizes, maglev_table_size: d.maglev_table_size, node_port_range: d.node_port_range }
     }
 }
 

@@ -52,6 +52,12 @@ pub(super) struct RawDaemon {
     /// hostmesh extension: the Prometheus endpoint, "IP:PORT" or "off".
     pub metrics_listen: Option<S<String>>,
     pub metrics_backend_limit: Option<S<i64>>,
+    /// Node ports must fall in it ("30000-32767"); reserved for the host.
+    pub node_port_range: Option<S<String>>,
+    /// hostmesh extension: the source ports of flows from the network to
+    /// a backend on another host ("61000-65535"); reserved for the host.
+    pub snat_port_range: Option<S<String>>,
+    pub service_health_listen: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -64,6 +70,8 @@ pub(super) struct RawService {
     #[serde(default)]
     pub backends: Vec<S<RawBackend>>,
     pub node_port: Option<S<i64>>,
+    pub external: Option<S<bool>>,
+    pub external_policy: Option<S<String>>,
     pub health_check: Option<S<RawHealthCheck>>,
     pub affinity: Option<S<String>>,
     pub affinity_timeout: Option<S<String>>,

@@ -917,3 +917,48 @@ fn metrics_listen_is_on_loopback_by_default_and_takes_an_address_or_off() {
     assert!(one_error("[daemon]\nmetrics_listen = \"127.0.0.1:0\"\n").contains("with a port"));
     assert!(one_error("[daemon]\nmetrics_backend_limit = -1\n").contains("use 0 to 1000000"));
 }
+
+#[test]
+fn a_node_port_is_one_services_per_protocol_and_family_and_inside_the_range() {
+    let d = Dir::new();
+    let svc = |name: &str, vip: &str, proto: &str, port: u16| {
+        format!(
+            "[[service]]\nname = \"{name}\"\nvip = \"{vip}\"\nport = 80\nprotocol = \"{proto}\"\nnode_port = {port}\n"
+        )
+    };
+    d.write("a.toml", &svc("web", "10.96.0.10", "tcp", 30080));
+    d.write("b.toml", &svc("other", "10.96.0.11", "tcp", 30080));
+    d.write("c.toml", &svc("dns", "10.96.0.10", "udp", 30080));
+    d.write("d.toml", &svc("web6", "fd00:96::10", "tcp", 30080));
+    d.write("e.toml", &svc("low", "10.96.0.12", "tcp", 8080));
+    let l = load(&d, &mut ConfigStore::new());
+    assert_eq!(service_names(&l), ["web", "dns", "web6"], "UDP and IPv6 may share the number");
+    assert!(
+        l.files[1].errors[0].to_string().ends_with(
+            "service \"other\": node_port 30080/tcp (IPv4) is already used by service \"web\" at a.toml:2:8"
+        ),
+        "{}",
+        l.files[1].errors[0]
+    );
+    assert!(
+        l.files[4].errors[0].to_string().ends_with("node_port 8080 is outside [daemon] node_port_range 30000-32767"),
+        "{}",
+        l.files[4].errors[0]
+    );
+}
+
+#[test]
+fn the_port_ranges_and_the_policies_not_built_yet_are_checked() {
+    let e = one_error("[daemon]\nnode_port_range = \"30000-32767\"\nsnat_port_range = \"32000-33000\"\n");
+    assert!(e.contains("snat_port_range 32000-33000 overlaps node_port_range 30000-32767"), "{e}");
+    let e = one_error("[daemon]\nsnat_port_range = \"9-1\"\n");
+    assert!(e.contains("snat_port_range \"9-1\" is not a range of ports FIRST-LAST"), "{e}");
+    let e = one_error("[daemon]\nservice_health_listen = \"0.0.0.0:10256\"\n");
+    assert!(e.contains("service_health_listen is not supported by this version of hostmesh yet"), "{e}");
+    let svc = "[[service]]\nname = \"web\"\nvip = \"10.96.0.10\"\nport = 80\n";
+    let e = one_error(&format!("{svc}external = true\nexternal_policy = \"local\"\n"));
+    assert!(e.contains("external_policy = \"local\" is not supported by this version of hostmesh yet"), "{e}");
+    let e = one_error(&format!("{svc}external_policy = \"snat\"\n"));
+    assert!(e.contains("external_policy applies to clients on other machines"), "{e}");
+    assert!(errors(&format!("{svc}node_port = 30080\nexternal = true\nexternal_policy = \"snat\"\n")).is_empty());
+}

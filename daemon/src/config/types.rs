@@ -153,8 +153,43 @@ pub(crate) struct DaemonSettings {
     /// Above this many backends in all, per-backend series are summed per
     /// service.
     pub metrics_backend_limit: u32,
+    /// Node ports must fall in it; reserved for the host
+    /// (`ip_local_reserved_ports`) while any service has one.
+    pub node_port_range: PortRange,
+    /// The source ports of flows from the network to a backend on another
+    /// host; reserved for the host while any service is external.
+    pub snat_port_range: PortRange,
     pub origin: Option<Origin>,
 }
+
+/// An inclusive range of ports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub(crate) struct PortRange {
+    pub first: u16,
+    pub last: u16,
+}
+
+impl PortRange {
+    pub(crate) fn contains(&self, port: u16) -> bool {
+        (self.first..=self.last).contains(&port)
+    }
+
+    pub(crate) fn overlaps(&self, other: &PortRange) -> bool {
+        self.first <= other.last && other.first <= self.last
+    }
+}
+
+impl std::fmt::Display for PortRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.first, self.last)
+    }
+}
+
+/// Kubernetes' node port range.
+pub(crate) const DEFAULT_NODE_PORT_RANGE: PortRange = PortRange { first: 30000, last: 32767 };
+/// Above Linux's default ephemeral range (32768-60999), so reserving it
+/// takes nothing from the host's own connections.
+pub(crate) const DEFAULT_SNAT_PORT_RANGE: PortRange = PortRange { first: 61000, last: 65535 };
 
 impl Default for DaemonSettings {
     fn default() -> Self {
@@ -171,6 +206,8 @@ impl Default for DaemonSettings {
             tc_attach: TcAttachPref::default(),
             metrics_listen: Some(DEFAULT_METRICS_LISTEN),
             metrics_backend_limit: DEFAULT_METRICS_BACKEND_LIMIT,
+            node_port_range: DEFAULT_NODE_PORT_RANGE,
+            snat_port_range: DEFAULT_SNAT_PORT_RANGE,
             origin: None,
         }
     }
@@ -200,7 +237,20 @@ pub(crate) struct Service {
     /// TCP: how long established flows keep a backend that left before
     /// they are dropped; `None`: until they close.
     pub drain_timeout: Option<Duration>,
+    /// Every address of the host interfaces (of the VIP's family) answers
+    /// on this port too, for clients on other machines.
+    pub node_port: Option<u16>,
+    /// Packets from the network to vip:port are balanced too.
+    pub external: bool,
     pub origin: Origin,
+}
+
+impl Service {
+    /// Whether clients on other machines reach it (a node port, or an
+    /// external VIP).
+    pub(crate) fn serves_network(&self) -> bool {
+        self.external || self.node_port.is_some()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -89,6 +89,7 @@ impl MetricsFeed {
                 let entries = match m.map {
                     HmMap::Ct => Some(status.counts.conntrack_open as u64),
                     HmMap::CtClosing => Some(status.counts.conntrack_closed as u64),
+                    HmMap::Nat => Some(status.counts.conntrack_external as u64),
                     map if crate::model::BpfMap::of(map).is_some() => Some(counts.get(&map).copied().unwrap_or(0)),
                     _ => None,
                 };

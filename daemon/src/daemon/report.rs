@@ -338,6 +338,7 @@ pub(crate) fn counts(
         conntrack_open: sweep.open,
         conntrack_closed: sweep.closed,
         conntrack_capacity: sweep.capacity,
+        conntrack_external: sweep.external,
         // Set by the caller, which has the backends' states.
         backends_down: 0,
     }

@@ -13,6 +13,7 @@ use serde::Serialize;
 pub enum BpfMap {
     Config,
     Backends,
+    Snat,
     Maglev,
     SvcAffinity,
     Services,
@@ -24,9 +25,10 @@ pub enum BpfMap {
 }
 
 impl BpfMap {
-    pub const ALL: [BpfMap; 10] = [
+    pub const ALL: [BpfMap; 11] = [
         BpfMap::Config,
         BpfMap::Backends,
+        BpfMap::Snat,
         BpfMap::Maglev,
         BpfMap::SvcAffinity,
         BpfMap::Services,
@@ -43,6 +45,7 @@ impl BpfMap {
         match self {
             BpfMap::Config => HmMap::Config,
             BpfMap::Backends => HmMap::Backends,
+            BpfMap::Snat => HmMap::Snat,
             BpfMap::Maglev => HmMap::Maglev,
             BpfMap::SvcAffinity => HmMap::SvcAffinity,
             BpfMap::Services => HmMap::Services,

@@ -153,7 +153,7 @@ pub(super) fn mesh_vip_warning(meshes: &[Mesh], connect_time: CtlbMode, svc: &Se
 
 /// `[daemon] host_interfaces`, or the interfaces holding a default route;
 /// names that do not exist are reported and skipped.
-fn host_interfaces(config: &Config, facts: &HostFacts, warnings: &mut Vec<String>) -> Vec<String> {
+pub(super) fn host_interfaces(config: &Config, facts: &HostFacts, warnings: &mut Vec<String>) -> Vec<String> {
     match &config.daemon.host_interfaces {
         None => facts.default_route_interfaces.clone(),
         Some(list) => list

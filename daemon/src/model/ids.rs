@@ -32,7 +32,10 @@ impl Prior {
                     if let (Some(key), Some(value)) =
                         (SvcKey::from_bytes(&k.key), v.as_bytes().and_then(SvcValue::from_bytes))
                     {
-                        prior.services.insert(key, value.id);
+                        // A node port's entry shares its service's id.
+                        if value.flags & crate::abi::SVC_F_NODE_PORT == 0 {
+                            prior.services.insert(key, value.id);
+                        }
                     }
                 }
                 BpfMap::Backends => {

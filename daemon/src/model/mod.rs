@@ -4,6 +4,7 @@
 
 mod bpf_map;
 mod bpfnat;
+pub(crate) mod external;
 pub(crate) mod flow_hash;
 pub(crate) mod gateway;
 pub(crate) mod ids;
@@ -49,6 +50,21 @@ pub struct HostFacts {
     pub peers_down: BTreeSet<String>,
     /// What the kernel lacks (probed at start).
     pub features: KernelFeatures,
+    /// The route to each backend of a service clients on other machines
+    /// reach (node ports, external VIPs): whether it is this host's, and
+    /// the source address the host would use towards it.
+    pub backend_routes: std::collections::BTreeMap<std::net::IpAddr, BackendRoute>,
+}
+
+/// What `ip route get BACKEND` says, as far as flows from the network care.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendRoute {
+    /// A local route: the backend is an address of this host.
+    pub local: bool,
+    /// The interface the route leaves through.
+    pub dev: Option<String>,
+    /// The route's preferred source address.
+    pub src: Option<std::net::IpAddr>,
 }
 
 /// The connect-time mode in force: the configured one, unless this kernel
@@ -97,6 +113,7 @@ pub(crate) fn compile_unless_stopped(
     out.connect_time = ctlb_mode(config, facts, &mut out.warnings);
     services::compile(config, facts, prior, &mut out, stopping);
     bpfnat::compile(config, facts, &mut out);
+    external::compile(config, facts, &mut out);
     mesh::compile(config, facts, &mut out);
     gateway::compile(config, facts, &mut out);
     out

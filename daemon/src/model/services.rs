@@ -33,7 +33,8 @@ pub(super) fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &m
         flags: ctlb_flags(out.connect_time),
         tcp_timeout_s: abi::secs(d.conntrack_tcp_timeout),
         udp_timeout_s: abi::secs(d.conntrack_udp_timeout),
-        pad: 0,
+        snat_port_min: d.snat_port_range.first,
+        snat_port_max: d.snat_port_range.last,
     };
     want(&mut out.map_entries, MapEntryKey { map: BpfMap::Config, key: 0u32.to_bytes().into() }, cfg.to_bytes(), OWNER);
 
@@ -159,7 +160,16 @@ pub(super) fn service_keys(svc: &Service, id: u32, backend_ids: &[u32], table_si
         .map(|chunk| MapEntryKey { map: BpfMap::Maglev, key: MaglevKey { svc_id: id, chunk }.to_bytes().into() });
     let affinity = svc.affinity.map(|_| MapEntryKey { map: BpfMap::SvcAffinity, key: id.to_bytes().into() });
     let service = MapEntryKey { map: BpfMap::Services, key: key_of(svc).to_bytes().into() };
-    backends.chain(chunks).chain(affinity).chain(std::iter::once(service)).collect()
+    let node_port = node_port_key(svc).map(|k| MapEntryKey { map: BpfMap::Services, key: k.to_bytes().into() });
+    backends.chain(chunks).chain(affinity).chain(std::iter::once(service)).chain(node_port).collect()
+}
+
+/// A node port's HM_SERVICES key: the unspecified address of the VIP's
+/// family (`::ffff:0.0.0.0` or `::`), the node port, the protocol.
+fn node_port_key(svc: &Service) -> Option<SvcKey> {
+    let any: std::net::IpAddr =
+        if svc.vip.is_ipv4() { std::net::Ipv4Addr::UNSPECIFIED.into() } else { std::net::Ipv6Addr::UNSPECIFIED.into() };
+    svc.node_port.map(|port| SvcKey::new(any, port, svc.protocol.number()))
 }
 
 /// One service's entries: `service_keys` with their values. The full
@@ -172,7 +182,7 @@ pub(super) fn service_entries(
     table_size: u32,
     meshes: &[Mesh],
 ) -> Vec<(MapEntryKey, MapValue)> {
-    let mut values: Vec<MapValue> = Vec::with_capacity(backend_ids.len() + chunks_of(svc, table_size) + 2);
+    let mut values: Vec<MapValue> = Vec::with_capacity(backend_ids.len() + chunks_of(svc, table_size) + 3);
     for b in &svc.backends {
         values.push(
             BackendValue { addr: abi::addr16(b.addr.ip()), port_be: b.addr.port().to_be(), pad: 0 }.to_bytes().into(),
@@ -187,7 +197,16 @@ pub(super) fn service_entries(
         flags |= abi::SVC_F_AFFINITY;
         values.push(SvcAffinity { timeout_s: abi::secs(timeout), pad: 0 }.to_bytes().into());
     }
-    values.push(SvcValue { id, backend_count: svc.backends.len() as u32, flags, table_size }.to_bytes().into());
+    if svc.external {
+        flags |= abi::SVC_F_EXTERNAL;
+    }
+    let value = SvcValue { id, backend_count: svc.backends.len() as u32, flags, table_size };
+    values.push(value.to_bytes().into());
+    if svc.node_port.is_some() {
+        // The same table; never a mesh entry (no sidecar owns a node port).
+        values
+            .push(SvcValue { flags: abi::SVC_F_NODE_PORT | (flags & abi::SVC_F_AFFINITY), ..value }.to_bytes().into());
+    }
     let keys = service_keys(svc, id, backend_ids, table_size);
     debug_assert_eq!(keys.len(), values.len());
     keys.into_iter().zip(values).collect()

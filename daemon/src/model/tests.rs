@@ -21,6 +21,19 @@ fn facts() -> HostFacts {
         underlay_mtu: Default::default(),
         peers_down: Default::default(),
         features: KernelFeatures::complete(),
+        backend_routes: [
+            (
+                "192.168.10.11",
+                BackendRoute { local: false, dev: Some("eth0".into()), src: Some("192.0.2.1".parse().unwrap()) },
+            ),
+            (
+                "10.0.5.20",
+                BackendRoute { local: false, dev: Some("veth7".into()), src: Some("10.0.5.1".parse().unwrap()) },
+            ),
+        ]
+        .into_iter()
+        .map(|(a, r)| (a.parse().unwrap(), r))
+        .collect(),
     }
 }
 
@@ -483,4 +496,49 @@ fn a_service_with_affinity_gets_its_timeout_entry_and_flag_and_loses_them_withou
     let svc = SvcValue::from_bytes(entries(&d, BpfMap::Services).values().next().unwrap()).unwrap();
     assert_eq!(svc.flags & abi::SVC_F_AFFINITY, 0);
     assert!(entries(&d, BpfMap::SvcAffinity).is_empty());
+}
+
+#[test]
+fn a_service_from_the_network_gets_its_node_port_entry_snat_sources_sysctls_and_programs_on_host_interfaces() {
+    let c = config(
+        "[daemon]\nconnect_time_lb = \"all\"\n[[service]]\nname = \"web\"\nvip = \"10.96.0.10\"\nport = 80\nbackends = \
+         [\"192.168.10.11:8080\", \"10.0.5.20:8080\"]\nnode_port = 30080\nexternal = true\n",
+    );
+    let d = compile_new(&c);
+    assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+    let services = entries(&d, BpfMap::Services);
+    let vip = abi::SvcValue::from_bytes(&services[&abi::SvcKey::new("10.96.0.10".parse().unwrap(), 80, 6).to_bytes()])
+        .unwrap();
+    assert_eq!(vip.flags, abi::SVC_F_EXTERNAL);
+    let node = abi::SvcValue::from_bytes(&services[&abi::SvcKey::new("0.0.0.0".parse().unwrap(), 30080, 6).to_bytes()])
+        .unwrap();
+    assert_eq!((node.id, node.flags, node.table_size), (vip.id, abi::SVC_F_NODE_PORT, vip.table_size));
+    // The node port's entry takes no id of its own.
+    assert_eq!(Prior::from_entries(d.map_entries.iter().map(|(k, v)| (k, &v.spec))).services.len(), 1);
+
+    let snat = entries(&d, BpfMap::Snat);
+    let src = |b: &str| {
+        abi::SnatValue::from_bytes(&snat[&abi::Addr { addr: abi::addr16(b.parse().unwrap()) }.to_bytes()]).unwrap().src
+    };
+    assert_eq!(src("192.168.10.11"), abi::addr16("192.0.2.1".parse().unwrap()), "another host: this host's address");
+    assert_eq!(src("10.0.5.20"), [0; 16], "behind a veth of this host: the client's own address");
+
+    assert_eq!(d.sysctls["net/ipv4/conf/eth0/forwarding"].spec, "1");
+    assert!(!d.sysctls.contains_key("net/ipv6/conf/eth0/forwarding"));
+    assert_eq!(d.sysctls["net/ipv4/ip_local_reserved_ports"].spec, "30000-32767,61000-65535");
+    for hook in [Hook::TcIngress("eth0".into()), Hook::TcEgress("eth0".into())] {
+        assert!(d.attachments.keys().any(|a| a.hook == hook), "{hook:?}");
+    }
+    // In mode "all" nothing else needs the veth.
+    assert!(d.links.is_empty());
+}
+
+#[test]
+fn a_backend_with_no_route_is_named_and_left_out_of_flows_from_the_network() {
+    let c = config(
+        "[[service]]\nname = \"web\"\nvip = \"10.96.0.10\"\nport = 80\nbackends = [\"203.0.113.9:80\"]\nexternal = true\n",
+    );
+    let d = compile_new(&c);
+    assert!(entries(&d, BpfMap::Snat).is_empty());
+    assert!(d.warnings.iter().any(|w| w.contains("203.0.113.9:80 has no route")), "{:?}", d.warnings);
 }

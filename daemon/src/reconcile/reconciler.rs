@@ -200,6 +200,7 @@ impl Reconciler {
             facts.sk_lookup_unavailable = self.backends.bpf.sk_lookup_unavailable();
         }
         facts.underlay_mtu = self.backends.host.path_mtus(&gateway::underlay_addresses(config))?;
+        facts.backend_routes = self.backends.host.backend_routes(&crate::model::external::backend_addresses(config))?;
         facts.peers_down = self.peers_down.clone();
         Ok(facts)
     }

@@ -128,6 +128,10 @@ pub struct Counts {
     pub conntrack_closed: usize,
     #[serde(default)]
     pub conntrack_capacity: u32,
+    /// Entries of flows from the network (node ports, external VIPs), two
+    /// per flow, in a map of `conntrack_capacity`.
+    #[serde(default)]
+    pub conntrack_external: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

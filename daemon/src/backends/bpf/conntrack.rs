@@ -30,6 +30,11 @@ pub(super) fn sweep(loader: &mut Loader) -> crate::backends::Result<Sweep> {
         sweep.removed += removed;
         *left = n;
     }
+    let fd = loader.map_fd_owned(HmMap::Nat)?;
+    let (removed, n) =
+        expire_external(fd.as_fd(), config, now).map_err(|e| bpf_err(format!("expire flows in {}", HmMap::Nat), e))?;
+    sweep.removed += removed;
+    sweep.external = n;
     if let Some(gw) = loader.config_entry::<GwConfig>(HmMap::GwConfig)? {
         let fd = loader.map_fd_owned(HmMap::GwCt)?;
         sweep.removed += expire_gateway(fd.as_fd(), gw, now)
@@ -45,12 +50,14 @@ pub(super) fn now_ns() -> u64 {
     ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
 }
 
-pub(super) fn timeout_s(v: &CtValue, proto: u8, cfg: Option<HmConfig>) -> u64 {
-    if v.flags & CT_F_CLOSING != 0 {
+/// How long a flow in state `flags` (`CT_F_*`) lives idle: HM_CT's and
+/// HM_NAT's entries alike (probes/conntrack.h, ct_timeout_ns).
+pub(super) fn timeout_s(flags: u8, proto: u8, cfg: Option<HmConfig>) -> u64 {
+    if flags & CT_F_CLOSING != 0 {
         CT_CLOSING_TIMEOUT_S
     } else if Protocol::from_number(proto) == Some(Protocol::Udp) {
         cfg.map_or(CT_UDP_TIMEOUT_DEFAULT_S, |c| u64::from(c.udp_timeout_s))
-    } else if v.flags & CT_F_REPLIED == 0 {
+    } else if flags & CT_F_REPLIED == 0 {
         CT_SYN_TIMEOUT_S
     } else {
         cfg.map_or(CT_TCP_TIMEOUT_DEFAULT_S, |c| u64::from(c.tcp_timeout_s))
@@ -60,7 +67,17 @@ pub(super) fn timeout_s(v: &CtValue, proto: u8, cfg: Option<HmConfig>) -> u64 {
 /// Deletes expired entries of HM_CT; returns how many, and how many are
 /// left.
 pub(super) fn expire(fd: BorrowedFd<'_>, cfg: Option<HmConfig>, now: u64) -> io::Result<(usize, usize)> {
-    expire_where(fd, |key: &CtKey, value: &CtValue| idle_s(now, value.last_seen_ns) >= timeout_s(value, key.proto, cfg))
+    expire_where(fd, |key: &CtKey, value: &CtValue| {
+        idle_s(now, value.last_seen_ns) >= timeout_s(value.flags, key.proto, cfg)
+    })
+}
+
+/// Deletes expired entries of HM_NAT; returns how many, and how many are
+/// left.
+pub(super) fn expire_external(fd: BorrowedFd<'_>, cfg: Option<HmConfig>, now: u64) -> io::Result<(usize, usize)> {
+    expire_where(fd, |key: &CtKey, value: &NatValue| {
+        idle_s(now, value.last_seen_ns) >= timeout_s(value.flags, key.proto, cfg)
+    })
 }
 
 /// Deletes learned return paths of HM_GW_CT idle longer than the TCP or

@@ -40,6 +40,12 @@ struct Probes {
 impl Probes {
     /// Loads the probes and writes the map entries `config` compiles to.
     fn with(config: &str) -> Probes {
+        Probes::with_host(config, |_| {})
+    }
+
+    /// `with`, after `host` has set up the test's namespace (links,
+    /// addresses, routes) and the facts compile sees of it.
+    fn with_host(config: &str, host: impl FnOnce(&mut HostFacts)) -> Probes {
         assert!(nix::unistd::geteuid().is_root(), "the probe tests load BPF programs: run them as root");
         own_netns();
         let dir = tempfile::tempdir().unwrap();
@@ -48,8 +54,9 @@ impl Probes {
         super::raise_memlock_limit();
         let features = super::features::probe().unwrap();
         let mut bpf = PinnedBpf::new(&pins, features.clone());
-        let facts =
+        let mut facts =
             HostFacts { interfaces: ["lo".to_string()].into(), netns_cookie: 1, features, ..Default::default() };
+        host(&mut facts);
         let desired: Desired = crate::model::compile(&crate::config::from_text(config), &facts, &Prior::default());
         assert!(desired.warnings.is_empty(), "{:?}", desired.warnings);
         for (k, v) in &desired.map_entries {
@@ -61,6 +68,16 @@ impl Probes {
     fn run(&mut self, program: Program, packet: &[u8]) -> sys::TestRun {
         let prog = super::load::program_fd(&mut self.bpf.maps, program).unwrap();
         sys::prog_test_run(prog.as_fd(), packet, &[]).unwrap()
+    }
+
+    /// `run` as if the packet were on the interface `ifindex`: the
+    /// `__sk_buff` given holds only that (its 11th word), at its full size
+    /// (the kernel writes it back whole, and fails if it has no room).
+    fn run_on(&mut self, program: Program, ifindex: u32, packet: &[u8]) -> sys::TestRun {
+        let prog = super::load::program_fd(&mut self.bpf.maps, program).unwrap();
+        let mut ctx = [0u8; 192];
+        ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
+        sys::prog_test_run(prog.as_fd(), packet, &ctx).unwrap()
     }
 
     /// Every (key, value) of a conntrack map.
@@ -527,3 +544,5 @@ fn pseudo6_of(s: std::net::Ipv6Addr, d: std::net::Ipv6Addr, next: u8, len: usize
     b.extend([0, 0, 0, next]);
     b.chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum()
 }
+
+mod external_tests;

@@ -153,6 +153,28 @@ impl Rtnetlink {
         Ok(out)
     }
 
+    /// The route to each address (`ip route get`): local or not, its
+    /// output interface and preferred source.
+    pub fn backend_routes(
+        &mut self,
+        to: &[std::net::IpAddr],
+    ) -> Result<BTreeMap<std::net::IpAddr, crate::model::BackendRoute>> {
+        let mut out = BTreeMap::new();
+        if to.is_empty() {
+            return Ok(out);
+        }
+        let links = self.all_links()?;
+        for ip in to {
+            let Some(r) = route::get(&mut self.sock, *ip).map_err(err(format!("look up the route to {ip}")))? else {
+                continue;
+            };
+            let dev = r.oif.and_then(|i| links.iter().find(|l| l.index == i)).map(|l| l.name.clone());
+            let local = r.kind == netlink_packet_route::route::RouteType::Local;
+            out.insert(*ip, crate::model::BackendRoute { local, dev, src: r.prefsrc });
+        }
+        Ok(out)
+    }
+
     /// Interfaces and default-route interfaces.
     pub fn link_facts(&mut self) -> Result<HostFacts> {
         let links = self.all_links()?;

@@ -20,7 +20,60 @@ impl Check<'_, '_> {
         self.daemon_sizes(&d, &mut out);
         self.daemon_timeouts(&d, &mut out);
         self.daemon_metrics(&d, &mut out);
+        self.daemon_ports(&d, &mut out);
         out
+    }
+
+    /// `node_port_range`, `snat_port_range` (which must not overlap), and
+    /// `service_health_listen`, which is not built yet.
+    fn daemon_ports(&mut self, d: &RawDaemon, out: &mut DaemonSettings) {
+        if let Some(v) = &d.node_port_range {
+            if let Some(r) = self.port_range("node_port_range", v) {
+                out.node_port_range = r;
+            }
+        }
+        if let Some(v) = &d.snat_port_range {
+            if let Some(r) = self.port_range("snat_port_range", v) {
+                out.snat_port_range = r;
+            }
+        }
+        if out.node_port_range.overlaps(&out.snat_port_range) {
+            let span = d.snat_port_range.as_ref().or(d.node_port_range.as_ref()).map(|v| v.span()).unwrap_or_default();
+            self.fail(
+                &span,
+                "snat_port_range",
+                format!(
+                    "{CTX}: snat_port_range {} overlaps node_port_range {}; a port cannot be both",
+                    out.snat_port_range, out.node_port_range
+                ),
+            );
+        }
+        if let Some(v) = &d.service_health_listen {
+            self.fail(
+                &v.span(),
+                "service_health_listen",
+                format!("{CTX}: service_health_listen is not supported by this version of hostmesh yet; remove it"),
+            );
+        }
+    }
+
+    /// "FIRST-LAST", 1 <= FIRST <= LAST <= 65535.
+    fn port_range(&mut self, key: &str, v: &toml::Spanned<String>) -> Option<PortRange> {
+        let text = v.get_ref();
+        let parsed = text
+            .split_once('-')
+            .and_then(|(a, b)| Some((a.trim().parse::<u16>().ok()?, b.trim().parse::<u16>().ok()?)));
+        match parsed {
+            Some((first, last)) if first >= 1 && first <= last => Some(PortRange { first, last }),
+            _ => {
+                self.fail(
+                    &v.span(),
+                    key,
+                    format!("{CTX}: {key} \"{text}\" is not a range of ports FIRST-LAST (\"30000-32767\"), 1 to 65535"),
+                );
+                None
+            }
+        }
     }
 
     fn daemon_metrics(&mut self, d: &RawDaemon, out: &mut DaemonSettings) {

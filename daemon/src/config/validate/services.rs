@@ -42,14 +42,11 @@ impl Check<'_, '_> {
                 }
             }
         }
-        for (key, span) in [("node_port", s.node_port.as_ref().map(|v| v.span()))] {
-            if let Some(span) = span {
-                self.fail(
-                    &span,
-                    key,
-                    format!("{ctx}: `{key}` is not supported by this version of hostmesh yet; remove it"),
-                );
-            }
+        // An error here is counted, and the service refused below.
+        let node_port = s.node_port.as_ref().and_then(|v| self.port(&ctx, "node_port", v, false));
+        let external = s.external.as_ref().is_some_and(|v| *v.get_ref());
+        if let Some(v) = &s.external_policy {
+            self.external_policy(&ctx, v, external || s.node_port.is_some());
         }
         let maglev_table_size = s.maglev_table_size.as_ref().and_then(|v| self.table_size(&ctx, v));
         let affinity = self.affinity(&ctx, &s);
@@ -69,8 +66,33 @@ impl Check<'_, '_> {
             health_check,
             affinity: affinity?,
             drain_timeout: drain_timeout?,
+            node_port,
+            external,
             origin: Origin::at(self.src, &s.name.span()),
         })
+    }
+
+    /// `external_policy`: "snat", the default. "local" (only this host's
+    /// backends, the client's address kept) is refused until it is built.
+    fn external_policy(&mut self, ctx: &str, v: &toml::Spanned<String>, serves_network: bool) {
+        match v.get_ref().as_str() {
+            "snat" if serves_network => {}
+            "snat" => self.fail(
+                &v.span(),
+                "external_policy",
+                format!("{ctx}: external_policy applies to clients on other machines; set node_port or external = true, or remove it"),
+            ),
+            "local" => self.fail(
+                &v.span(),
+                "external_policy",
+                format!("{ctx}: external_policy = \"local\" is not supported by this version of hostmesh yet; use \"snat\" (the default)"),
+            ),
+            other => self.fail(
+                &v.span(),
+                "external_policy",
+                format!("{ctx}: external_policy \"{other}\" is not one of \"snat\" or \"local\""),
+            ),
+        }
     }
 
     /// `affinity` and `affinity_timeout`: `Some(None)` without affinity.

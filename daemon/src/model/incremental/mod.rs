@@ -167,6 +167,7 @@ fn same_facts(a: &HostFacts, b: &HostFacts, config: &Config) -> bool {
         && a.sk_lookup_unavailable == b.sk_lookup_unavailable
         && a.underlay_mtu == b.underlay_mtu
         && a.peers_down == b.peers_down
+        && a.backend_routes == b.backend_routes
         && a.features == b.features
         && configured_exist(a) == configured_exist(b)
 }
@@ -180,6 +181,8 @@ fn same_service(a: &Service, b: &Service) -> bool {
         && a.backends == b.backends
         && a.maglev_table_size == b.maglev_table_size
         && a.affinity == b.affinity
+        && a.node_port == b.node_port
+        && a.external == b.external
 }
 
 impl Compiled {
@@ -276,6 +279,15 @@ fn only_services_changed(prev: &Compiled, config: &Config, facts: &HostFacts) ->
         && old.members == config.members
         && !old.services.is_empty()
         && !config.services.is_empty()
+        && !serves_network(old)
+        && !serves_network(config)
+}
+
+/// Services clients on other machines reach take the full compile: their
+/// entries in HM_SNAT and the host interfaces' programs and sysctls hang
+/// on every such service and on the routes to their backends.
+fn serves_network(config: &Config) -> bool {
+    config.services.iter().any(Service::serves_network)
 }
 
 /// The services whose old version goes (`gone`) and whose new version

@@ -1,0 +1,205 @@
+//! Flows from the network (node ports, external VIPs) through hm_reply
+//! and hm_direct, on crafted packets: the test's namespace has two
+//! "host interfaces" (a veth pair, `hm-ta` towards clients and `hm-tb`
+//! towards another host's backends), with addresses, so the programs' FIB
+//! lookups and socket lookups see a host as a node has it.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::process::Command;
+
+use super::*;
+
+const CLIENT_SIDE: &str = "hm-ta";
+const BACKEND_SIDE: &str = "hm-tb";
+/// This host's addresses on the two.
+const HOST_A: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
+const HOST_B: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+const HOST_A6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xa, 0, 0, 0, 0, 0x10);
+const HOST_B6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xb, 0, 0, 0, 0, 0x10);
+/// Another host's backend, behind hm-tb.
+const REMOTE: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 20);
+const REMOTE6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xb, 0, 0, 0, 0, 0x20);
+
+fn ip(args: &str) {
+    let out = Command::new("ip").args(args.split_whitespace()).output().expect("run ip");
+    assert!(out.status.success(), "ip {args}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The two host interfaces, up, addressed and forwarding (what hostmesh
+/// sets on host interfaces when a service is reached from the network),
+/// and the facts compile needs of them.
+fn two_interfaces(facts: &mut HostFacts) {
+    ip(&format!("link add {CLIENT_SIDE} type veth peer name {BACKEND_SIDE}"));
+    ip(&format!("addr add {HOST_A}/24 dev {CLIENT_SIDE}"));
+    ip(&format!("addr add {HOST_A6}/64 dev {CLIENT_SIDE} nodad"));
+    ip(&format!("addr add {HOST_B}/24 dev {BACKEND_SIDE}"));
+    ip(&format!("addr add {HOST_B6}/64 dev {BACKEND_SIDE} nodad"));
+    let mut sysctl = crate::backends::sysctl::ProcSys::new();
+    for dev in [CLIENT_SIDE, BACKEND_SIDE] {
+        ip(&format!("link set {dev} up"));
+        for family in ["ipv4", "ipv6"] {
+            crate::backends::SysctlBackend::set(&mut sysctl, &format!("net/{family}/conf/{dev}/forwarding"), "1")
+                .unwrap();
+        }
+        facts.interfaces.insert(dev.to_string());
+    }
+    // Another network, routed through a router behind hm-tb.
+    ip(&format!("route add 203.0.113.0/24 via 198.51.100.1 dev {BACKEND_SIDE}"));
+    let backends: Vec<IpAddr> = vec![REMOTE.into(), REMOTE6.into(), HOST_A.into()];
+    facts.backend_routes = crate::backends::netlink::Rtnetlink::open().unwrap().backend_routes(&backends).unwrap();
+}
+
+fn config(snat_range: &str) -> String {
+    format!(
+        "[daemon]\nconnect_time_lb = \"off\"\nhost_interfaces = [\"{CLIENT_SIDE}\", \"{BACKEND_SIDE}\"]\n\
+         snat_port_range = \"{snat_range}\"\n\
+         [[service]]\nname = \"web\"\nvip = \"10.96.0.10\"\nport = 80\nbackends = [\"{REMOTE}:8080\"]\n\
+         node_port = 30080\nexternal = true\n\
+         [[service]]\nname = \"here\"\nvip = \"10.96.0.11\"\nport = 80\nbackends = [\"{HOST_A}:8081\"]\nnode_port = 30081\n\
+         [[service]]\nname = \"dns\"\nvip = \"10.96.0.12\"\nport = 53\nprotocol = \"udp\"\n\
+         backends = [\"{REMOTE}:5353\"]\nnode_port = 30053\n\
+         [[service]]\nname = \"dns6\"\nvip = \"fd00:96::12\"\nport = 53\nprotocol = \"udp\"\n\
+         backends = [\"[{REMOTE6}]:5353\"]\nnode_port = 30053\n\
+         [[service]]\nname = \"none\"\nvip = \"10.96.0.13\"\nport = 80\nnode_port = 30082\n"
+    )
+}
+
+fn ifindex(dev: &str) -> u32 {
+    nix::net::if_::if_nametoindex(dev).unwrap()
+}
+
+fn at(ip: impl Into<IpAddr>, port: u16) -> SocketAddr {
+    SocketAddr::new(ip.into(), port)
+}
+
+/// (source, destination) of an IPv6 UDP frame, its checksum checked.
+fn addresses6(frame: &[u8]) -> (SocketAddr, SocketAddr) {
+    let addr = |at: usize| Ipv6Addr::from(<[u8; 16]>::try_from(&frame[at..at + 16]).unwrap());
+    let (s, d) = (addr(22), addr(38));
+    let udp = &frame[54..];
+    assert_eq!(checksum(udp, pseudo6_of(s, d, 17, udp.len())), 0, "UDP checksum after translation");
+    let port = |at: usize| u16::from_be_bytes([udp[at], udp[at + 1]]);
+    (SocketAddr::new(s.into(), port(0)), SocketAddr::new(d.into(), port(2)))
+}
+
+impl Probes {
+    /// Every entry of HM_NAT.
+    fn nat(&mut self) -> Vec<(abi::CtKey, abi::NatValue)> {
+        let fd = self.bpf.maps.map_fd(HmMap::Nat).unwrap();
+        let def = HmMap::Nat.def();
+        sys::map_dump(fd.as_fd(), def.key_size as usize, def.value_size as usize)
+            .unwrap()
+            .into_iter()
+            .map(|(k, v)| (abi::CtKey::from_bytes(&k).unwrap(), abi::NatValue::from_bytes(&v).unwrap()))
+            .collect()
+    }
+}
+
+#[test]
+fn a_node_port_and_an_external_vip_reach_another_hosts_backend_from_this_hosts_address_and_back() {
+    let mut p = Probes::with_host(&config("61000-65535"), two_interfaces);
+    let (a, b) = (ifindex(CLIENT_SIDE), ifindex(BACKEND_SIDE));
+    let client = at(Ipv4Addr::new(192, 0, 2, 1), 40000);
+    let node_port = at(HOST_A, 30080);
+
+    let out = p.run_on(Program::Reply, a, &packet(client, node_port, Some(TCP_SYN)));
+    assert_eq!(out.retval, abi::TC_ACT_REDIRECT as u32, "forwarded out of the backend's interface");
+    let (src, dst) = addresses(&out.data);
+    assert_eq!(dst, at(REMOTE, 8080), "to the backend");
+    assert_eq!(src.ip(), IpAddr::V4(HOST_B), "from this host's address on the way to it");
+    assert!((61000..=65535).contains(&src.port()), "a port of snat_port_range: {src}");
+    assert_eq!(p.nat().len(), 2, "the flow, both ways");
+
+    // The backend's answer comes back to that address and port, and goes
+    // to the client from the node port.
+    let out = p.run_on(Program::Reply, b, &packet(dst, src, Some(TCP_SYN | TCP_ACK)));
+    assert_eq!(out.retval, abi::TC_ACT_REDIRECT as u32);
+    assert_eq!(addresses(&out.data), (node_port, client));
+    // The client's next packet follows the flow.
+    let out = p.run_on(Program::Reply, a, &packet(client, node_port, Some(TCP_ACK)));
+    assert_eq!(addresses(&out.data), (src, dst), "same backend, same port");
+    assert!(p.nat().iter().all(|(_, v)| v.flags & abi::CT_F_REPLIED != 0), "the backend answered");
+
+    // The external VIP, from another client port: another source port.
+    let vip = at(Ipv4Addr::new(10, 96, 0, 10), 80);
+    let out = p.run_on(Program::Reply, a, &packet(at(client.ip(), 40001), vip, Some(TCP_SYN)));
+    let (src2, dst2) = addresses(&out.data);
+    assert_eq!((src2.ip(), dst2), (IpAddr::V4(HOST_B), at(REMOTE, 8080)));
+    assert_ne!(src2.port(), src.port(), "two flows to one backend never share a port");
+
+    // UDP to a node port, IPv4 and IPv6.
+    let out = p.run_on(Program::Reply, a, &packet(at(client.ip(), 40002), at(HOST_A, 30053), None));
+    let (src3, dst3) = addresses(&out.data);
+    assert_eq!((src3.ip(), dst3), (IpAddr::V4(HOST_B), at(REMOTE, 5353)));
+    let client6 = at(Ipv6Addr::new(0x2001, 0xdb8, 0xa, 0, 0, 0, 0, 1), 40003);
+    let out = p.run_on(Program::Reply, a, &packet6(client6, at(HOST_A6, 30053)));
+    assert_eq!(out.retval, abi::TC_ACT_REDIRECT as u32, "IPv6");
+    let (src6, dst6) = addresses6(&out.data);
+    assert_eq!((src6.ip(), dst6), (IpAddr::V6(HOST_B6), at(REMOTE6, 5353)), "IPv6");
+    let out = p.run_on(Program::Reply, b, &packet6(dst6, src6));
+    assert_eq!(addresses6(&out.data), (at(HOST_A6, 30053), client6), "IPv6: the answer from the node port");
+}
+
+#[test]
+fn a_backend_on_this_host_sees_the_clients_address_and_its_reply_leaves_from_the_node_port() {
+    let mut p = Probes::with_host(&config("61000-65535"), two_interfaces);
+    let a = ifindex(CLIENT_SIDE);
+    let client = at(Ipv4Addr::new(192, 0, 2, 1), 40010);
+    let out = p.run_on(Program::Reply, a, &packet(client, at(HOST_A, 30081), Some(TCP_SYN)));
+    assert_eq!(out.retval, abi::TC_ACT_OK as u32, "delivered here");
+    assert_eq!(addresses(&out.data), (client, at(HOST_A, 8081)), "the client's own address");
+    // The backend's reply leaves through the host interface: the node
+    // port is its source again.
+    let out = p.run_on(Program::Direct, a, &packet(at(HOST_A, 8081), client, Some(TCP_SYN | TCP_ACK)));
+    assert_eq!(out.retval as i32, abi::TC_ACT_UNSPEC);
+    assert_eq!(addresses(&out.data), (at(HOST_A, 30081), client));
+}
+
+#[test]
+fn what_is_no_flow_from_the_network_passes_and_a_node_port_nobody_serves_refuses() {
+    let mut p = Probes::with_host(&config("61000-65535"), two_interfaces);
+    let a = ifindex(CLIENT_SIDE);
+    let client = at(Ipv4Addr::new(192, 0, 2, 1), 40020);
+    for (to, why) in [
+        (at(Ipv4Addr::new(10, 96, 0, 11), 80), "a VIP that is not external"),
+        (at(HOST_A, 30083), "a port that is no node port"),
+        (at(Ipv4Addr::new(203, 0, 113, 5), 30080), "another host's address on a node port (routed on)"),
+    ] {
+        let sent = packet(client, to, Some(TCP_SYN));
+        let out = p.run_on(Program::Reply, a, &sent);
+        assert_eq!((out.retval as i32, &out.data), (abi::TC_ACT_UNSPEC, &sent), "{why}: untouched");
+    }
+    // A segment of no flow to the host's address goes to the host, which
+    // resets it.
+    let sent = packet(client, at(HOST_A, 30080), Some(TCP_ACK));
+    assert_eq!(p.run_on(Program::Reply, a, &sent).data, sent);
+    assert!(p.nat().is_empty(), "nothing tracked");
+    // A node port whose service has no backend: a RST from the node port.
+    let out = p.run_on(Program::Reply, a, &packet(client, at(HOST_A, 30082), Some(TCP_SYN)));
+    assert_eq!(out.retval, abi::TC_ACT_REDIRECT as u32, "sent back out where it came in");
+    assert_eq!(addresses(&out.data), (at(HOST_A, 30082), client));
+    assert_eq!(out.data[34 + 13] & 0x04, 0x04, "RST set");
+}
+
+#[test]
+fn a_source_port_is_never_one_a_flow_or_a_socket_of_the_host_holds() {
+    // One port in the range.
+    let mut p = Probes::with_host(&config("61000-61000"), two_interfaces);
+    let a = ifindex(CLIENT_SIDE);
+    let client = Ipv4Addr::new(192, 0, 2, 1);
+    let dns = at(HOST_A, 30053);
+    let out = p.run_on(Program::Reply, a, &packet(at(client, 40030), dns, None));
+    assert_eq!(addresses(&out.data).0, at(HOST_B, 61000));
+    // The second flow to the same backend finds it taken: dropped, not
+    // sharing it (whose replies would go to the first client).
+    let out = p.run_on(Program::Reply, a, &packet(at(client, 40031), dns, None));
+    assert_eq!(out.retval as i32, abi::TC_ACT_SHOT);
+    assert_eq!(p.nat().len(), 2, "only the first flow");
+
+    // A socket of the host bound to the port: no flow takes it.
+    let mut p = Probes::with_host(&config("61000-61000"), two_interfaces);
+    let _socket = std::net::UdpSocket::bind(at(HOST_B, 61000)).unwrap();
+    let out = p.run_on(Program::Reply, ifindex(CLIENT_SIDE), &packet(at(client, 40032), dns, None));
+    assert_eq!(out.retval as i32, abi::TC_ACT_SHOT, "the host's socket keeps its port");
+    assert!(p.nat().is_empty());
+}

@@ -1,0 +1,158 @@
+//! Clients on other machines: node ports and external VIPs (README.md,
+//! "Clients on other machines"). hm_reply (host interfaces' ingress)
+//! balances their flows and hm_direct (egress) translates the replies of
+//! backends on this host; this compiles what those need beside the
+//! service entries (`services.rs` flags a service external and adds its
+//! node port's entry): how each backend is reached (HM_SNAT), forwarding
+//! on the host interfaces (which `bpf_fib_lookup` checks), the reserved
+//! port ranges, and the two programs on every host interface.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use crate::abi::{self, Addr, Pod, SnatValue};
+use crate::config::{Config, PortRange, Service};
+
+use super::bpfnat;
+use super::services::owner_of;
+use super::state::*;
+use super::{BackendRoute, HostFacts};
+
+const OWNER: Object<'static> = Object::Services;
+
+/// Every backend address of a service clients on other machines reach:
+/// the routes the host facts look up.
+pub(crate) fn backend_addresses(config: &Config) -> Vec<IpAddr> {
+    let set: BTreeSet<IpAddr> = config
+        .services
+        .iter()
+        .filter(|s| s.serves_network())
+        .flat_map(|s| s.backends.iter().map(|b| b.addr.ip()))
+        .collect();
+    set.into_iter().collect()
+}
+
+pub(super) fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
+    let services: Vec<&Service> = config.services.iter().filter(|s| s.serves_network()).collect();
+    if services.is_empty() {
+        return;
+    }
+    // bpfnat reports the interfaces that do not exist when it runs.
+    let mut scratch = Vec::new();
+    let warnings = if bpfnat::carries_services(config, out.connect_time) { &mut scratch } else { &mut out.warnings };
+    let host = bpfnat::host_interfaces(config, facts, warnings);
+    if host.is_empty() {
+        out.warnings.push(
+            "no host interface (no default route, none configured): node ports and external VIPs are not served; set \
+             [daemon] host_interfaces"
+                .to_string(),
+        );
+        return;
+    }
+
+    for svc in &services {
+        for b in &svc.backends {
+            let ip = b.addr.ip();
+            match snat_source(facts.backend_routes.get(&ip), &host) {
+                Ok(src) => want(
+                    &mut out.map_entries,
+                    MapEntryKey { map: BpfMap::Snat, key: Addr { addr: abi::addr16(ip) }.to_bytes().into() },
+                    SnatValue { src: src.map_or([0; 16], abi::addr16) }.to_bytes(),
+                    owner_of(svc),
+                ),
+                Err(why) => out.warnings.push(format!(
+                    "service \"{}\": backend {} {why}; clients on other machines are not sent to it",
+                    svc.name, b.addr
+                )),
+            }
+        }
+    }
+
+    let v4 = services.iter().any(|s| s.vip.is_ipv4());
+    let v6 = services.iter().any(|s| s.vip.is_ipv6());
+    for dev in &host {
+        if v4 {
+            want(&mut out.sysctls, format!("net/ipv4/conf/{dev}/forwarding"), "1".to_string(), OWNER);
+        }
+        if v6 {
+            want(&mut out.sysctls, format!("net/ipv6/conf/{dev}/forwarding"), "1".to_string(), OWNER);
+        }
+    }
+    let d = &config.daemon;
+    let mut reserved = vec![d.snat_port_range];
+    if services.iter().any(|s| s.node_port.is_some()) {
+        reserved.push(d.node_port_range);
+    }
+    want(&mut out.sysctls, "net/ipv4/ip_local_reserved_ports".to_string(), reserved_ports(&reserved), OWNER);
+
+    for dev in &host {
+        for attachment in [
+            Attachment { program: Program::Reply, hook: Hook::TcIngress(dev.clone()) },
+            Attachment { program: Program::Direct, hook: Hook::TcEgress(dev.clone()) },
+        ] {
+            want(&mut out.attachments, attachment, (), OWNER);
+        }
+    }
+}
+
+/// The source flows from the network to a backend take: none for a
+/// backend on this host (one of its addresses, or reached through an
+/// interface that is not a host interface: a VM or container here), which
+/// then sees the client's address; else the host's address on the way
+/// to it, so its replies come back here.
+fn snat_source(route: Option<&BackendRoute>, host: &[String]) -> Result<Option<IpAddr>, &'static str> {
+    let route = route.ok_or("has no route")?;
+    if route.local || route.dev.as_ref().is_none_or(|dev| !host.contains(dev)) {
+        return Ok(None);
+    }
+    route.src.map(Some).ok_or("is reached through a host interface with no address")
+}
+
+/// `ip_local_reserved_ports` as the kernel prints it: ranges sorted,
+/// joined where they touch, a range of one port as the port.
+fn reserved_ports(ranges: &[PortRange]) -> String {
+    let mut sorted = ranges.to_vec();
+    sorted.sort_by_key(|r| r.first);
+    let mut merged: Vec<PortRange> = Vec::new();
+    for r in sorted {
+        match merged.last_mut() {
+            Some(last) if u32::from(r.first) <= u32::from(last.last) + 1 => last.last = last.last.max(r.last),
+            _ => merged.push(r),
+        }
+    }
+    let parts: Vec<String> = merged
+        .iter()
+        .map(|r| if r.first == r.last { r.first.to_string() } else { format!("{}-{}", r.first, r.last) })
+        .collect();
+    parts.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(local: bool, dev: &str, src: Option<&str>) -> BackendRoute {
+        BackendRoute { local, dev: Some(dev.to_string()), src: src.map(|s| s.parse().unwrap()) }
+    }
+
+    #[test]
+    fn a_backend_reached_through_a_host_interface_gets_the_hosts_address_and_one_here_keeps_the_clients() {
+        let host = vec!["eth0".to_string()];
+        let remote = route(false, "eth0", Some("192.0.2.1"));
+        assert_eq!(snat_source(Some(&remote), &host), Ok(Some("192.0.2.1".parse().unwrap())));
+        // A VM or namespace behind a veth or bridge of this host.
+        assert_eq!(snat_source(Some(&route(false, "veth7", Some("10.0.0.1"))), &host), Ok(None));
+        // A process of this host.
+        assert_eq!(snat_source(Some(&route(true, "lo", Some("192.0.2.1"))), &host), Ok(None));
+        assert!(snat_source(None, &host).is_err());
+        assert!(snat_source(Some(&route(false, "eth0", None)), &host).is_err());
+    }
+
+    #[test]
+    fn reserved_ports_are_written_as_the_kernel_prints_them() {
+        let r = |first, last| PortRange { first, last };
+        assert_eq!(reserved_ports(&[r(61000, 65535), r(30000, 32767)]), "30000-32767,61000-65535");
+        assert_eq!(reserved_ports(&[r(30000, 32767), r(32768, 33000)]), "30000-33000");
+        assert_eq!(reserved_ports(&[r(40000, 40000)]), "40000");
+    }
+}

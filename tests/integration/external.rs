@@ -1,0 +1,220 @@
+//! Clients on other machines (README.md, "Clients on other machines"):
+//! node ports and external VIPs, balanced at the host's interfaces.
+//!
+//! ```text
+//!  client                  host (hostmesh)                   another host
+//!  eth0 192.0.2.2  ----  ext0 192.0.2.1     eth0 192.168.10.1  ----  192.168.10.11/.12
+//!       2001:db8:c::2         2001:db8:c::1      fd00:10::1           fd00:10::11/12
+//!  (VIPs via the host)   vm0 10.77.0.1  ----  vm 10.77.0.2 (a namespace behind a veth
+//!                                              of the host: not a host interface)
+//!                        a process of the host on 192.168.10.1:7070
+//! ```
+//!
+//! Every backend is an echo server: it answers with the address it sees
+//! the client as, so the test sees where the source was translated.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::time::Duration;
+
+use hm_testkit::{Netns, Servers};
+
+use crate::fixtures::*;
+
+const SERVICES: &str = r#"
+[[service]]
+name = "web"
+vip = "10.96.0.10"
+port = 80
+backends = ["192.168.10.11:8080", "192.168.10.12:8080"]
+node_port = 30080
+external = true
+
+[[service]]
+name = "dns"
+vip = "10.96.0.10"
+port = 53
+protocol = "udp"
+backends = ["192.168.10.11:8080", "192.168.10.12:8080"]
+node_port = 30053
+external = true
+
+[[service]]
+name = "web6"
+vip = "fd00:96::10"
+port = 80
+backends = ["[fd00:10::11]:8080", "[fd00:10::12]:8080"]
+node_port = 30080
+external = true
+
+[[service]]
+name = "dns6"
+vip = "fd00:96::10"
+port = 53
+protocol = "udp"
+backends = ["[fd00:10::11]:8080"]
+node_port = 30053
+
+[[service]]
+name = "vm"
+vip = "10.96.0.11"
+port = 80
+backends = ["10.77.0.2:8080"]
+node_port = 30081
+
+[[service]]
+name = "here"
+vip = "10.96.0.12"
+port = 80
+backends = ["192.168.10.1:7070"]
+node_port = 30082
+"#;
+
+/// Field order is drop order: servers, then the host, then the rest.
+struct External {
+    _servers: Servers,
+    host: Host,
+    client: Netns,
+    _remote: Netns,
+    _vm: Netns,
+}
+
+impl External {
+    fn start() -> (External, hm_testkit::Daemon) {
+        let host = Host::with_daemon_config("connect_time_lb = \"off\"\nhost_interfaces = [\"ext0\", \"eth0\"]");
+        let (client, remote, vm) = (Netns::new(), Netns::new(), Netns::new());
+        host.ns.veth_to(&client, ("ext0", "192.0.2.1/24"), ("eth0", "192.0.2.2/24"));
+        host.ns.veth_to(&remote, ("eth0", "192.168.10.1/24"), ("eth0", "192.168.10.11/24"));
+        host.ns.veth_to(&vm, ("vm0", "10.77.0.1/24"), ("eth0", "10.77.0.2/24"));
+        host.ns.ip_batch(&[
+            &["addr", "add", "2001:db8:c::1/64", "dev", "ext0", "nodad"],
+            &["addr", "add", "fd00:10::1/64", "dev", "eth0", "nodad"],
+        ]);
+        client.ip_batch(&[
+            &["addr", "add", "2001:db8:c::2/64", "dev", "eth0", "nodad"],
+            // A router would announce the VIPs; here the client routes them.
+            &["route", "add", "10.96.0.0/16", "via", "192.0.2.1"],
+            &["route", "add", "fd00:96::/64", "via", "2001:db8:c::1"],
+        ]);
+        remote.ip_batch(&[
+            &["addr", "add", "192.168.10.12/24", "dev", "eth0"],
+            &["addr", "add", "fd00:10::11/64", "dev", "eth0", "nodad"],
+            &["addr", "add", "fd00:10::12/64", "dev", "eth0", "nodad"],
+        ]);
+        vm.ip(&["route", "add", "default", "via", "10.77.0.1"]);
+        // The VM's replies are forwarded by the host, as they are for
+        // whatever else the VM talks to.
+        host.ns.set_sysctl("net/ipv4/conf/vm0/forwarding", "1");
+        host.ns.set_sysctl("net/ipv4/conf/ext0/forwarding", "1");
+        let at = |a: &str| a.parse::<SocketAddr>().unwrap();
+        let servers = Servers::echo(
+            &remote,
+            &[at("192.168.10.11:8080"), at("192.168.10.12:8080"), at("[fd00:10::11]:8080"), at("[fd00:10::12]:8080")],
+        )
+        .join(Servers::echo(&vm, &[at("10.77.0.2:8080")]))
+        .join(Servers::echo(&host.ns, &[at("192.168.10.1:7070")]));
+        host.write("services.toml", SERVICES);
+        let daemon = host.start_ready();
+        (External { _servers: servers, host, client, _remote: remote, _vm: vm }, daemon)
+    }
+
+    /// A TCP connection from the client: what the backend saw as the
+    /// client's address and its own, and that it echoes a line back.
+    fn tcp(&self, to: &str) -> std::io::Result<(String, String)> {
+        let to: SocketAddr = to.parse().unwrap();
+        self.client.run(move || {
+            let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(2))?;
+            s.set_read_timeout(Some(Duration::from_secs(2)))?;
+            let mut r = BufReader::new(s.try_clone()?);
+            let mut greeting = String::new();
+            r.read_line(&mut greeting)?;
+            s.write_all(b"ping\n")?;
+            let mut echo = String::new();
+            r.read_line(&mut echo)?;
+            assert_eq!(echo, "ping\n", "echoed through {to}");
+            let mut words = greeting.split_whitespace().map(String::from);
+            Ok((words.next().unwrap_or_default(), words.next().unwrap_or_default()))
+        })
+    }
+
+    /// A UDP request from the client: the address the backend saw it as.
+    fn udp(&self, to: &str) -> std::io::Result<String> {
+        let to: SocketAddr = to.parse().unwrap();
+        self.client.run(move || {
+            let any: SocketAddr = if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().unwrap();
+            let s = UdpSocket::bind(any)?;
+            s.set_read_timeout(Some(Duration::from_secs(2)))?;
+            s.connect(to)?;
+            s.send(b"ping\n")?;
+            let mut buf = [0u8; 256];
+            let n = s.recv(&mut buf)?;
+            Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
+        })
+    }
+}
+
+#[test]
+fn clients_on_another_machine_reach_node_ports_and_external_vips_over_tcp_and_udp_ipv4_and_ipv6() {
+    hm_testkit::require_root();
+    let (t, mut daemon) = External::start();
+    let (hosts4, hosts6) = (["192.168.10.11", "192.168.10.12"], ["fd00:10::11", "fd00:10::12"]);
+    for (to, host_addr, backends) in [
+        ("192.0.2.1:30080", "192.168.10.1", &hosts4),
+        ("10.96.0.10:80", "192.168.10.1", &hosts4),
+        ("[2001:db8:c::1]:30080", "fd00:10::1", &hosts6),
+        ("[fd00:96::10]:80", "fd00:10::1", &hosts6),
+    ] {
+        let mut reached = std::collections::BTreeSet::new();
+        for _ in 0..32 {
+            let (seen_as, backend) = t.tcp(to).unwrap_or_else(|e| panic!("TCP to {to}: {e}\n{}", daemon.log_text()));
+            assert_eq!(seen_as, host_addr, "{to}: another host's backend sees this host's address");
+            reached.insert(backend);
+            if reached.len() == 2 {
+                break;
+            }
+        }
+        assert_eq!(reached, backends.iter().map(|b| b.to_string()).collect(), "{to}: both backends answer");
+    }
+    for (to, host_addr) in [
+        ("192.0.2.1:30053", "192.168.10.1"),
+        ("10.96.0.10:53", "192.168.10.1"),
+        ("[2001:db8:c::1]:30053", "fd00:10::1"),
+    ] {
+        let seen_as = t.udp(to).unwrap_or_else(|e| panic!("UDP to {to}: {e}\n{}", daemon.log_text()));
+        assert_eq!(seen_as, host_addr, "UDP {to}");
+    }
+    // A backend behind a veth of the host, and a process of the host: both
+    // see the client's own address.
+    assert_eq!(t.tcp("192.0.2.1:30081").unwrap().0, "192.0.2.2", "a namespace behind a veth of the host");
+    assert_eq!(t.tcp("192.0.2.1:30082").unwrap().0, "192.0.2.2", "a process of the host");
+    // dns6 is no external VIP: its VIP is not served to the network.
+    assert!(t.udp("[fd00:96::10]:53").is_err(), "a VIP that is not external");
+
+    // An established flow from the network outlives the daemon: its
+    // entries and the programs stay while a new daemon adopts them.
+    let held: SocketAddr = "192.0.2.1:30080".parse().unwrap();
+    let (mut stream, mut reader) = t.client.run(move || {
+        let s = TcpStream::connect_timeout(&held, Duration::from_secs(2)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        let mut greeting = String::new();
+        r.read_line(&mut greeting).unwrap();
+        (s, r)
+    });
+    daemon.stop(READY_TIMEOUT);
+    daemon = t.host.start_ready();
+    stream.write_all(b"still there\n").unwrap();
+    let mut echo = String::new();
+    reader.read_line(&mut echo).expect("the held connection answers after the restart");
+    assert_eq!(echo, "still there\n");
+    drop((stream, reader));
+
+    // What hostmesh set for it, and put back at teardown.
+    assert_eq!(t.host.ns.sysctl("net/ipv4/ip_local_reserved_ports").as_deref(), Some("30000-32767,61000-65535"));
+    assert_eq!(t.host.ns.sysctl("net/ipv6/conf/ext0/forwarding").as_deref(), Some("1"));
+    daemon.stop(READY_TIMEOUT);
+    let out = t.host.teardown();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(t.host.ns.sysctl("net/ipv4/ip_local_reserved_ports").as_deref(), Some(""));
+    assert_eq!(t.host.ns.sysctl("net/ipv6/conf/ext0/forwarding").as_deref(), Some("0"));
+}
