@@ -113,6 +113,14 @@ impl External {
         )
         .join(Servers::echo(&vm, &[at("10.77.0.2:8080")]))
         .join(Servers::echo(&host.ns, &[at("192.168.10.1:7070")]));
+        // Another tool's filter on both host interfaces' ingress that ends
+        // classification for every packet (seen on Debian 12's 6.1 with
+        // the veth path's replies): hostmesh's programs run first, where
+        // the kernel has TCX or not.
+        for dev in ["ext0", "eth0"] {
+            host.ns.exec("tc", &["qdisc", "add", "dev", dev, "clsact"]);
+            pass_everything(&host.ns, dev, "7");
+        }
         host.write("services.toml", SERVICES);
         let daemon = host.start_ready();
         (External { _servers: servers, host, client, _remote: remote, _vm: vm }, daemon)

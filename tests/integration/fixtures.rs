@@ -307,3 +307,19 @@ impl Drop for Sidecar {
         let _ = self.child.wait();
     }
 }
+
+/// Another tool's filter on `dev`'s ingress at `pref` that passes every
+/// packet and ends classification: `matchall action pass` where the kernel
+/// has it, else classic BPF that matches everything (with no action, a
+/// match ends classification with TC_ACT_OK just the same). Debian's
+/// kernels, which the kernel matrix boots (`HM_KERNEL_LACKS` set), have
+/// cls_matchall: there the reported filter itself is the one used.
+pub fn pass_everything(ns: &hm_testkit::Netns, dev: &str, pref: &str) {
+    let matchall = ["filter", "add", "dev", dev, "ingress", "pref", pref, "matchall", "action", "pass"];
+    if std::env::var_os("HM_KERNEL_LACKS").is_some() {
+        ns.exec("tc", &matchall);
+    } else if !ns.exec_output("tc", &matchall).status.success() {
+        let bytecode = ["filter", "add", "dev", dev, "ingress", "pref", pref, "bpf", "bytecode", "1,6 0 0 4294967295,"];
+        ns.exec("tc", &bytecode);
+    }
+}

@@ -255,22 +255,6 @@ fn a_filter_running_another_program_is_replaced_in_place() {
     assert_eq!(on_lo_ingress, 1, "replaced, not added");
 }
 
-/// Another tool's filter on `dev`'s ingress at `pref` that passes every
-/// packet and ends classification: `matchall action pass` where the kernel
-/// has it, else classic BPF that matches everything (with no action, a
-/// match ends classification with TC_ACT_OK just the same). Debian's
-/// kernels, which the kernel matrix boots (`HM_KERNEL_LACKS` set), have
-/// cls_matchall: there the reported filter itself is the one used.
-fn pass_everything(t: &Topology, dev: &str, pref: &str) {
-    let matchall = ["filter", "add", "dev", dev, "ingress", "pref", pref, "matchall", "action", "pass"];
-    if std::env::var_os("HM_KERNEL_LACKS").is_some() {
-        tc(t, &matchall);
-    } else if !t.host.ns.exec_output("tc", &matchall).status.success() {
-        let bytecode = ["filter", "add", "dev", dev, "ingress", "pref", pref, "bpf", "bytecode", "1,6 0 0 4294967295,"];
-        tc(t, &bytecode);
-    }
-}
-
 /// hostmesh's filters on eth0's ingress, by priority.
 fn ours_on_eth0(t: &Topology) -> Vec<u64> {
     let ours = hostmesh_filters(&t.host.ns).into_iter().filter(|f| f.dev == "eth0" && f.dir == "ingress");
@@ -285,7 +269,7 @@ fn a_foreign_filter_that_ends_classification_hides_nothing_from_hostmesh() {
     // replies, and connect() to the VIP timed out.
     let t = Topology::new("connect_time_lb = \"off\"\ntc_attach = \"netlink\"");
     tc(&t, &["qdisc", "add", "dev", "eth0", "clsact"]);
-    pass_everything(&t, "eth0", "7");
+    pass_everything(&t.host.ns, "eth0", "7");
     let d = t.host.start_ready();
     assert_eq!(ours_on_eth0(&t), [1], "first, where TCX runs");
     let asked = |t: &Topology| {
