@@ -33,6 +33,10 @@ pub(super) fn drop_flows(loader: &mut Loader, stopped: &[StoppedBackend]) -> cra
     let ct = loader.map_fd_owned(HmMap::Ct)?;
     out.flow_entries =
         forget_flows(ct.as_fd(), &stopped).map_err(|e| bpf_err(format!("drop flows in {}", HmMap::Ct), e))?;
+    let services = loader.map_fd_owned(HmMap::Services)?;
+    let nat = loader.map_fd_owned(HmMap::Nat)?;
+    out.flow_entries += forget_external_flows(nat.as_fd(), services.as_fd(), &stopped)
+        .map_err(|e| bpf_err(format!("drop flows in {}", HmMap::Nat), e))?;
     if !loader.features().has(Feature::SockDestroy) {
         // `hostmesh status` lists the feature as missing, with its cost.
         return Ok(out);
@@ -70,6 +74,49 @@ pub(super) fn forget_flows(fd: BorrowedFd<'_>, stopped: &BTreeSet<StoppedBackend
         };
         if stopped.contains(&pair) {
             // A key gone meanwhile deletes fine (sys::map_delete).
+            sys::map_delete(fd, &k)?;
+            gone += 1;
+        }
+    }
+    Ok(gone)
+}
+
+/// Deletes both entries of every flow from the network (HM_NAT) to a
+/// stopped backend of its service; returns how many entries. The entries
+/// carry the service's id, not its VIP (a node port's flow is to a host
+/// address): each stopped pair's service id is looked up in HM_SERVICES,
+/// and a service no longer there has no flows left to keep either.
+pub(super) fn forget_external_flows(
+    fd: BorrowedFd<'_>,
+    services: BorrowedFd<'_>,
+    stopped: &BTreeSet<StoppedBackend>,
+) -> io::Result<usize> {
+    let mut gone_from: BTreeSet<(u32, Protocol, SocketAddr)> = BTreeSet::new();
+    let mut value = vec![0u8; std::mem::size_of::<SvcValue>()];
+    for s in stopped {
+        let key = SvcKey::new(s.vip.ip(), s.vip.port(), s.protocol.number());
+        if sys::map_lookup(services, &key.to_bytes(), &mut value)? {
+            if let Some(svc) = SvcValue::from_bytes(&value) {
+                gone_from.insert((svc.id, s.protocol, s.backend));
+            }
+        }
+    }
+    if gone_from.is_empty() {
+        return Ok(0);
+    }
+    let entries = sys::map_dump(fd, std::mem::size_of::<CtKey>(), std::mem::size_of::<NatValue>())?;
+    let mut gone = 0;
+    for (k, v) in entries {
+        let (Some(key), Some(value)) = (CtKey::from_bytes(&k), NatValue::from_bytes(&v)) else { continue };
+        let Some(protocol) = Protocol::from_number(key.proto) else { continue };
+        // The client's entry is rewritten to the backend; the backend's
+        // entry is keyed by it.
+        let backend = if value.flags & NAT_F_REPLY == 0 {
+            socket_addr16(value.dst, value.dport_be)
+        } else {
+            socket_addr16(key.src, key.sport_be)
+        };
+        if gone_from.contains(&(value.svc_id, protocol, backend)) {
             sys::map_delete(fd, &k)?;
             gone += 1;
         }

@@ -203,3 +203,24 @@ fn a_source_port_is_never_one_a_flow_or_a_socket_of_the_host_holds() {
     assert_eq!(out.retval as i32, abi::TC_ACT_SHOT, "the host's socket keeps its port");
     assert!(p.nat().is_empty());
 }
+
+#[test]
+fn the_flows_of_a_backend_that_left_its_service_are_forgotten_and_no_others() {
+    use crate::backends::{BpfBackend, StoppedBackend};
+    use crate::config::Protocol;
+    let mut p = Probes::with_host(&config("61000-65535"), two_interfaces);
+    let a = ifindex(CLIENT_SIDE);
+    let client = Ipv4Addr::new(192, 0, 2, 1);
+    // A UDP flow through the node port of "dns", and a TCP one of "web"
+    // to another port of the same backend address.
+    p.run_on(Program::Reply, a, &packet(at(client, 40040), at(HOST_A, 30053), None));
+    p.run_on(Program::Reply, a, &packet(at(client, 40041), at(HOST_A, 30080), Some(TCP_SYN)));
+    assert_eq!(p.nat().len(), 4);
+    let stopped =
+        StoppedBackend { vip: "10.96.0.12:53".parse().unwrap(), protocol: Protocol::Udp, backend: at(REMOTE, 5353) };
+    let forgotten = p.bpf.drop_flows(&[stopped]).unwrap();
+    assert_eq!(forgotten.flow_entries, 2, "both entries of the UDP flow");
+    let left = p.nat();
+    assert_eq!(left.len(), 2, "web's flow stays: {left:?}");
+    assert!(left.iter().all(|(k, _)| k.proto == 6));
+}
