@@ -199,7 +199,21 @@ fn clients_on_another_machine_reach_node_ports_and_external_vips_over_tcp_and_ud
     assert!(t.udp("[fd00:96::10]:53").is_err(), "a VIP that is not external");
 
     // An established flow from the network outlives the daemon: its
-    // entries and the programs stay while a new daemon adopts them.
+    // entries and the programs stay while a new daemon adopts them. And
+    // clients asking every 50 ms meanwhile see no failure.
+    let loops: Vec<_> = [("tcp", "192.0.2.1", "30080"), ("udp", "10.96.0.10", "53"), ("tcp", "fd00:96::10", "80")]
+        .iter()
+        .map(|(proto, host, port)| {
+            let child = t
+                .client
+                .command(&crate::topology::client())
+                .args(["loop", proto, host, port, "0.05", "4"])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("run the client");
+            (format!("{proto} {host}:{port}"), child)
+        })
+        .collect();
     let held: SocketAddr = "192.0.2.1:30080".parse().unwrap();
     let (mut stream, mut reader) = t.client.run(move || {
         let s = TcpStream::connect_timeout(&held, Duration::from_secs(2)).unwrap();
@@ -216,6 +230,12 @@ fn clients_on_another_machine_reach_node_ports_and_external_vips_over_tcp_and_ud
     reader.read_line(&mut echo).expect("the held connection answers after the restart");
     assert_eq!(echo, "still there\n");
     drop((stream, reader));
+    for (what, child) in loops {
+        let out = child.wait_with_output().expect("the loop ends");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(v["failures"], serde_json::json!([]), "{what} across the restart\n{}", daemon.log_text());
+        assert!(v["ok"].as_u64().unwrap() >= 10, "{what}: {v}");
+    }
 
     // What hostmesh set for it, and put back at teardown.
     assert_eq!(t.host.ns.sysctl("net/ipv4/ip_local_reserved_ports").as_deref(), Some("30000-32767,61000-65535"));
