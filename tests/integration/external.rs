@@ -29,6 +29,7 @@ port = 80
 backends = ["192.168.10.11:8080", "192.168.10.12:8080"]
 node_port = 30080
 external = true
+health_check = { kind = "tcp", interval = "200ms", rise = 2, fall = 2, initial = "up" }
 
 [[service]]
 name = "dns"
@@ -75,7 +76,7 @@ struct External {
     _servers: Servers,
     host: Host,
     client: Netns,
-    _remote: Netns,
+    remote: Netns,
     _vm: Netns,
 }
 
@@ -123,7 +124,7 @@ impl External {
         }
         host.write("services.toml", SERVICES);
         let daemon = host.start_ready();
-        (External { _servers: servers, host, client, _remote: remote, _vm: vm }, daemon)
+        (External { _servers: servers, host, client, remote, _vm: vm }, daemon)
     }
 
     /// A TCP connection from the client: what the backend saw as the
@@ -235,6 +236,16 @@ fn clients_on_another_machine_reach_node_ports_and_external_vips_over_tcp_and_ud
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_eq!(v["failures"], serde_json::json!([]), "{what} across the restart\n{}", daemon.log_text());
         assert!(v["ok"].as_u64().unwrap() >= 10, "{what}: {v}");
+    }
+
+    // A backend that stops answering is taken out by its health check:
+    // no new flow from the network reaches it.
+    t.remote.ip(&["addr", "del", "192.168.10.12/24", "dev", "eth0"]);
+    hm_testkit::wait_soon("192.168.10.12:8080 down", || t.host.status().counts.backends_down == 1)
+        .unwrap_or_else(|e| panic!("{e}\n{}", daemon.log_text()));
+    for _ in 0..16 {
+        let (_, backend) = t.tcp("192.0.2.1:30080").unwrap();
+        assert_eq!(backend, "192.168.10.11", "only the serving backend");
     }
 
     // What hostmesh set for it, and put back at teardown.
