@@ -195,6 +195,12 @@ fn clients_on_another_machine_reach_node_ports_and_external_vips_over_tcp_and_ud
         let seen_as = t.udp(to).unwrap_or_else(|e| panic!("UDP to {to}: {e}\n{}", daemon.log_text()));
         assert_eq!(seen_as, host_addr, "UDP {to}");
     }
+    // The flows are counted: their entries, and the source ports they hold.
+    hm_testkit::wait_soon("external flows counted", || {
+        let c = t.host.status().counts;
+        c.conntrack_external > 0 && c.snat_ports > 0
+    })
+    .unwrap();
     // A backend behind a veth of the host, and a process of the host: both
     // see the client's own address.
     assert_eq!(t.tcp("192.0.2.1:30081").unwrap().0, "192.0.2.2", "a namespace behind a veth of the host");

@@ -16,7 +16,7 @@ const PROMETHEUS: &str = "127.0.0.1:9090";
 const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 
 /// Every family of the metric set (the README's "Metrics" table).
-const FAMILIES: [&str; 17] = [
+const FAMILIES: [&str; 18] = [
     "hostmesh_build_info",
     "hostmesh_services",
     "hostmesh_backends",
@@ -31,6 +31,7 @@ const FAMILIES: [&str; 17] = [
     "hostmesh_bpf_map_entries",
     "hostmesh_bpf_map_capacity",
     "hostmesh_conntrack_entries",
+    "hostmesh_snat_ports_in_use",
     "hostmesh_mesh_listener_registered",
     "hostmesh_gateway_peer_up",
     "hostmesh_gateway_peer_transitions_total",

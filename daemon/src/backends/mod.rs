@@ -188,8 +188,9 @@ pub struct Sweep {
     pub closed: usize,
     pub capacity: u32,
     /// Entries left in HM_NAT (two per flow from the network; same
-    /// capacity).
+    /// capacity), and the source ports of snat_port_range they hold.
     pub external: usize,
+    pub snat_ports: usize,
 }
 
 /// What the configuration decides about the BPF backend.

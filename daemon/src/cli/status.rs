@@ -122,8 +122,8 @@ pub(super) fn render(s: &Status, liveness: &Liveness) -> String {
     }
     if c.conntrack_external > 0 {
         out.push_str(&format!(
-            "external flows: {} entries, of {} (two per flow, node ports and external VIPs)\n",
-            c.conntrack_external, c.conntrack_capacity
+            "external flows: {} entries, of {} (two per flow, node ports and external VIPs); {} source ports of snat_port_range in use\n",
+            c.conntrack_external, c.conntrack_capacity, c.snat_ports
         ));
     }
     for w in &s.warnings {

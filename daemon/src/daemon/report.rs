@@ -339,6 +339,7 @@ pub(crate) fn counts(
         conntrack_closed: sweep.closed,
         conntrack_capacity: sweep.capacity,
         conntrack_external: sweep.external,
+        snat_ports: sweep.snat_ports,
         // Set by the caller, which has the backends' states.
         backends_down: 0,
     }

@@ -143,9 +143,19 @@ fn daemon(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), Error> {
     gauges(
         enc,
         "hostmesh_conntrack_entries",
-        "Flows tracked by the veth path (open and closing), as the last sweep counted; connect-time LB keeps no \
-         conntrack.",
-        [(vec![("path", "veth".to_string())], snap.conntrack_veth as i64)],
+        "Conntrack entries as the last sweep counted: the veth path's (open and closing flows), and flows from \
+         the network to node ports and external VIPs (two entries each); connect-time LB keeps no conntrack.",
+        [
+            (vec![("path", "veth".to_string())], snap.conntrack_veth as i64),
+            (vec![("path", "external".to_string())], snap.conntrack_external as i64),
+        ],
+    )?;
+    gauges(
+        enc,
+        "hostmesh_snat_ports_in_use",
+        "Source ports of [daemon] snat_port_range held by flows from the network to another host's backends, as \
+         the last sweep counted.",
+        [(vec![], snap.snat_ports as i64)],
     )?;
     gauges(
         enc,

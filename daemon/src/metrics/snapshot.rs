@@ -72,6 +72,10 @@ pub(crate) struct Snapshot {
     pub maps: Vec<MapRow>,
     /// Flows in the veth path's conntrack (open and closing).
     pub conntrack_veth: u64,
+    /// Entries of flows from the network (HM_NAT), and the source ports
+    /// of snat_port_range they hold.
+    pub conntrack_external: u64,
+    pub snat_ports: u64,
     /// Mesh entries: whether a sidecar listener is registered.
     pub meshes: BTreeMap<String, bool>,
     /// Gateway peers: whether they answer.
@@ -111,6 +115,8 @@ impl Snapshot {
             files,
             maps,
             conntrack_veth: (status.counts.conntrack_open + status.counts.conntrack_closed) as u64,
+            conntrack_external: status.counts.conntrack_external as u64,
+            snat_ports: status.counts.snat_ports as u64,
             meshes: objects(ObjectKind::Mesh).map(|o| (o.name.clone(), o.state == ObjectState::Applied)).collect(),
             peers: objects(ObjectKind::Peer).map(|o| (o.name.clone(), o.state == ObjectState::Up)).collect(),
             names,

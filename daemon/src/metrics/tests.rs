@@ -38,7 +38,13 @@ fn status(backends: Vec<BackendStatus>) -> Status {
         ready: true,
         stopped: false,
         last_sync: SyncSummary::default(),
-        counts: Counts { conntrack_open: 4, conntrack_closed: 1, ..Default::default() },
+        counts: Counts {
+            conntrack_open: 4,
+            conntrack_closed: 1,
+            conntrack_external: 6,
+            snat_ports: 3,
+            ..Default::default()
+        },
         files: vec![
             FileStatus { path: "/etc/hostmesh/a.toml".into(), state: FileState::Applied, errors: vec![] },
             FileStatus { path: "/etc/hostmesh/b.toml".into(), state: FileState::Rejected, errors: vec![] },
@@ -105,6 +111,9 @@ fn render_has_each_backend_and_sums_them_per_service_over_the_limit() {
         "hostmesh_bpf_map_entries{map=\"HM_SERVICES\"} 2",
         "hostmesh_bpf_map_capacity{map=\"HM_SERVICES\"} 65536",
         "hostmesh_service_connections_total{service=\"dns\",path=\"veth\"} 0",
+        "hostmesh_conntrack_entries{path=\"veth\"} 5",
+        "hostmesh_conntrack_entries{path=\"external\"} 6",
+        "hostmesh_snat_ports_in_use 3",
     ] {
         assert!(text.lines().any(|l| l == line), "{line} missing from:\n{text}");
     }

@@ -132,6 +132,9 @@ pub struct Counts {
     /// per flow, in a map of `conntrack_capacity`.
     #[serde(default)]
     pub conntrack_external: usize,
+    /// Source ports of `snat_port_range` those flows hold.
+    #[serde(default)]
+    pub snat_ports: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

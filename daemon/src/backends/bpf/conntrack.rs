@@ -31,10 +31,11 @@ pub(super) fn sweep(loader: &mut Loader) -> crate::backends::Result<Sweep> {
         *left = n;
     }
     let fd = loader.map_fd_owned(HmMap::Nat)?;
-    let (removed, n) =
+    let left =
         expire_external(fd.as_fd(), config, now).map_err(|e| bpf_err(format!("expire flows in {}", HmMap::Nat), e))?;
-    sweep.removed += removed;
-    sweep.external = n;
+    sweep.removed += left.removed;
+    sweep.external = left.entries;
+    sweep.snat_ports = left.snat_ports;
     if let Some(gw) = loader.config_entry::<GwConfig>(HmMap::GwConfig)? {
         let fd = loader.map_fd_owned(HmMap::GwCt)?;
         sweep.removed += expire_gateway(fd.as_fd(), gw, now)
@@ -72,12 +73,27 @@ pub(super) fn expire(fd: BorrowedFd<'_>, cfg: Option<HmConfig>, now: u64) -> io:
     })
 }
 
-/// Deletes expired entries of HM_NAT; returns how many, and how many are
-/// left.
-pub(super) fn expire_external(fd: BorrowedFd<'_>, cfg: Option<HmConfig>, now: u64) -> io::Result<(usize, usize)> {
-    expire_where(fd, |key: &CtKey, value: &NatValue| {
-        idle_s(now, value.last_seen_ns) >= timeout_s(value.flags, key.proto, cfg)
-    })
+/// What is left of HM_NAT after a sweep.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct ExternalLeft {
+    pub removed: usize,
+    pub entries: usize,
+    /// Source ports of snat_port_range in use: one per flow to another
+    /// host's backend (its reply entry).
+    pub snat_ports: usize,
+}
+
+/// Deletes expired entries of HM_NAT; says how many, and what is left.
+pub(super) fn expire_external(fd: BorrowedFd<'_>, cfg: Option<HmConfig>, now: u64) -> io::Result<ExternalLeft> {
+    let mut snat_ports = 0;
+    let (removed, entries) = expire_where(fd, |key: &CtKey, value: &NatValue| {
+        let expired = idle_s(now, value.last_seen_ns) >= timeout_s(value.flags, key.proto, cfg);
+        if !expired && value.flags & (NAT_F_REPLY | NAT_F_SNAT) == NAT_F_REPLY | NAT_F_SNAT {
+            snat_ports += 1;
+        }
+        expired
+    })?;
+    Ok(ExternalLeft { removed, entries, snat_ports })
 }
 
 /// Deletes learned return paths of HM_GW_CT idle longer than the TCP or
@@ -94,7 +110,10 @@ fn idle_s(now: u64, last_seen_ns: u64) -> u64 {
     now.saturating_sub(last_seen_ns) / 1_000_000_000
 }
 
-fn expire_where<K: Pod, V: Pod>(fd: BorrowedFd<'_>, expired: impl Fn(&K, &V) -> bool) -> io::Result<(usize, usize)> {
+fn expire_where<K: Pod, V: Pod>(
+    fd: BorrowedFd<'_>,
+    mut expired: impl FnMut(&K, &V) -> bool,
+) -> io::Result<(usize, usize)> {
     let entries = sys::map_dump(fd, std::mem::size_of::<K>(), std::mem::size_of::<V>())?;
     let total = entries.len();
     let mut removed = 0;
