@@ -889,6 +889,100 @@ static __attribute__((noinline)) int veth_reply(struct __sk_buff *skb, struct fl
 }
 
 
+/* An ICMP error about a flow from the network to another host's backend
+ * (fragmentation needed, packet too big, port unreachable, time exceeded),
+ * from a router on the way to the backend or from the backend: it is sent
+ * to this host's address and quotes the packet as the backend was sent it
+ * (this host's address and source port -> backend). The client knows only
+ * client -> node port or VIP: the error goes on to the client with the
+ * quote translated back, so path MTU discovery works through hostmesh.
+ * IPv4: the outer destination and both quoted addresses change (the
+ * outer and the quoted header checksums absorb theirs; the ICMP checksum
+ * covers only the quoted ports' change). IPv6: the ICMPv6 checksum covers
+ * the outer destination (pseudo-header) and every quoted change. Returns
+ * the verdict: the error forwarded, or TC_ACT_UNSPEC for anything else. */
+static __attribute__((noinline)) int external_icmp(struct __sk_buff *skb, struct flow *f)
+{
+	__u32 icmp_off = f->l4_off, in_off = f->l4_off + 8, in_l4, sum_off = f->l4_off + 2;
+	__u8 type, in_proto, in_src[16], in_dst[16];
+	struct hm_ct_key k = {};
+	struct hm_nat_value *v, nv;
+	__be16 ports[2], new_ports[2];
+
+	if (skb->ifindex == HM_LOOPBACK_IFINDEX || bpf_skb_load_bytes(skb, icmp_off, &type, 1))
+		return TC_ACT_UNSPEC;
+	if (!f->v6) {
+		struct iphdr in;
+
+		if (f->proto != IPPROTO_ICMP || (type != 3 && type != 11 && type != 12))
+			return TC_ACT_UNSPEC;
+		if (bpf_skb_load_bytes(skb, in_off, &in, sizeof(in)) || in.ihl != 5 || (in.frag_off & bpf_htons(0x1fff)))
+			return TC_ACT_UNSPEC;
+		in_proto = in.protocol;
+		in_l4 = in_off + sizeof(in);
+		hm_v4_mapped(in_src, in.saddr);
+		hm_v4_mapped(in_dst, in.daddr);
+	} else {
+		struct ipv6hdr in;
+
+		if (f->proto != IPPROTO_ICMPV6 || type < 1 || type > 4)
+			return TC_ACT_UNSPEC;
+		if (bpf_skb_load_bytes(skb, in_off, &in, sizeof(in)))
+			return TC_ACT_UNSPEC;
+		in_proto = in.nexthdr;
+		in_l4 = in_off + sizeof(in);
+		__builtin_memcpy(in_src, &in.saddr, 16);
+		__builtin_memcpy(in_dst, &in.daddr, 16);
+	}
+	if ((in_proto != IPPROTO_TCP && in_proto != IPPROTO_UDP) || bpf_skb_load_bytes(skb, in_l4, ports, 4))
+		return TC_ACT_UNSPEC;
+	/* The quoted packet went host -> backend; the backend's entry is
+	 * keyed by its answer. */
+	ct_key(&k, in_dst, in_src, ports[1], ports[0], in_proto, HM_NAT_IN);
+	v = bpf_map_lookup_elem(&HM_NAT, &k);
+	if (!v || (v->flags & (HM_NAT_F_REPLY | HM_NAT_F_SNAT)) != (HM_NAT_F_REPLY | HM_NAT_F_SNAT))
+		return TC_ACT_UNSPEC;
+	nv = *v;
+	/* The quote becomes client -> node port or VIP: the entry rewrites to
+	 * (src: node port or VIP, dst: client), the quote the other way. */
+	new_ports[0] = nv.dport;
+	new_ports[1] = nv.sport;
+	if (!f->v6) {
+		__be32 host, client, backend, service;
+
+		__builtin_memcpy(&host, in_src + 12, 4);
+		__builtin_memcpy(&backend, in_dst + 12, 4);
+		__builtin_memcpy(&client, nv.dst + 12, 4);
+		__builtin_memcpy(&service, nv.src + 12, 4);
+		if (bpf_l3_csum_replace(skb, ETH_HLEN + OFF(struct iphdr, check), host, client, 4) ||
+		    bpf_skb_store_bytes(skb, ETH_HLEN + OFF(struct iphdr, daddr), &client, 4, 0) ||
+		    bpf_l3_csum_replace(skb, in_off + OFF(struct iphdr, check), host, client, 4) ||
+		    bpf_skb_store_bytes(skb, in_off + OFF(struct iphdr, saddr), &client, 4, 0) ||
+		    bpf_l3_csum_replace(skb, in_off + OFF(struct iphdr, check), backend, service, 4) ||
+		    bpf_skb_store_bytes(skb, in_off + OFF(struct iphdr, daddr), &service, 4, 0))
+			return TC_ACT_SHOT;
+	} else {
+		__s64 diff;
+
+		/* The outer destination (in the pseudo-header) and the two
+		 * quoted addresses, in one difference. */
+		diff = bpf_csum_diff((__be32 *)in_src, 16, (__be32 *)nv.dst, 16, 0);
+		diff = bpf_csum_diff((__be32 *)in_src, 16, (__be32 *)nv.dst, 16, (__u32)diff);
+		diff = bpf_csum_diff((__be32 *)in_dst, 16, (__be32 *)nv.src, 16, (__u32)diff);
+		if (bpf_l3_csum_replace(skb, sum_off, 0, diff, 0) ||
+		    bpf_skb_store_bytes(skb, ETH_HLEN + OFF(struct ipv6hdr, daddr), nv.dst, 16, 0) ||
+		    bpf_skb_store_bytes(skb, in_off + OFF(struct ipv6hdr, saddr), nv.dst, 16, 0) ||
+		    bpf_skb_store_bytes(skb, in_off + OFF(struct ipv6hdr, daddr), nv.src, 16, 0))
+			return TC_ACT_SHOT;
+	}
+	if (bpf_l3_csum_replace(skb, sum_off, ports[0], new_ports[0], 2) ||
+	    bpf_l3_csum_replace(skb, sum_off, ports[1], new_ports[1], 2) ||
+	    bpf_skb_store_bytes(skb, in_l4, new_ports, 4, 0))
+		return TC_ACT_SHOT;
+	__builtin_memcpy(f->dst, nv.dst, 16);
+	return forward(skb, f, f->dst);
+}
+
 /* No backend can take a new flow from the network (refuse, as a
  * subprogram of its own). */
 static __attribute__((noinline)) int refuse_flow(struct __sk_buff *skb, const struct flow *f)
@@ -929,7 +1023,7 @@ int hm_reply(struct __sk_buff *skb)
 		break;
 	case OTHER_IP:
 		icmp_error_back(skb, &f);
-		return TC_ACT_UNSPEC;
+		return external_icmp(skb, &f);
 	default:
 		return TC_ACT_UNSPEC;
 	}

@@ -69,6 +69,13 @@ vip = "10.96.0.12"
 port = 80
 backends = ["192.168.10.1:7070"]
 node_port = 30082
+
+[[service]]
+name = "far"
+vip = "10.96.0.13"
+port = 80
+backends = ["10.50.0.5:8080"]
+node_port = 30083
 "#;
 
 /// Field order is drop order: servers, then the host, then the rest.
@@ -78,6 +85,7 @@ struct External {
     client: Netns,
     remote: Netns,
     _vm: Netns,
+    _far: Netns,
 }
 
 impl External {
@@ -86,10 +94,17 @@ impl External {
         // the network need the host interfaces' programs, and "off" pass
         // the same test (run by hand).
         let host = Host::with_daemon_config("host_interfaces = [\"ext0\", \"eth0\"]");
-        let (client, remote, vm) = (Netns::new(), Netns::new(), Netns::new());
+        let (client, remote, vm, far) = (Netns::new(), Netns::new(), Netns::new(), Netns::new());
         host.ns.veth_to(&client, ("ext0", "192.0.2.1/24"), ("eth0", "192.0.2.2/24"));
         host.ns.veth_to(&remote, ("eth0", "192.168.10.1/24"), ("eth0", "192.168.10.11/24"));
         host.ns.veth_to(&vm, ("vm0", "10.77.0.1/24"), ("eth0", "10.77.0.2/24"));
+        // A backend behind a router (the remote host) whose link to it is
+        // narrower: 1280 bytes.
+        remote.veth_to(&far, ("far0", "10.50.0.1/24"), ("eth0", "10.50.0.5/24"));
+        remote.ip(&["link", "set", "far0", "mtu", "1280"]);
+        remote.set_sysctl("net/ipv4/ip_forward", "1");
+        far.ip(&["route", "add", "default", "via", "10.50.0.1"]);
+        host.ns.ip(&["route", "add", "10.50.0.0/24", "via", "192.168.10.11"]);
         host.ns.ip_batch(&[
             &["addr", "add", "2001:db8:c::1/64", "dev", "ext0", "nodad"],
             &["addr", "add", "fd00:10::1/64", "dev", "eth0", "nodad"],
@@ -116,7 +131,8 @@ impl External {
             &[at("192.168.10.11:8080"), at("192.168.10.12:8080"), at("[fd00:10::11]:8080"), at("[fd00:10::12]:8080")],
         )
         .join(Servers::echo(&vm, &[at("10.77.0.2:8080")]))
-        .join(Servers::echo(&host.ns, &[at("192.168.10.1:7070")]));
+        .join(Servers::echo(&host.ns, &[at("192.168.10.1:7070")]))
+        .join(Servers::start(&far, &[("10.50.0.5:8080", hm_testkit::Proto::Tcp, "f1")]));
         // Another tool's filter on both host interfaces' ingress that ends
         // classification for every packet (seen on Debian 12's 6.1 with
         // the veth path's replies): hostmesh's programs run first, where
@@ -127,7 +143,7 @@ impl External {
         }
         host.write("services.toml", SERVICES);
         let daemon = host.start_ready();
-        (External { _servers: servers, host, client, remote, _vm: vm }, daemon)
+        (External { _servers: servers, host, client, remote, _vm: vm, _far: far }, daemon)
     }
 
     /// A TCP connection from the client: what the backend saw as the
@@ -205,6 +221,20 @@ fn clients_on_another_machine_reach_node_ports_and_external_vips_over_tcp_and_ud
     // see the client's own address.
     assert_eq!(t.tcp("192.0.2.1:30081").unwrap().0, "192.0.2.2", "a namespace behind a veth of the host");
     assert_eq!(t.tcp("192.0.2.1:30082").unwrap().0, "192.0.2.2", "a process of the host");
+    // Path MTU discovery through hostmesh: the router answers full-size
+    // segments with "fragmentation needed" sent to this host's address,
+    // quoting what hostmesh sent; hm_reply sends it on to the client with
+    // the quote translated back, or the client never hears of it and the
+    // transfer stalls.
+    let out = t
+        .client
+        .command(&crate::topology::client())
+        .args(["bulk", "192.0.2.1", "30083", "1048576"])
+        .output()
+        .expect("run the client");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["answer"], "f1", "a megabyte through a 1280-byte link: {v}");
+    assert!(v["mss"].as_u64().unwrap() <= 1240, "the connection learnt the path's MTU: {v}");
     // dns6 is no external VIP: its VIP is not served to the network.
     assert!(t.udp("[fd00:96::10]:53").is_err(), "a VIP that is not external");
 

@@ -224,3 +224,42 @@ fn the_flows_of_a_backend_that_left_its_service_are_forgotten_and_no_others() {
     assert_eq!(left.len(), 2, "web's flow stays: {left:?}");
     assert!(left.iter().all(|(k, _)| k.proto == 6));
 }
+
+#[test]
+fn an_icmp_error_about_a_flow_to_another_host_goes_on_to_the_client_quoting_what_it_sent() {
+    let mut p = Probes::with_host(&config("61000-65535"), two_interfaces);
+    let a = ifindex(CLIENT_SIDE);
+    let b = ifindex(BACKEND_SIDE);
+    let client_ip = Ipv4Addr::new(192, 0, 2, 1);
+    let (client, node_port) = (at(client_ip, 40050), at(HOST_A, 30080));
+    let sent = p.run_on(Program::Reply, a, &packet(client, node_port, Some(TCP_SYN))).data;
+    // Fragmentation needed (next hop MTU 1280) from a router on the way to
+    // the backend, to this host's address, quoting what it was sent.
+    let router = Ipv4Addr::new(198, 51, 100, 1);
+    let error = icmp4(router, HOST_B, [3, 4], [0, 0, 0x05, 0x00], &sent[14..]);
+    let out = p.run_on(Program::Reply, b, &error);
+    assert_eq!(out.retval, abi::TC_ACT_REDIRECT as u32, "forwarded to the client");
+    let ip = &out.data[14..34];
+    assert_eq!(checksum(ip, 0), 0, "outer IPv4 header checksum");
+    assert_eq!((&ip[12..16], &ip[16..20]), (&router.octets()[..], &client_ip.octets()[..]), "router -> client");
+    assert_eq!(quoted4(&out.data), (client, node_port), "the quote is what the client sent");
+    assert_eq!(out.data[34..36], [3, 4], "type and code unchanged");
+    assert_eq!(out.data[38..42], [0, 0, 0x05, 0x00], "the MTU unchanged");
+
+    // IPv6: packet too big about a UDP flow.
+    let client6 = at(Ipv6Addr::new(0x2001, 0xdb8, 0xa, 0, 0, 0, 0, 1), 40051);
+    let sent = p.run_on(Program::Reply, a, &packet6(client6, at(HOST_A6, 30053))).data;
+    let router6 = Ipv6Addr::new(0x2001, 0xdb8, 0xb, 0, 0, 0, 0, 1);
+    let mut icmp = vec![2, 0, 0, 0, 0, 0, 0x05, 0x00];
+    icmp.extend(&sent[14..62]);
+    let out = p.run_on(Program::Reply, b, &icmp6(router6, at(HOST_B6, 0), icmp));
+    assert_eq!(out.retval, abi::TC_ACT_REDIRECT as u32, "IPv6: forwarded to the client");
+    let IpAddr::V6(client6_ip) = client6.ip() else { unreachable!() };
+    assert_eq!(&out.data[38..54], &client6_ip.octets(), "IPv6: to the client");
+    let icmp = &out.data[54..];
+    assert_eq!(checksum(icmp, pseudo6_of(router6, client6_ip, 58, icmp.len())), 0, "ICMPv6 checksum");
+    assert_eq!(&icmp[8 + 8..8 + 24], &client6_ip.octets(), "the quote's source: the client");
+    assert_eq!(&icmp[8 + 24..8 + 40], &HOST_A6.octets(), "the quote's destination: the node port's address");
+    let port = |at: usize| u16::from_be_bytes([icmp[at], icmp[at + 1]]);
+    assert_eq!((port(48), port(50)), (40051, 30053), "the quote's ports");
+}
