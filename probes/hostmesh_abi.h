@@ -234,6 +234,10 @@ struct hm_snat_value {
 };
 _Static_assert(sizeof(struct hm_snat_value) == 16, "hm_snat_value layout");
 
+/* HM_HOST_ADDRS: the addresses of the host interfaces (hm_addr -> 1),
+ * where node ports answer. */
+#define HM_MAX_HOST_ADDRS 4096
+
 /* Tries of a port for a new flow's source before it is dropped. */
 #define HM_SNAT_TRIES 16
 

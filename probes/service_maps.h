@@ -85,6 +85,14 @@ struct {
 } HM_SNAT SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, HM_MAX_HOST_ADDRS);
+	__type(key, struct hm_addr);
+	__type(value, __u32);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} HM_HOST_ADDRS SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, HM_MAX_REVERSE_SOCK);
 	__type(key, struct hm_revsk_key);

@@ -492,24 +492,14 @@ static __always_inline void nat_seen(const struct hm_ct_key *k, struct hm_nat_va
 	}
 }
 
-/* Whether the packet is to an address of this host: the FIB says so, as
- * it does for delivery (a node port answers on the host's addresses). */
-static __attribute__((noinline)) int to_this_host(struct __sk_buff *skb, const struct flow *f)
+/* Whether the packet is to an address of a host interface, where node
+ * ports answer (HM_HOST_ADDRS, which the daemon keeps). */
+static __always_inline int to_this_host(const struct flow *f)
 {
-	struct bpf_fib_lookup fib = {};
+	struct hm_addr a = {};
 
-	fib.ifindex = skb->ifindex;
-	fib.l4_protocol = f->proto;
-	if (!f->v6) {
-		fib.family = HM_AF_INET;
-		__builtin_memcpy(&fib.ipv4_src, f->src + 12, 4);
-		__builtin_memcpy(&fib.ipv4_dst, f->dst + 12, 4);
-	} else {
-		fib.family = HM_AF_INET6;
-		__builtin_memcpy(fib.ipv6_src, f->src, 16);
-		__builtin_memcpy(fib.ipv6_dst, f->dst, 16);
-	}
-	return bpf_fib_lookup(skb, &fib, sizeof(fib), 0) == BPF_FIB_LKUP_RET_NOT_FWDED;
+	__builtin_memcpy(a.addr, f->dst, 16);
+	return bpf_map_lookup_elem(&HM_HOST_ADDRS, &a) != NULL;
 }
 
 /* Whether a socket of this host would take a packet backend -> src:port:
@@ -605,7 +595,7 @@ static __attribute__((noinline)) int nat_new(struct __sk_buff *skb, const struct
 			sk.addr[11] = 0xff;
 		}
 		svc = bpf_map_lookup_elem(&HM_SERVICES, &sk);
-		if (!svc || !(svc->flags & HM_SVC_F_NODE_PORT) || !to_this_host(skb, f))
+		if (!svc || !(svc->flags & HM_SVC_F_NODE_PORT) || !to_this_host(f))
 			return TC_ACT_UNSPEC;
 	}
 	/* Only a SYN starts a TCP flow. A segment of no flow to a host

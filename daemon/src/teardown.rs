@@ -59,6 +59,12 @@ impl HostBackend for NoFacts {
     ) -> crate::backends::Result<std::collections::BTreeMap<std::net::IpAddr, crate::model::BackendRoute>> {
         Ok(Default::default())
     }
+
+    fn addresses(
+        &mut self,
+    ) -> crate::backends::Result<std::collections::BTreeMap<String, std::collections::BTreeSet<std::net::IpAddr>>> {
+        Ok(Default::default())
+    }
 }
 
 /// Removes everything; returns one line per thing removed or restored.

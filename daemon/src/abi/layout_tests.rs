@@ -189,6 +189,7 @@ fn rust_constants() -> BTreeMap<&'static str, i64> {
         ("HM_NAT_F_REPLY", i64::from(NAT_F_REPLY)),
         ("HM_NAT_F_SNAT", i64::from(NAT_F_SNAT)),
         ("HM_SNAT_TRIES", i64::from(SNAT_TRIES)),
+        ("HM_MAX_HOST_ADDRS", i64::from(MAX_HOST_ADDRS)),
         ("HM_CT_FORWARD", i64::from(CT_FORWARD)),
         ("HM_CT_REVERSE", i64::from(CT_REVERSE)),
         ("HM_CT_F_REPLIED", i64::from(CT_F_REPLIED)),

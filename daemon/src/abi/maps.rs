@@ -50,6 +50,7 @@ pub enum HmMap {
     CtClosing,
     Nat,
     Snat,
+    HostAddrs,
     SvcAffinity,
     Affinity,
     ReverseSock,
@@ -203,6 +204,7 @@ pub const MAPS: [MapDef; HmMap::COUNT] = [
         NO_PREALLOC,
         Some(C::Backends),
     ),
+    row(M::HostAddrs, "HM_HOST_ADDRS", BPF_MAP_TYPE_HASH, size_of::<Addr>(), 4, MAX_HOST_ADDRS, NO_PREALLOC, None),
     row(
         M::SvcAffinity,
         "HM_SVC_AFFINITY",
@@ -307,7 +309,7 @@ const _: () = {
 };
 
 impl HmMap {
-    pub const COUNT: usize = 21;
+    pub const COUNT: usize = 22;
 
     /// Every map, in the table's order.
     pub const ALL: [HmMap; HmMap::COUNT] = {

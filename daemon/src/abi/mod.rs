@@ -223,6 +223,8 @@ pub const NAT_F_REPLY: u8 = 1 << 5;
 pub const NAT_F_SNAT: u8 = 1 << 6;
 /// Ports a new flow tries before it is dropped.
 pub const SNAT_TRIES: u32 = 16;
+/// HM_HOST_ADDRS' capacity: the addresses of the host interfaces.
+pub const MAX_HOST_ADDRS: u32 = 4096;
 
 /// An address alone: `HM_SNAT`'s key.
 #[repr(C)]

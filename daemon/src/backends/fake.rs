@@ -97,6 +97,10 @@ impl HostBackend for FakeKernel {
         let s = self.state();
         Ok(to.iter().filter_map(|ip| s.facts.backend_routes.get(ip).map(|r| (*ip, r.clone()))).collect())
     }
+
+    fn addresses(&mut self) -> Result<BTreeMap<String, std::collections::BTreeSet<std::net::IpAddr>>> {
+        Ok(self.state().facts.addresses.clone())
+    }
 }
 
 impl NetBackend for FakeKernel {

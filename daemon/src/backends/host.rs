@@ -65,6 +65,12 @@ impl HostBackend for LiveHost {
     ) -> Result<std::collections::BTreeMap<std::net::IpAddr, crate::model::BackendRoute>> {
         self.net.backend_routes(to)
     }
+
+    fn addresses(
+        &mut self,
+    ) -> Result<std::collections::BTreeMap<String, std::collections::BTreeSet<std::net::IpAddr>>> {
+        self.net.addresses()
+    }
 }
 
 /// Where cgroup2 is mounted. When nothing is, mounts it under the state dir

@@ -67,6 +67,8 @@ pub trait HostBackend {
         &mut self,
         to: &[std::net::IpAddr],
     ) -> Result<BTreeMap<std::net::IpAddr, crate::model::BackendRoute>>;
+    /// Every interface's addresses, by name.
+    fn addresses(&mut self) -> Result<BTreeMap<String, std::collections::BTreeSet<std::net::IpAddr>>>;
 }
 
 pub trait NetBackend {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use slog::{warn, Logger};
 
 use crate::backends::netlink::monitor::{CurrentLinks, KernelChange, LinkLookup};
-use crate::model::{Desired, LinkSpec, NeighKey, RouteKey, RTPROT_HOSTMESH};
+use crate::model::{BpfMap, Desired, LinkSpec, MapEntryKey, NeighKey, RouteKey, RTPROT_HOSTMESH};
 
 /// A repair waits this long for the rest of a burst of kernel events (a
 /// deleted veth takes its routes with it): one resync repairs them all.
@@ -87,6 +87,13 @@ pub(super) fn host_devices(want: &Desired) -> Vec<String> {
     devs
 }
 
+/// Whether node ports need the host interfaces' addresses: one step into
+/// the entries, which are ordered by map first.
+fn wants_host_addresses(want: &Desired) -> bool {
+    let first = MapEntryKey { map: BpfMap::HostAddrs, key: std::sync::Arc::from([]) };
+    want.map_entries.range(first..).next().is_some_and(|(k, _)| k.map == BpfMap::HostAddrs)
+}
+
 /// Why `change` needs a repair, if it does. `now` says what links are
 /// like at this moment: a change already undone is no drift.
 pub(super) fn drift(
@@ -111,6 +118,11 @@ pub(super) fn drift(
             if *protocol == RTPROT_HOSTMESH && want.routes.contains_key(&RouteKey { table: *table, dst: *dst }) =>
         {
             Some(format!("route {dst} table {table} was deleted"))
+        }
+        // Node ports answer on the host interfaces' addresses (HM_HOST_ADDRS).
+        KernelChange::Address { ifindex } if hosts.values().any(|i| i == ifindex) && wants_host_addresses(want) => {
+            let dev = hosts.iter().find(|(_, i)| *i == ifindex).map_or_else(String::new, |(n, _)| n.clone());
+            Some(format!("an address of host interface {dev} changed; node ports answer on them"))
         }
         // Neighbour churn is constant on a busy host: look the name up only
         // when hostmesh has neighbours of its own.
@@ -184,5 +196,14 @@ mod tests {
         assert!(d(route(RTPROT_HOSTMESH), &here).is_some());
         assert_eq!(d(route(4), &here), None, "another protocol's route");
         assert_eq!(host_devices(&w), ["eth0"]);
+        // An address event matters on a host interface once node ports answer there.
+        assert_eq!(d(KernelChange::Address { ifindex: 2 }, &here), None, "no node port");
+        let mut w = want();
+        let key = MapEntryKey { map: BpfMap::HostAddrs, key: std::sync::Arc::from([0u8; 16]) };
+        w.map_entries
+            .insert(key, Owned { spec: crate::model::MapValue::from(vec![1, 0, 0, 0]), owners: Default::default() });
+        let why = drift(&KernelChange::Address { ifindex: 2 }, &w, &hosts, &here).unwrap();
+        assert!(why.contains("an address of host interface eth0 changed"), "{why}");
+        assert_eq!(drift(&KernelChange::Address { ifindex: 5 }, &w, &hosts, &here), None, "another interface");
     }
 }

@@ -14,6 +14,7 @@ pub enum BpfMap {
     Config,
     Backends,
     Snat,
+    HostAddrs,
     Maglev,
     SvcAffinity,
     Services,
@@ -25,10 +26,11 @@ pub enum BpfMap {
 }
 
 impl BpfMap {
-    pub const ALL: [BpfMap; 11] = [
+    pub const ALL: [BpfMap; 12] = [
         BpfMap::Config,
         BpfMap::Backends,
         BpfMap::Snat,
+        BpfMap::HostAddrs,
         BpfMap::Maglev,
         BpfMap::SvcAffinity,
         BpfMap::Services,
@@ -46,6 +48,7 @@ impl BpfMap {
             BpfMap::Config => HmMap::Config,
             BpfMap::Backends => HmMap::Backends,
             BpfMap::Snat => HmMap::Snat,
+            BpfMap::HostAddrs => HmMap::HostAddrs,
             BpfMap::Maglev => HmMap::Maglev,
             BpfMap::SvcAffinity => HmMap::SvcAffinity,
             BpfMap::Services => HmMap::Services,

@@ -68,6 +68,15 @@ pub(super) fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
         }
     }
 
+    // Node ports answer on the host interfaces' addresses.
+    if services.iter().any(|s| s.node_port.is_some()) {
+        let addrs = host.iter().filter_map(|dev| facts.addresses.get(dev)).flatten();
+        for ip in addrs.take(abi::MAX_HOST_ADDRS as usize) {
+            let key = MapEntryKey { map: BpfMap::HostAddrs, key: Addr { addr: abi::addr16(*ip) }.to_bytes().into() };
+            want(&mut out.map_entries, key, 1u32.to_bytes(), OWNER);
+        }
+    }
+
     let v4 = services.iter().any(|s| s.vip.is_ipv4());
     let v6 = services.iter().any(|s| s.vip.is_ipv6());
     for dev in &host {

@@ -54,6 +54,8 @@ pub struct HostFacts {
     /// reach (node ports, external VIPs): whether it is this host's, and
     /// the source address the host would use towards it.
     pub backend_routes: std::collections::BTreeMap<std::net::IpAddr, BackendRoute>,
+    /// Every interface's addresses (read when a service has a node port).
+    pub addresses: std::collections::BTreeMap<String, BTreeSet<std::net::IpAddr>>,
 }
 
 /// What `ip route get BACKEND` says, as far as flows from the network care.

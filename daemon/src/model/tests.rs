@@ -34,6 +34,10 @@ fn facts() -> HostFacts {
         .into_iter()
         .map(|(a, r)| (a.parse().unwrap(), r))
         .collect(),
+        addresses: [("eth0", ["192.0.2.1", "2001:db8::1"]), ("eth1", ["198.51.100.1", "198.51.100.2"])]
+            .into_iter()
+            .map(|(dev, ips)| (dev.to_string(), ips.iter().map(|ip| ip.parse().unwrap()).collect()))
+            .collect(),
     }
 }
 
@@ -523,6 +527,11 @@ fn a_service_from_the_network_gets_its_node_port_entry_snat_sources_sysctls_and_
     assert_eq!(src("192.168.10.11"), abi::addr16("192.0.2.1".parse().unwrap()), "another host: this host's address");
     assert_eq!(src("10.0.5.20"), [0; 16], "behind a veth of this host: the client's own address");
 
+    // The node port answers on the host interface's addresses only.
+    let answering: Vec<[u8; 16]> =
+        entries(&d, BpfMap::HostAddrs).keys().map(|k| abi::Addr::from_bytes(k).unwrap().addr).collect();
+    let eth0 = ["192.0.2.1", "2001:db8::1"].map(|ip| abi::addr16(ip.parse().unwrap()));
+    assert_eq!(answering.iter().collect::<std::collections::BTreeSet<_>>(), eth0.iter().collect());
     assert_eq!(d.sysctls["net/ipv4/conf/eth0/forwarding"].spec, "1");
     assert!(!d.sysctls.contains_key("net/ipv6/conf/eth0/forwarding"));
     assert_eq!(d.sysctls["net/ipv4/ip_local_reserved_ports"].spec, "30000-32767,61000-65535");

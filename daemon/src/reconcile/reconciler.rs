@@ -201,6 +201,9 @@ impl Reconciler {
         }
         facts.underlay_mtu = self.backends.host.path_mtus(&gateway::underlay_addresses(config))?;
         facts.backend_routes = self.backends.host.backend_routes(&crate::model::external::backend_addresses(config))?;
+        if config.services.iter().any(|s| s.node_port.is_some()) {
+            facts.addresses = self.backends.host.addresses()?;
+        }
         facts.peers_down = self.peers_down.clone();
         Ok(facts)
     }

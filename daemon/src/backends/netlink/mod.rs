@@ -175,6 +175,37 @@ impl Rtnetlink {
         Ok(out)
     }
 
+    /// Every interface's addresses, by name (`ip addr`): the local address
+    /// (IFA_LOCAL where there is one: a point-to-point link's IFA_ADDRESS
+    /// is its peer's).
+    pub fn addresses(&mut self) -> Result<BTreeMap<String, BTreeSet<std::net::IpAddr>>> {
+        use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+        use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+        let names: BTreeMap<u32, String> = self.all_links()?.into_iter().map(|l| (l.index, l.name)).collect();
+        let mut out: BTreeMap<String, BTreeSet<std::net::IpAddr>> = BTreeMap::new();
+        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+            let mut req = AddressMessage::default();
+            req.header.family = family;
+            let replies = self.sock.dump(RouteNetlinkMessage::GetAddress(req)).map_err(err("dump addresses"))?;
+            for m in replies {
+                let RouteNetlinkMessage::NewAddress(a) = m else { continue };
+                let Some(name) = names.get(&a.header.index) else { continue };
+                let (mut local, mut address) = (None, None);
+                for attr in &a.attributes {
+                    match attr {
+                        AddressAttribute::Local(ip) => local = Some(*ip),
+                        AddressAttribute::Address(ip) => address = Some(*ip),
+                        _ => {}
+                    }
+                }
+                if let Some(ip) = local.or(address) {
+                    out.entry(name.clone()).or_default().insert(ip);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Interfaces and default-route interfaces.
     pub fn link_facts(&mut self) -> Result<HostFacts> {
         let links = self.all_links()?;

@@ -1,5 +1,5 @@
 //! Kernel change notifications: an rtnetlink socket subscribed to link,
-//! route and neighbour events, read on a thread of its own. Each message
+//! route, neighbour and address events, read on a thread of its own. Each message
 //! becomes a `KernelChange`; the daemon compares it with what it wants
 //! (`daemon::drift`) and repairs at once what moved away — a deleted veth,
 //! a deleted route, a host interface re-created under a new index —
@@ -26,6 +26,8 @@ pub(crate) enum KernelChange {
     RouteGone { table: u32, dst: IpNet, protocol: u8 },
     /// A neighbour entry is gone.
     NeighbourGone { ip: IpAddr, ifindex: u32 },
+    /// An address was added to or removed from a link.
+    Address { ifindex: u32 },
     /// The socket overran: events were lost, so anything may have changed.
     Lost,
 }
@@ -34,7 +36,14 @@ pub(crate) enum KernelChange {
 pub(crate) fn spawn_monitor(on_change: impl Fn(KernelChange) + Send + 'static) -> io::Result<()> {
     let mut socket = Socket::new(NETLINK_ROUTE)?;
     socket.bind(&SocketAddr::new(0, 0))?;
-    for group in [libc::RTNLGRP_LINK, libc::RTNLGRP_NEIGH, libc::RTNLGRP_IPV4_ROUTE, libc::RTNLGRP_IPV6_ROUTE] {
+    for group in [
+        libc::RTNLGRP_LINK,
+        libc::RTNLGRP_NEIGH,
+        libc::RTNLGRP_IPV4_ROUTE,
+        libc::RTNLGRP_IPV6_ROUTE,
+        libc::RTNLGRP_IPV4_IFADDR,
+        libc::RTNLGRP_IPV6_IFADDR,
+    ] {
         socket.add_membership(group)?;
     }
     thread::Builder::new().name("rtnetlink-events".into()).spawn(move || loop {
@@ -96,6 +105,9 @@ fn change_of(m: &RouteNetlinkMessage) -> Option<KernelChange> {
         RouteNetlinkMessage::DelRoute(r) => {
             let r = super::route::parse(r)?;
             Some(KernelChange::RouteGone { table: r.table, dst: r.dst, protocol: r.protocol })
+        }
+        RouteNetlinkMessage::NewAddress(a) | RouteNetlinkMessage::DelAddress(a) => {
+            Some(KernelChange::Address { ifindex: a.header.index })
         }
         RouteNetlinkMessage::DelNeighbour(n) => {
             let n = super::neigh::parse(n)?;

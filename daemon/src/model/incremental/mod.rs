@@ -168,6 +168,7 @@ fn same_facts(a: &HostFacts, b: &HostFacts, config: &Config) -> bool {
         && a.underlay_mtu == b.underlay_mtu
         && a.peers_down == b.peers_down
         && a.backend_routes == b.backend_routes
+        && a.addresses == b.addresses
         && a.features == b.features
         && configured_exist(a) == configured_exist(b)
 }

@@ -46,7 +46,9 @@ fn two_interfaces(facts: &mut HostFacts) {
     // Another network, routed through a router behind hm-tb.
     ip(&format!("route add 203.0.113.0/24 via 198.51.100.1 dev {BACKEND_SIDE}"));
     let backends: Vec<IpAddr> = vec![REMOTE.into(), REMOTE6.into(), HOST_A.into()];
-    facts.backend_routes = crate::backends::netlink::Rtnetlink::open().unwrap().backend_routes(&backends).unwrap();
+    let mut netlink = crate::backends::netlink::Rtnetlink::open().unwrap();
+    facts.backend_routes = netlink.backend_routes(&backends).unwrap();
+    facts.addresses = netlink.addresses().unwrap();
 }
 
 fn config(snat_range: &str) -> String {
@@ -164,6 +166,7 @@ fn what_is_no_flow_from_the_network_passes_and_a_node_port_nobody_serves_refuses
         (at(Ipv4Addr::new(10, 96, 0, 11), 80), "a VIP that is not external"),
         (at(HOST_A, 30083), "a port that is no node port"),
         (at(Ipv4Addr::new(203, 0, 113, 5), 30080), "another host's address on a node port (routed on)"),
+        (at(Ipv4Addr::new(100, 64, 0, 1), 30080), "an address with no route, on a node port"),
     ] {
         let sent = packet(client, to, Some(TCP_SYN));
         let out = p.run_on(Program::Reply, a, &sent);
