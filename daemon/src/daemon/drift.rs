@@ -94,6 +94,11 @@ fn wants_host_addresses(want: &Desired) -> bool {
     want.map_entries.range(first..).next().is_some_and(|(k, _)| k.map == BpfMap::HostAddrs)
 }
 
+fn host_address_key(ip: std::net::IpAddr) -> MapEntryKey {
+    use crate::abi::Pod;
+    MapEntryKey { map: BpfMap::HostAddrs, key: crate::abi::Addr { addr: crate::abi::addr16(ip) }.to_bytes().into() }
+}
+
 /// Why `change` needs a repair, if it does. `now` says what links are
 /// like at this moment: a change already undone is no drift.
 pub(super) fn drift(
@@ -119,10 +124,18 @@ pub(super) fn drift(
         {
             Some(format!("route {dst} table {table} was deleted"))
         }
-        // Node ports answer on the host interfaces' addresses (HM_HOST_ADDRS).
-        KernelChange::Address { ifindex } if hosts.values().any(|i| i == ifindex) && wants_host_addresses(want) => {
+        // Node ports answer on the host interfaces' addresses (HM_HOST_ADDRS):
+        // one added there that it lacks, or one removed that it has (a
+        // refreshed lifetime, which IPv6 sends at every router
+        // advertisement, is neither).
+        KernelChange::Address { ifindex, ip, added }
+            if hosts.values().any(|i| i == ifindex)
+                && wants_host_addresses(want)
+                && *added != want.map_entries.contains_key(&host_address_key(*ip)) =>
+        {
             let dev = hosts.iter().find(|(_, i)| *i == ifindex).map_or_else(String::new, |(n, _)| n.clone());
-            Some(format!("an address of host interface {dev} changed; node ports answer on them"))
+            let what = if *added { "added to" } else { "removed from" };
+            Some(format!("address {ip} was {what} host interface {dev}, where node ports answer"))
         }
         // Neighbour churn is constant on a busy host: look the name up only
         // when hostmesh has neighbours of its own.
@@ -196,14 +209,18 @@ mod tests {
         assert!(d(route(RTPROT_HOSTMESH), &here).is_some());
         assert_eq!(d(route(4), &here), None, "another protocol's route");
         assert_eq!(host_devices(&w), ["eth0"]);
-        // An address event matters on a host interface once node ports answer there.
-        assert_eq!(d(KernelChange::Address { ifindex: 2 }, &here), None, "no node port");
+        // An address event matters on a host interface once node ports
+        // answer there, and only when it changes what they answer on.
+        let (known, new) = ("192.0.2.1".parse().unwrap(), "192.0.2.7".parse().unwrap());
+        let event = |ifindex, ip, added| KernelChange::Address { ifindex, ip, added };
+        assert_eq!(d(event(2, new, true), &here), None, "no node port");
         let mut w = want();
-        let key = MapEntryKey { map: BpfMap::HostAddrs, key: std::sync::Arc::from([0u8; 16]) };
-        w.map_entries
-            .insert(key, Owned { spec: crate::model::MapValue::from(vec![1, 0, 0, 0]), owners: Default::default() });
-        let why = drift(&KernelChange::Address { ifindex: 2 }, &w, &hosts, &here).unwrap();
-        assert!(why.contains("an address of host interface eth0 changed"), "{why}");
-        assert_eq!(drift(&KernelChange::Address { ifindex: 5 }, &w, &hosts, &here), None, "another interface");
+        let spec = crate::model::MapValue::from(vec![1, 0, 0, 0]);
+        w.map_entries.insert(host_address_key(known), Owned { spec, owners: Default::default() });
+        let why = drift(&event(2, new, true), &w, &hosts, &here).unwrap();
+        assert!(why.contains("address 192.0.2.7 was added to host interface eth0"), "{why}");
+        assert!(drift(&event(2, known, false), &w, &hosts, &here).is_some(), "a known one removed");
+        assert_eq!(drift(&event(2, known, true), &w, &hosts, &here), None, "a refresh of a known one");
+        assert_eq!(drift(&event(5, new, true), &w, &hosts, &here), None, "another interface");
     }
 }

@@ -26,8 +26,8 @@ pub(crate) enum KernelChange {
     RouteGone { table: u32, dst: IpNet, protocol: u8 },
     /// A neighbour entry is gone.
     NeighbourGone { ip: IpAddr, ifindex: u32 },
-    /// An address was added to or removed from a link.
-    Address { ifindex: u32 },
+    /// An address was added to a link (or refreshed), or removed.
+    Address { ifindex: u32, ip: IpAddr, added: bool },
     /// The socket overran: events were lost, so anything may have changed.
     Lost,
 }
@@ -106,15 +106,28 @@ fn change_of(m: &RouteNetlinkMessage) -> Option<KernelChange> {
             let r = super::route::parse(r)?;
             Some(KernelChange::RouteGone { table: r.table, dst: r.dst, protocol: r.protocol })
         }
-        RouteNetlinkMessage::NewAddress(a) | RouteNetlinkMessage::DelAddress(a) => {
-            Some(KernelChange::Address { ifindex: a.header.index })
-        }
+        RouteNetlinkMessage::NewAddress(a) => address_change(a, true),
+        RouteNetlinkMessage::DelAddress(a) => address_change(a, false),
         RouteNetlinkMessage::DelNeighbour(n) => {
             let n = super::neigh::parse(n)?;
             Some(KernelChange::NeighbourGone { ip: n.ip, ifindex: n.ifindex })
         }
         _ => None,
     }
+}
+
+/// An address event: the local address (IFA_LOCAL where there is one).
+fn address_change(a: &netlink_packet_route::address::AddressMessage, added: bool) -> Option<KernelChange> {
+    use netlink_packet_route::address::AddressAttribute;
+    let (mut local, mut address) = (None, None);
+    for attr in &a.attributes {
+        match attr {
+            AddressAttribute::Local(ip) => local = Some(*ip),
+            AddressAttribute::Address(ip) => address = Some(*ip),
+            _ => {}
+        }
+    }
+    Some(KernelChange::Address { ifindex: a.header.index, ip: local.or(address)?, added })
 }
 
 /// What a link is like right now, to tell a change that still holds from
