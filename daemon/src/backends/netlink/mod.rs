@@ -136,21 +136,7 @@ impl Rtnetlink {
     /// The MTU of the path to each address: the route's MTU if it has one,
     /// else its output link's.
     pub fn path_mtus(&mut self, to: &[std::net::IpAddr]) -> Result<BTreeMap<std::net::IpAddr, u32>> {
-        let mut out = BTreeMap::new();
-        if to.is_empty() {
-            return Ok(out);
-        }
-        let links = self.all_links()?;
-        for ip in to {
-            let Some(r) = route::get(&mut self.sock, *ip).map_err(err(format!("look up the route to {ip}")))? else {
-                continue;
-            };
-            let link_mtu = r.oif.and_then(|i| links.iter().find(|l| l.index == i)).and_then(|l| l.mtu);
-            if let Some(mtu) = r.mtu.or(link_mtu) {
-                out.insert(*ip, mtu);
-            }
-        }
-        Ok(out)
+        self.routes_to(to, |r, link| r.mtu.or(link.and_then(|l| l.mtu)))
     }
 
     /// The route to each address (`ip route get`): local or not, its
@@ -159,6 +145,20 @@ impl Rtnetlink {
         &mut self,
         to: &[std::net::IpAddr],
     ) -> Result<BTreeMap<std::net::IpAddr, crate::model::BackendRoute>> {
+        self.routes_to(to, |r, link| {
+            let local = r.kind == netlink_packet_route::route::RouteType::Local;
+            Some(crate::model::BackendRoute { local, dev: link.map(|l| l.name.clone()), src: r.prefsrc })
+        })
+    }
+
+    /// `ip route get` for each address, with the route's output link (one
+    /// dump of the links for all of them); `what` says what each route
+    /// gives, addresses with no route or nothing to give are left out.
+    fn routes_to<T>(
+        &mut self,
+        to: &[std::net::IpAddr],
+        what: impl Fn(&route::Route, Option<&Link>) -> Option<T>,
+    ) -> Result<BTreeMap<std::net::IpAddr, T>> {
         let mut out = BTreeMap::new();
         if to.is_empty() {
             return Ok(out);
@@ -168,9 +168,10 @@ impl Rtnetlink {
             let Some(r) = route::get(&mut self.sock, *ip).map_err(err(format!("look up the route to {ip}")))? else {
                 continue;
             };
-            let dev = r.oif.and_then(|i| links.iter().find(|l| l.index == i)).map(|l| l.name.clone());
-            let local = r.kind == netlink_packet_route::route::RouteType::Local;
-            out.insert(*ip, crate::model::BackendRoute { local, dev, src: r.prefsrc });
+            let link = r.oif.and_then(|i| links.iter().find(|l| l.index == i));
+            if let Some(v) = what(&r, link) {
+                out.insert(*ip, v);
+            }
         }
         Ok(out)
     }
@@ -179,7 +180,7 @@ impl Rtnetlink {
     /// (IFA_LOCAL where there is one: a point-to-point link's IFA_ADDRESS
     /// is its peer's).
     pub fn addresses(&mut self) -> Result<BTreeMap<String, BTreeSet<std::net::IpAddr>>> {
-        use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+        use netlink_packet_route::address::AddressMessage;
         use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
         let names: BTreeMap<u32, String> = self.all_links()?.into_iter().map(|l| (l.index, l.name)).collect();
         let mut out: BTreeMap<String, BTreeSet<std::net::IpAddr>> = BTreeMap::new();
@@ -190,15 +191,7 @@ impl Rtnetlink {
             for m in replies {
                 let RouteNetlinkMessage::NewAddress(a) = m else { continue };
                 let Some(name) = names.get(&a.header.index) else { continue };
-                let (mut local, mut address) = (None, None);
-                for attr in &a.attributes {
-                    match attr {
-                        AddressAttribute::Local(ip) => local = Some(*ip),
-                        AddressAttribute::Address(ip) => address = Some(*ip),
-                        _ => {}
-                    }
-                }
-                if let Some(ip) = local.or(address) {
+                if let Some(ip) = local_address(&a) {
                     out.entry(name.clone()).or_default().insert(ip);
                 }
             }
@@ -349,4 +342,19 @@ impl NetBackend for Rtnetlink {
         neigh::delete(&mut self.sock, ifindex, key.ip)
             .map_err(err(format!("delete neighbour {} dev {}", key.ip, key.dev)))
     }
+}
+
+/// An address message's local address: IFA_LOCAL where there is one (a
+/// point-to-point link's IFA_ADDRESS is its peer's), else IFA_ADDRESS.
+pub(super) fn local_address(a: &netlink_packet_route::address::AddressMessage) -> Option<std::net::IpAddr> {
+    use netlink_packet_route::address::AddressAttribute;
+    let (mut local, mut address) = (None, None);
+    for attr in &a.attributes {
+        match attr {
+            AddressAttribute::Local(ip) => local = Some(*ip),
+            AddressAttribute::Address(ip) => address = Some(*ip),
+            _ => {}
+        }
+    }
+    local.or(address)
 }

@@ -116,18 +116,9 @@ fn change_of(m: &RouteNetlinkMessage) -> Option<KernelChange> {
     }
 }
 
-/// An address event: the local address (IFA_LOCAL where there is one).
+/// An address event, by its local address.
 fn address_change(a: &netlink_packet_route::address::AddressMessage, added: bool) -> Option<KernelChange> {
-    use netlink_packet_route::address::AddressAttribute;
-    let (mut local, mut address) = (None, None);
-    for attr in &a.attributes {
-        match attr {
-            AddressAttribute::Local(ip) => local = Some(*ip),
-            AddressAttribute::Address(ip) => address = Some(*ip),
-            _ => {}
-        }
-    }
-    Some(KernelChange::Address { ifindex: a.header.index, ip: local.or(address)?, added })
+    Some(KernelChange::Address { ifindex: a.header.index, ip: super::local_address(a)?, added })
 }
 
 /// What a link is like right now, to tell a change that still holds from
