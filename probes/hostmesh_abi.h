@@ -53,12 +53,12 @@ _Static_assert(sizeof(struct hm_config) == 24, "hm_config layout");
 #define HM_CT_TCP_TIMEOUT_DEFAULT_S 86400
 #define HM_CT_UDP_TIMEOUT_DEFAULT_S 60
 
-/* (VIP, port, protocol) -> service. */
+/* (VIP, port, protocol, scope) -> service. */
 struct hm_svc_key {
 	__u8 addr[16];
 	__be16 port;
 	__u8 proto; /* IPPROTO_TCP or IPPROTO_UDP */
-	__u8 _pad;
+	__u8 scope; /* HM_SVC_SCOPE_* */
 };
 _Static_assert(sizeof(struct hm_svc_key) == 20, "hm_svc_key layout");
 
@@ -83,6 +83,17 @@ _Static_assert(sizeof(struct hm_svc_value) == 16, "hm_svc_value layout");
  * (:: or ::ffff:0.0.0.0) and the node port; it matches packets from the
  * network to any address of this host on that port. */
 #define HM_SVC_F_NODE_PORT (1u << 3)
+/* external_policy = "local": the entry's Maglev table holds this host's
+ * backends only (its chunks are keyed with HM_MAGLEV_LOCAL set), and
+ * backend_count counts them; a backend sees the client's own address. */
+#define HM_SVC_F_LOCAL (1u << 4)
+
+/* Whose packets an HM_SERVICES entry balances: this host's (the VIP's
+ * entry connect-time LB and the bpfnat veth read), or the network's (an
+ * external VIP's and a node port's entries, which hm_reply reads, and a
+ * host process's connections to its own node port). */
+#define HM_SVC_SCOPE_HOST 0
+#define HM_SVC_SCOPE_NETWORK 1
 
 /* HM_SVC_AFFINITY: service id -> its affinity settings (services with
  * HM_SVC_F_AFFINITY only). */
@@ -147,9 +158,10 @@ _Static_assert(sizeof(struct hm_backend) == 20, "hm_backend layout");
  * [chunk * HM_MAGLEV_CHUNK, (chunk + 1) * HM_MAGLEV_CHUNK). */
 struct hm_maglev_key {
 	__u32 svc_id;
-	__u32 chunk;
+	__u32 chunk; /* | HM_MAGLEV_LOCAL: the table of this host's backends */
 };
 _Static_assert(sizeof(struct hm_maglev_key) == 8, "hm_maglev_key layout");
+#define HM_MAGLEV_LOCAL (1u << 31)
 
 struct hm_maglev_chunk {
 	__u32 backend[HM_MAGLEV_CHUNK];

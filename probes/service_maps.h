@@ -186,7 +186,7 @@ static __always_inline int hm_pick_id(const struct hm_svc_value *svc, __u32 hash
 		return 0;
 	slot = hash % size;
 	key.svc_id = svc->id;
-	key.chunk = slot / HM_MAGLEV_CHUNK;
+	key.chunk = slot / HM_MAGLEV_CHUNK | ((svc->flags & HM_SVC_F_LOCAL) ? HM_MAGLEV_LOCAL : 0);
 	chunk = bpf_map_lookup_elem(&HM_MAGLEV, &key);
 	if (!chunk)
 		return 0;

@@ -586,8 +586,9 @@ static __attribute__((noinline)) int nat_new(struct __sk_buff *skb, const struct
 	__builtin_memcpy(sk.addr, f->dst, 16);
 	sk.port = f->dport;
 	sk.proto = f->proto;
+	sk.scope = HM_SVC_SCOPE_NETWORK;
 	svc = bpf_map_lookup_elem(&HM_SERVICES, &sk);
-	if (!svc || !(svc->flags & HM_SVC_F_EXTERNAL)) {
+	if (!svc) {
 		vip = 0;
 		__builtin_memset(sk.addr, 0, 16);
 		if (!f->v6) {

@@ -71,6 +71,16 @@ backends = ["192.168.10.1:7070"]
 node_port = 30082
 
 [[service]]
+name = "mixed"
+vip = "10.96.0.14"
+port = 80
+backends = ["192.168.10.11:8080", "10.77.0.2:8080"]
+node_port = 30084
+external = true
+external_policy = "local"
+health_check = { kind = "tcp", interval = "200ms", rise = 2, fall = 2, initial = "up" }
+
+[[service]]
 name = "far"
 vip = "10.96.0.13"
 port = 80
@@ -84,7 +94,7 @@ struct External {
     host: Host,
     client: Netns,
     remote: Netns,
-    _vm: Netns,
+    vm: Netns,
     _far: Netns,
 }
 
@@ -93,7 +103,9 @@ impl External {
         // The default connect_time_lb ("tcp"); "all", where only flows from
         // the network need the host interfaces' programs, and "off" pass
         // the same test (run by hand).
-        let host = Host::with_daemon_config("host_interfaces = [\"ext0\", \"eth0\"]");
+        let host = Host::with_daemon_config(
+            "host_interfaces = [\"ext0\", \"eth0\"]\nservice_health_listen = \"192.0.2.1:10256\"",
+        );
         let (client, remote, vm, far) = (Netns::new(), Netns::new(), Netns::new(), Netns::new());
         host.ns.veth_to(&client, ("ext0", "192.0.2.1/24"), ("eth0", "192.0.2.2/24"));
         host.ns.veth_to(&remote, ("eth0", "192.168.10.1/24"), ("eth0", "192.168.10.11/24"));
@@ -143,7 +155,7 @@ impl External {
         }
         host.write("services.toml", SERVICES);
         let daemon = host.start_ready();
-        (External { _servers: servers, host, client, remote, _vm: vm, _far: far }, daemon)
+        (External { _servers: servers, host, client, remote, vm, _far: far }, daemon)
     }
 
     /// A TCP connection from the client: what the backend saw as the
@@ -162,6 +174,21 @@ impl External {
             assert_eq!(echo, "ping\n", "echoed through {to}");
             let mut words = greeting.split_whitespace().map(String::from);
             Ok((words.next().unwrap_or_default(), words.next().unwrap_or_default()))
+        })
+    }
+
+    /// The status of GET /services/NAME on the host's service health
+    /// endpoint, asked from the client as an upstream balancer would.
+    fn service_health(&self, name: &str) -> u16 {
+        let request = format!("GET /services/{name} HTTP/1.0\r\n\r\n");
+        self.client.run(move || {
+            let mut s =
+                TcpStream::connect_timeout(&"192.0.2.1:10256".parse().unwrap(), Duration::from_secs(2)).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            s.write_all(request.as_bytes()).unwrap();
+            let mut answer = String::new();
+            std::io::Read::read_to_string(&mut s, &mut answer).unwrap();
+            answer.split_whitespace().nth(1).and_then(|code| code.parse().ok()).unwrap_or(0)
         })
     }
 
@@ -286,6 +313,27 @@ fn clients_on_another_machine_reach_node_ports_and_external_vips_over_tcp_and_ud
         let (_, backend) = t.tcp("192.0.2.1:30080").unwrap();
         assert_eq!(backend, "192.168.10.11", "only the serving backend");
     }
+
+    // external_policy = "local": only the backend on this host (behind
+    // its veth) is reached, seeing the client's own address, through the
+    // node port and the external VIP; the service health endpoint says
+    // this host serves it.
+    for to in ["192.0.2.1:30084", "10.96.0.14:80"].iter().cycle().take(16) {
+        assert_eq!(t.tcp(to).unwrap(), ("192.0.2.2".to_string(), "10.77.0.2".to_string()), "{to}");
+    }
+    assert_eq!(t.service_health("mixed"), 200);
+    assert_eq!(t.service_health("web"), 404, "not a \"local\" service");
+    // Its last backend here goes: 503, and new flows are refused at once
+    // (the other host's backend is not used); back, 200 and served again.
+    t.vm.ip(&["addr", "del", "10.77.0.2/24", "dev", "eth0"]);
+    hm_testkit::wait_soon("mixed: 503", || t.service_health("mixed") == 503)
+        .unwrap_or_else(|e| panic!("{e}\n{}", daemon.log_text()));
+    let refused = t.tcp("192.0.2.1:30084").unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused, "{refused}");
+    t.vm.ip_batch(&[&["addr", "add", "10.77.0.2/24", "dev", "eth0"], &["route", "add", "default", "via", "10.77.0.1"]]);
+    hm_testkit::wait_soon("mixed: 200", || t.service_health("mixed") == 200)
+        .unwrap_or_else(|e| panic!("{e}\n{}", daemon.log_text()));
+    assert_eq!(t.tcp("192.0.2.1:30084").unwrap().1, "10.77.0.2");
 
     // What hostmesh set for it, and put back at teardown.
     assert_eq!(t.host.ns.sysctl("net/ipv4/ip_local_reserved_ports").as_deref(), Some("30000-32767,61000-65535"));

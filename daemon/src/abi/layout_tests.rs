@@ -54,7 +54,7 @@ fn mirrors() -> Vec<(&'static str, &'static str, usize, Vec<Field>)> {
             netns_cookie => "netns_cookie", flags => "flags", tcp_timeout_s => "tcp_timeout_s",
             udp_timeout_s => "udp_timeout_s", snat_port_min => "snat_port_min", snat_port_max => "snat_port_max",
         }),
-        mirror!(SvcKey, "hm_svc_key", { addr => "addr", port_be => "port", proto => "proto", pad => "_pad" }),
+        mirror!(SvcKey, "hm_svc_key", { addr => "addr", port_be => "port", proto => "proto", scope => "scope" }),
         mirror!(SvcValue, "hm_svc_value", {
             id => "id", backend_count => "backend_count", flags => "flags", table_size => "table_size",
         }),
@@ -184,6 +184,11 @@ fn rust_constants() -> BTreeMap<&'static str, i64> {
         ("HM_SVC_F_AFFINITY", i64::from(SVC_F_AFFINITY)),
         ("HM_SVC_F_EXTERNAL", i64::from(SVC_F_EXTERNAL)),
         ("HM_SVC_F_NODE_PORT", i64::from(SVC_F_NODE_PORT)),
+        ("HM_SVC_F_LOCAL", i64::from(SVC_F_LOCAL)),
+        ("HM_SVC_SCOPE_HOST", i64::from(SVC_SCOPE_HOST)),
+        ("HM_SVC_SCOPE_NETWORK", i64::from(SVC_SCOPE_NETWORK)),
+        // An enum constant is an int in BTF: bit 31 reads negative.
+        ("HM_MAGLEV_LOCAL", i64::from(MAGLEV_LOCAL as i32)),
         ("HM_NAT_IN", i64::from(NAT_IN)),
         ("HM_NAT_OUT", i64::from(NAT_OUT)),
         ("HM_NAT_F_REPLY", i64::from(NAT_F_REPLY)),

@@ -24,7 +24,7 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-/// (VIP, port, protocol): the key of `HM_SERVICES`.
+/// (VIP, port, protocol, scope): the key of `HM_SERVICES`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct SvcKey {
@@ -33,7 +33,8 @@ pub struct SvcKey {
     /// Network byte order.
     pub port_be: u16,
     pub proto: u8,
-    pub pad: u8,
+    /// `SVC_SCOPE_HOST` or `SVC_SCOPE_NETWORK`.
+    pub scope: u8,
 }
 
 #[repr(C)]
@@ -105,6 +106,17 @@ pub const SVC_F_EXTERNAL: u32 = 1 << 2;
 /// address, the node port): packets from the network to any address of
 /// this host on that port.
 pub const SVC_F_NODE_PORT: u32 = 1 << 3;
+/// `SvcValue::flags`: external_policy = "local"; the entry's table (chunks
+/// keyed with `MAGLEV_LOCAL`) holds this host's backends only.
+pub const SVC_F_LOCAL: u32 = 1 << 4;
+/// `SvcKey::scope`: this host's clients (connect-time LB, the veth path).
+pub const SVC_SCOPE_HOST: u8 = 0;
+/// `SvcKey::scope`: clients on other machines (an external VIP's and a
+/// node port's entries).
+pub const SVC_SCOPE_NETWORK: u8 = 1;
+/// `MaglevKey::chunk`: set on the chunks of a service's table of this
+/// host's backends.
+pub const MAGLEV_LOCAL: u32 = 1 << 31;
 
 /// `HM_SVC_AFFINITY`: service id -> affinity settings.
 #[repr(C)]
@@ -241,8 +253,22 @@ pub struct SnatValue {
     pub src: [u8; 16],
 }
 
-/// `HM_MESH` keys have the layout of service keys; port 0 means every port.
-pub type MeshKey = SvcKey;
+/// `HM_MESH`'s key: (VIP, port, protocol); port 0 means every port.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct MeshKey {
+    pub addr: [u8; 16],
+    /// Network byte order.
+    pub port_be: u16,
+    pub proto: u8,
+    pub pad: u8,
+}
+
+impl MeshKey {
+    pub fn new(vip: IpAddr, port: u16, proto: u8) -> Self {
+        MeshKey { addr: addr16(vip), port_be: port.to_be(), proto, pad: 0 }
+    }
+}
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
@@ -419,7 +445,13 @@ impl std::ops::Add for BackendStats {
 
 impl SvcKey {
     pub fn new(vip: IpAddr, port: u16, proto: u8) -> Self {
-        SvcKey { addr: addr16(vip), port_be: port.to_be(), proto, pad: 0 }
+        SvcKey { addr: addr16(vip), port_be: port.to_be(), proto, scope: SVC_SCOPE_HOST }
+    }
+
+    /// The entry of packets from the network to `vip:port` (an external
+    /// VIP, or the family's unspecified address for a node port).
+    pub fn network(vip: IpAddr, port: u16, proto: u8) -> Self {
+        SvcKey { scope: SVC_SCOPE_NETWORK, ..SvcKey::new(vip, port, proto) }
     }
 
     pub fn vip(&self) -> IpAddr {

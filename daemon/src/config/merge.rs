@@ -88,9 +88,10 @@ fn claims(f: &FileConfig) -> Vec<Claim<'_>> {
 }
 
 /// The service map entries a file's services take: one each, and one
-/// more for a node port.
+/// more for a node port and for an external VIP.
 fn service_entries(f: &FileConfig) -> usize {
-    f.services.len() + f.services.iter().filter(|s| s.node_port.is_some()).count()
+    f.services.len()
+        + f.services.iter().map(|s| usize::from(s.node_port.is_some()) + usize::from(s.external)).sum::<usize>()
 }
 
 fn conflict(origin: &Origin, key: &str, message: String) -> ConfigError {

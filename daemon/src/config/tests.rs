@@ -948,16 +948,26 @@ fn a_node_port_is_one_services_per_protocol_and_family_and_inside_the_range() {
 }
 
 #[test]
-fn the_port_ranges_and_the_policies_not_built_yet_are_checked() {
+fn the_port_ranges_the_policies_and_the_service_health_endpoint_are_checked() {
     let e = one_error("[daemon]\nnode_port_range = \"30000-32767\"\nsnat_port_range = \"32000-33000\"\n");
     assert!(e.contains("snat_port_range 32000-33000 overlaps node_port_range 30000-32767"), "{e}");
     let e = one_error("[daemon]\nsnat_port_range = \"9-1\"\n");
     assert!(e.contains("snat_port_range \"9-1\" is not a range of ports FIRST-LAST"), "{e}");
-    let e = one_error("[daemon]\nservice_health_listen = \"0.0.0.0:10256\"\n");
-    assert!(e.contains("service_health_listen is not supported by this version of hostmesh yet"), "{e}");
+    let listen =
+        |text: &str| parse_file(&Source::new(Path::new("t.toml"), text)).unwrap().daemon.unwrap().service_health_listen;
+    assert_eq!(listen("[daemon]\nservice_health_listen = \"0.0.0.0:10256\"\n"), Some("0.0.0.0:10256".parse().unwrap()));
+    assert_eq!(listen("[daemon]\nservice_health_listen = \"off\"\n"), None);
+    assert_eq!(listen("[daemon]\nresync_interval = \"30s\"\n"), None, "off by default");
+    let e = one_error("[daemon]\nservice_health_listen = \"10256\"\n");
+    assert!(e.contains("service_health_listen \"10256\" is not \"off\" or an address with a port"), "{e}");
+    let e = one_error("[daemon]\nservice_health_listen = \"0.0.0.0:9853\"\n");
+    assert!(e.contains("service_health_listen 0.0.0.0:9853 takes the metrics endpoint's port"), "{e}");
     let svc = "[[service]]\nname = \"web\"\nvip = \"10.96.0.10\"\nport = 80\n";
-    let e = one_error(&format!("{svc}external = true\nexternal_policy = \"local\"\n"));
-    assert!(e.contains("external_policy = \"local\" is not supported by this version of hostmesh yet"), "{e}");
+    let policy = |text: &str| parse_file(&Source::new(Path::new("t.toml"), text)).unwrap().services[0].external_policy;
+    assert_eq!(policy(&format!("{svc}external = true\nexternal_policy = \"local\"\n")), ExternalPolicy::Local);
+    assert_eq!(policy(&format!("{svc}node_port = 30080\n")), ExternalPolicy::Snat, "the default");
+    let e = one_error(&format!("{svc}external = true\nexternal_policy = \"cluster\"\n"));
+    assert!(e.contains("external_policy \"cluster\" is not one of \"snat\" or \"local\""), "{e}");
     let e = one_error(&format!("{svc}external_policy = \"snat\"\n"));
     assert!(e.contains("external_policy applies to clients on other machines"), "{e}");
     assert!(errors(&format!("{svc}node_port = 30080\nexternal = true\nexternal_policy = \"snat\"\n")).is_empty());

@@ -159,6 +159,9 @@ pub(crate) struct DaemonSettings {
     /// The source ports of flows from the network to a backend on another
     /// host; reserved for the host while any service is external.
     pub snat_port_range: PortRange,
+    /// Where `GET /services/NAME` answers how many of an
+    /// external_policy = "local" service's backends serve here; `None`: off.
+    pub service_health_listen: Option<SocketAddr>,
     pub origin: Option<Origin>,
 }
 
@@ -208,6 +211,7 @@ impl Default for DaemonSettings {
             metrics_backend_limit: DEFAULT_METRICS_BACKEND_LIMIT,
             node_port_range: DEFAULT_NODE_PORT_RANGE,
             snat_port_range: DEFAULT_SNAT_PORT_RANGE,
+            service_health_listen: None,
             origin: None,
         }
     }
@@ -242,7 +246,22 @@ pub(crate) struct Service {
     pub node_port: Option<u16>,
     /// Packets from the network to vip:port are balanced too.
     pub external: bool,
+    /// Which backends clients on other machines reach, and what they see.
+    pub external_policy: ExternalPolicy,
     pub origin: Origin,
+}
+
+/// `external_policy`: how flows from the network (node ports, external
+/// VIPs) are balanced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum ExternalPolicy {
+    /// Any backend; one on another host sees this host's address.
+    #[default]
+    Snat,
+    /// This host's backends only, which see the client's own address;
+    /// with none serving, new flows are refused.
+    Local,
 }
 
 impl Service {

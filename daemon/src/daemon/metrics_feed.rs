@@ -6,30 +6,27 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use slog::{info, warn, Logger};
+use slog::Logger;
 
 use crate::abi::{HmMap, MAPS};
 use crate::backends::bpf::objects::sized;
 use crate::config::Config;
-use crate::metrics::{MapRow, Metrics, MetricsServer, Published};
+use crate::http_endpoint::Listening;
+use crate::metrics::{MapRow, Metrics, Published};
 use crate::model::Desired;
 use crate::state::Status;
 
 pub(super) struct MetricsFeed {
     metrics: Metrics,
-    server: Option<MetricsServer>,
-    /// The address last tried (`Some(None)`: "off"), so a port that is
-    /// taken is reported once, not at every sync.
-    tried: Option<Option<std::net::SocketAddr>>,
-    /// Why the endpoint is not serving, for the status.
-    pub(super) error: Option<String>,
+    /// The endpoint, following `[daemon] metrics_listen`.
+    pub(super) listening: Listening,
     /// Entries per map in the desired state, and the generation they are of.
     entries: (u64, BTreeMap<HmMap, u64>),
 }
 
 impl MetricsFeed {
     pub(super) fn new(metrics: Metrics) -> Self {
-        MetricsFeed { metrics, server: None, tried: None, error: None, entries: (0, BTreeMap::new()) }
+        MetricsFeed { metrics, listening: Listening::default(), entries: (0, BTreeMap::new()) }
     }
 
     /// What syncs, reloads and peer transitions are counted in.
@@ -39,31 +36,13 @@ impl MetricsFeed {
 
     /// (Re)starts the endpoint when `[daemon] metrics_listen` changed.
     pub(super) fn track_server(&mut self, config: &Config, log: &Logger) {
-        let want = config.daemon.metrics_listen;
-        if self.tried == Some(want) {
-            return;
-        }
-        self.tried = Some(want);
-        // The old one closes its port before a new one binds.
-        self.server = None;
-        self.error = None;
-        let Some(addr) = want else { return };
-        match MetricsServer::start(addr, self.metrics.clone()) {
-            Ok(s) => {
-                info!(log, "serving metrics"; "listen" => s.addr().to_string(), "path" => "/metrics");
-                self.server = Some(s);
-            }
-            Err(e) => {
-                warn!(log, "no metrics endpoint; the dataplane is unaffected"; "error" => e.to_string());
-                self.error = Some(e.to_string());
-            }
-        }
+        self.listening.follow(config.daemon.metrics_listen, log, |addr| self.metrics.serve(addr));
     }
 
     /// Hands the endpoint `status` and the configuration (nothing while it
     /// is off); the scrape thread builds its snapshot from them.
     pub(super) fn publish(&mut self, config: &Arc<Config>, status: Status, want: Option<&Desired>, generation: u64) {
-        if self.server.is_none() {
+        if !self.listening.serving() {
             return;
         }
         let maps = self.map_rows(config, &status, want, generation);

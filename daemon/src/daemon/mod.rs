@@ -14,6 +14,7 @@
 //! | `Sweeper` | `sweeper.rs` | the last conntrack sweep |
 //! | `SidecarWatch` | `sidecar_watch.rs` | the sidecar registrar |
 //! | `MetricsFeed` | `metrics_feed.rs` | the counters and the endpoint |
+//! | `ServiceHealthFeed` | `service_health_feed.rs` | the service health endpoint |
 //!
 //! `Daemon` joins them: `sync.rs` runs one sync through each in turn,
 //! `status_write.rs` writes what they report. `run` builds the live
@@ -30,6 +31,7 @@ mod metrics_feed;
 mod notify;
 mod peers;
 pub(crate) mod report;
+mod service_health_feed;
 mod sidecar_watch;
 mod status_write;
 mod sweeper;
@@ -121,6 +123,7 @@ pub(super) struct Daemon {
     sweeper: sweeper::Sweeper,
     sidecars: sidecar_watch::SidecarWatch,
     metrics: metrics_feed::MetricsFeed,
+    service_health: service_health_feed::ServiceHealthFeed,
 }
 
 pub(crate) fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
@@ -201,6 +204,7 @@ impl Daemon {
             sweeper: Default::default(),
             sidecars: sidecar_watch::SidecarWatch::new(parts.sidecars),
             metrics: metrics_feed::MetricsFeed::new(crate::metrics::Metrics::new(traffic)),
+            service_health: Default::default(),
             paths,
             log,
         }

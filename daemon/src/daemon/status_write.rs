@@ -63,7 +63,8 @@ impl Daemon {
                 .unwrap_or_default()
                 .into_iter()
                 .chain(self.runner.reconciler.backend_warnings())
-                .chain(self.metrics.error.clone())
+                .chain(self.metrics.listening.error.clone())
+                .chain(self.service_health.listening.error.clone())
                 .collect(),
             kernel: Some(report::kernel(&self.features, loaded.config.daemon.tc_attach)),
             backends,

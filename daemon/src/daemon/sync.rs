@@ -1,6 +1,6 @@
 //! One sync, through each owner in turn: read the config, follow peer and
 //! backend health, reconcile, drop what left, record the outcome, then
-//! sidecars, the metrics endpoint, the status file and systemd.
+//! sidecars, the HTTP endpoints, the status file and systemd.
 
 use slog::info;
 
@@ -42,8 +42,12 @@ impl Daemon {
             self.drift.remember_hosts(self.runner.reconciler.desired());
         }
         self.sidecars.tick(&config, self.runner.reconciler.desired(), &self.log);
-        // After the sync, so the endpoint's first snapshot is of it.
+        // After the sync, so the endpoints' first answers are of it.
         self.metrics.track_server(&config, &self.log);
+        if matches!(ran, Ran::Done { .. }) {
+            self.service_health.publish(self.runner.reconciler.desired());
+        }
+        self.service_health.track_server(&config, &self.log);
         let line = self.write_status();
         match ran {
             Ran::Done { first_ready } => {

@@ -8,7 +8,6 @@
 //! slow scraper never holds up the daemon (docs/design.md, "Metrics").
 
 mod encode;
-mod server;
 mod snapshot;
 #[cfg(test)]
 mod tests;
@@ -22,7 +21,7 @@ use prometheus_client::registry::Registry;
 
 use crate::backends::bpf::traffic::TrafficReader;
 
-pub(crate) use server::MetricsServer;
+use crate::http_endpoint::{Endpoint, Kind, Reply, ServeError};
 pub(crate) use snapshot::{MapRow, Published, Snapshot};
 
 /// Buckets of `hostmesh_sync_duration_seconds`: 1 ms to ~65 s.
@@ -122,6 +121,21 @@ impl Metrics {
     /// (some file was rejected) or "failed" (the dir could not be read).
     pub(crate) fn reload(&self, outcome: &'static str) {
         *self.events().reloads.entry(outcome).or_default() += 1;
+    }
+
+    /// Serves GET /metrics on `addr` until the endpoint is dropped.
+    pub(crate) fn serve(&self, addr: std::net::SocketAddr) -> Result<Endpoint, ServeError> {
+        const KIND: Kind = Kind { what: "metrics", key: "metrics_listen", thread: "hm-metrics" };
+        let metrics = self.clone();
+        let handler = move |path: &str| match path {
+            "/metrics" => Reply {
+                status: hyper::StatusCode::OK,
+                content_type: prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+                body: metrics.render(),
+            },
+            _ => Reply::text(hyper::StatusCode::NOT_FOUND, "hostmesh serves /metrics only\n".into()),
+        };
+        Endpoint::start(KIND, addr, std::sync::Arc::new(handler))
     }
 
     /// The text exposition format, as a scrape gets it.

@@ -166,7 +166,7 @@ fn get(addr: std::net::SocketAddr, request: &str) -> String {
 
 #[test]
 fn the_endpoint_serves_get_metrics_only_and_an_idle_client_blocks_no_one() {
-    let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), metrics()).unwrap();
+    let server = metrics().serve("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = server.addr();
     assert_ne!(addr.port(), 0, "addr() is the bound port");
     // A client that connects and says nothing holds one slot, not all.
@@ -185,7 +185,7 @@ fn the_endpoint_serves_get_metrics_only_and_an_idle_client_blocks_no_one() {
 fn a_taken_port_is_an_error_naming_the_key() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap();
-    let Err(e) = MetricsServer::start(addr, metrics()) else { panic!("bound a taken port") };
+    let Err(e) = metrics().serve(addr) else { panic!("bound a taken port") };
     assert!(e.to_string().contains("metrics_listen") && e.to_string().contains(&addr.to_string()), "{e}");
 }
 

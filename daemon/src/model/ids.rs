@@ -32,8 +32,9 @@ impl Prior {
                     if let (Some(key), Some(value)) =
                         (SvcKey::from_bytes(&k.key), v.as_bytes().and_then(SvcValue::from_bytes))
                     {
-                        // A node port's entry shares its service's id.
-                        if value.flags & crate::abi::SVC_F_NODE_PORT == 0 {
+                        // An external VIP's and a node port's entries
+                        // share their service's id.
+                        if key.scope == crate::abi::SVC_SCOPE_HOST {
                             prior.services.insert(key, value.id);
                         }
                     }

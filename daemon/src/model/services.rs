@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use crate::abi::{self, BackendValue, HmConfig, MaglevKey, Pod, SvcAffinity, SvcKey, SvcValue, MAGLEV_CHUNK};
 use crate::config::{Config, CtlbMode, DaemonSettings, Mesh, Protocol, Service};
 
+use super::external;
 use super::ids::{self, Prior};
 use super::maglev::Entry;
 use super::mesh;
@@ -38,13 +39,18 @@ pub(super) fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &m
     };
     want(&mut out.map_entries, MapEntryKey { map: BpfMap::Config, key: 0u32.to_bytes().into() }, cfg.to_bytes(), OWNER);
 
+    let reach = config.services.iter().any(Service::serves_network).then(|| external::Reach::new(config, facts));
     let mut chunks_left = d.sizes.maglev_chunks as usize;
     for (n, svc) in config.services.iter().enumerate() {
         if n % STOP_CHECK_EVERY == 0 && stopping.load(Ordering::Relaxed) {
             return;
         }
         let table_size = table_size_of(svc, d);
-        let chunks = chunks_of(svc, table_size);
+        // external_policy = "local": the backends on this host, which get a
+        // table of their own.
+        let here = reach.as_ref().and_then(|r| r.local_backends(svc, facts));
+        let chunks = chunks_of(svc, table_size)
+            + here.as_ref().map_or(0, |h| crate::table_size::chunks_for(h.len(), table_size));
         if chunks > chunks_left {
             out.warnings.push(format!(
                 "service \"{}\" not applied: Maglev tables are full ({} chunks of {MAGLEV_CHUNK} slots); raise [daemon] {} or use a smaller maglev_table_size",
@@ -61,6 +67,14 @@ pub(super) fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &m
         let ids: Vec<u32> = svc.backends.iter().map(|b| backend_ids[&b.addr]).collect();
         for (k, v) in service_entries(svc, id, &ids, table_size, &config.meshes) {
             want(&mut out.map_entries, k, v, &owner);
+        }
+        if svc.serves_network() {
+            for (k, v) in external::network_entries(svc, id, &ids, table_size, here.as_deref()) {
+                want(&mut out.map_entries, k, v, &owner);
+            }
+        }
+        if let Some(here) = here {
+            out.local_backends.insert(svc.name.clone(), here.len());
         }
     }
     attach_connect_time(config, facts, out);
@@ -150,26 +164,18 @@ pub(super) fn chunks_of(s: &Service, table_size: u32) -> usize {
     crate::table_size::chunks_for(s.backends.len(), table_size)
 }
 
-/// The keys of one service's entries in HM_BACKENDS, HM_MAGLEV,
-/// HM_SVC_AFFINITY (with affinity) and HM_SERVICES, in that order, given
-/// its id and its backends' ids (in the order of `svc.backends`). Removing
-/// a service needs only these.
+/// The keys of one service's entries for this host's clients in
+/// HM_BACKENDS, HM_MAGLEV, HM_SVC_AFFINITY (with affinity) and
+/// HM_SERVICES, in that order (`external::network_entries` adds those of
+/// clients on other machines), given its id and its backends' ids (in the
+/// order of `svc.backends`). Removing a service needs only these.
 pub(super) fn service_keys(svc: &Service, id: u32, backend_ids: &[u32], table_size: u32) -> Vec<MapEntryKey> {
     let backends = backend_ids.iter().map(|b| MapEntryKey { map: BpfMap::Backends, key: b.to_bytes().into() });
     let chunks = (0..chunks_of(svc, table_size) as u32)
         .map(|chunk| MapEntryKey { map: BpfMap::Maglev, key: MaglevKey { svc_id: id, chunk }.to_bytes().into() });
     let affinity = svc.affinity.map(|_| MapEntryKey { map: BpfMap::SvcAffinity, key: id.to_bytes().into() });
     let service = MapEntryKey { map: BpfMap::Services, key: key_of(svc).to_bytes().into() };
-    let node_port = node_port_key(svc).map(|k| MapEntryKey { map: BpfMap::Services, key: k.to_bytes().into() });
-    backends.chain(chunks).chain(affinity).chain(std::iter::once(service)).chain(node_port).collect()
-}
-
-/// A node port's HM_SERVICES key: the unspecified address of the VIP's
-/// family (`::ffff:0.0.0.0` or `::`), the node port, the protocol.
-fn node_port_key(svc: &Service) -> Option<SvcKey> {
-    let any: std::net::IpAddr =
-        if svc.vip.is_ipv4() { std::net::Ipv4Addr::UNSPECIFIED.into() } else { std::net::Ipv6Addr::UNSPECIFIED.into() };
-    svc.node_port.map(|port| SvcKey::new(any, port, svc.protocol.number()))
+    backends.chain(chunks).chain(affinity).chain(std::iter::once(service)).collect()
 }
 
 /// One service's entries: `service_keys` with their values. The full
@@ -197,16 +203,8 @@ pub(super) fn service_entries(
         flags |= abi::SVC_F_AFFINITY;
         values.push(SvcAffinity { timeout_s: abi::secs(timeout), pad: 0 }.to_bytes().into());
     }
-    if svc.external {
-        flags |= abi::SVC_F_EXTERNAL;
-    }
     let value = SvcValue { id, backend_count: svc.backends.len() as u32, flags, table_size };
     values.push(value.to_bytes().into());
-    if svc.node_port.is_some() {
-        // The same table; never a mesh entry (no sidecar owns a node port).
-        values
-            .push(SvcValue { flags: abi::SVC_F_NODE_PORT | (flags & abi::SVC_F_AFFINITY), ..value }.to_bytes().into());
-    }
     let keys = service_keys(svc, id, backend_ids, table_size);
     debug_assert_eq!(keys.len(), values.len());
     keys.into_iter().zip(values).collect()

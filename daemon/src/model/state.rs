@@ -321,6 +321,9 @@ pub(crate) struct Desired {
     pub connect_time: crate::config::CtlbMode,
     /// Things compile could not honour, in plain sentences.
     pub warnings: Vec<String>,
+    /// Services with external_policy = "local": how many of their backends
+    /// serve on this host (`[daemon] service_health_listen` answers it).
+    pub local_backends: BTreeMap<String, usize>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]

@@ -511,14 +511,21 @@ fn a_service_from_the_network_gets_its_node_port_entry_snat_sources_sysctls_and_
     let d = compile_new(&c);
     assert!(d.warnings.is_empty(), "{:?}", d.warnings);
     let services = entries(&d, BpfMap::Services);
-    let vip = abi::SvcValue::from_bytes(&services[&abi::SvcKey::new("10.96.0.10".parse().unwrap(), 80, 6).to_bytes()])
-        .unwrap();
-    assert_eq!(vip.flags, abi::SVC_F_EXTERNAL);
-    let node = abi::SvcValue::from_bytes(&services[&abi::SvcKey::new("0.0.0.0".parse().unwrap(), 30080, 6).to_bytes()])
-        .unwrap();
+    let value = |key: abi::SvcKey| abi::SvcValue::from_bytes(&services[&key.to_bytes()]).unwrap();
+    let vip = value(abi::SvcKey::new("10.96.0.10".parse().unwrap(), 80, 6));
+    assert_eq!(vip.flags, 0, "this host's clients' entry");
+    let external = value(abi::SvcKey::network("10.96.0.10".parse().unwrap(), 80, 6));
+    assert_eq!((external.id, external.flags, external.backend_count), (vip.id, abi::SVC_F_EXTERNAL, 2));
+    let node = value(abi::SvcKey::network("0.0.0.0".parse().unwrap(), 30080, 6));
     assert_eq!((node.id, node.flags, node.table_size), (vip.id, abi::SVC_F_NODE_PORT, vip.table_size));
-    // The node port's entry takes no id of its own.
+    assert!(!services.contains_key(&abi::SvcKey::new("0.0.0.0".parse().unwrap(), 30080, 6).to_bytes()));
+    // The network's entries take no id of their own, and "snat" shares the
+    // service's table.
     assert_eq!(Prior::from_entries(d.map_entries.iter().map(|(k, v)| (k, &v.spec))).services.len(), 1);
+    assert!(entries(&d, BpfMap::Maglev)
+        .keys()
+        .all(|k| abi::MaglevKey::from_bytes(k).unwrap().chunk & abi::MAGLEV_LOCAL == 0));
+    assert!(d.local_backends.is_empty());
 
     let snat = entries(&d, BpfMap::Snat);
     let src = |b: &str| {
@@ -540,6 +547,61 @@ fn a_service_from_the_network_gets_its_node_port_entry_snat_sources_sysctls_and_
     }
     // In mode "all" nothing else needs the veth.
     assert!(d.links.is_empty());
+}
+
+#[test]
+fn external_policy_local_gives_the_networks_entries_a_table_of_this_hosts_backends_only() {
+    // 10.0.5.20 is behind a veth of this host, 192.168.10.11 another host's.
+    let text = "[[service]]\nname = \"web\"\nvip = \"10.96.0.10\"\nport = 80\nbackends = \
+                [\"192.168.10.11:8080\", \"10.0.5.20:8080\"]\nnode_port = 30080\nexternal = true\n\
+                external_policy = \"local\"\n";
+    let d = compile_new(&config(text));
+    assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+    let services = entries(&d, BpfMap::Services);
+    let value = |key: abi::SvcKey| abi::SvcValue::from_bytes(&services[&key.to_bytes()]).unwrap();
+    let vip = value(abi::SvcKey::new("10.96.0.10".parse().unwrap(), 80, 6));
+    assert_eq!((vip.flags, vip.backend_count), (0, 2), "this host's clients reach both");
+    for (key, flag) in [
+        (abi::SvcKey::network("10.96.0.10".parse().unwrap(), 80, 6), abi::SVC_F_EXTERNAL),
+        (abi::SvcKey::network("0.0.0.0".parse().unwrap(), 30080, 6), abi::SVC_F_NODE_PORT),
+    ] {
+        let v = value(key);
+        assert_eq!((v.id, v.flags, v.backend_count), (vip.id, flag | abi::SVC_F_LOCAL, 1), "{key:?}");
+    }
+    // The local table: every slot is the backend behind the veth.
+    let backends = entries(&d, BpfMap::Backends);
+    let id_of = |addr: &str| {
+        let want: std::net::SocketAddr = addr.parse().unwrap();
+        backends
+            .iter()
+            .find(|(_, v)| abi::BackendValue::from_bytes(v).unwrap().socket_addr() == want)
+            .map(|(k, _)| u32::from_bytes(k).unwrap())
+            .unwrap()
+    };
+    let chunks = entries(&d, BpfMap::Maglev);
+    let local: Vec<u32> = chunks
+        .iter()
+        .filter(|(k, _)| abi::MaglevKey::from_bytes(k).unwrap().chunk & abi::MAGLEV_LOCAL != 0)
+        .flat_map(|(_, v)| abi::MaglevChunk::from_bytes(v).unwrap().backend)
+        .collect();
+    let table_chunks = chunks.len() / 2;
+    assert_eq!(local.len(), table_chunks * abi::MAGLEV_CHUNK, "as many chunks as the service's own table");
+    let size = vip.table_size as usize;
+    assert!(local[..size].iter().all(|&id| id == id_of("10.0.5.20:8080")), "only the backend here");
+    assert_eq!(d.local_backends.get("web"), Some(&1));
+
+    // None here: the network's entries refuse (backend_count 0), this
+    // host's clients still reach the other host's backend.
+    let d = compile_new(&config(&text.replace(", \"10.0.5.20:8080\"", "")));
+    let services = entries(&d, BpfMap::Services);
+    let node =
+        abi::SvcValue::from_bytes(&services[&abi::SvcKey::network("0.0.0.0".parse().unwrap(), 30080, 6).to_bytes()])
+            .unwrap();
+    assert_eq!(node.backend_count, 0);
+    let vip = abi::SvcValue::from_bytes(&services[&abi::SvcKey::new("10.96.0.10".parse().unwrap(), 80, 6).to_bytes()])
+        .unwrap();
+    assert_eq!(vip.backend_count, 1);
+    assert_eq!(d.local_backends.get("web"), Some(&0));
 }
 
 #[test]

@@ -150,5 +150,7 @@ pub(super) fn service_keys_by_id(services: BorrowedFd<'_>) -> io::Result<HashMap
     Ok(sys::map_dump(services, std::mem::size_of::<SvcKey>(), std::mem::size_of::<SvcValue>())?
         .into_iter()
         .filter_map(|(k, v)| Some((SvcValue::from_bytes(&v)?.id, SvcKey::from_bytes(&k)?)))
+        // An external VIP's and a node port's entries share their service's id.
+        .filter(|(_, k)| k.scope == SVC_SCOPE_HOST)
         .collect())
 }

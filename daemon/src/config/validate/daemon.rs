@@ -25,7 +25,7 @@ impl Check<'_, '_> {
     }
 
     /// `node_port_range`, `snat_port_range` (which must not overlap), and
-    /// `service_health_listen`, which is not built yet.
+    /// `service_health_listen`.
     fn daemon_ports(&mut self, d: &RawDaemon, out: &mut DaemonSettings) {
         if let Some(v) = &d.node_port_range {
             if let Some(r) = self.port_range("node_port_range", v) {
@@ -49,11 +49,35 @@ impl Check<'_, '_> {
             );
         }
         if let Some(v) = &d.service_health_listen {
-            self.fail(
+            self.service_health_listen(v, out);
+        }
+    }
+
+    /// "off" (the default) or an address with a port, not the metrics
+    /// endpoint's: upstream balancers on the network ask it, so it may
+    /// listen on any address.
+    fn service_health_listen(&mut self, v: &toml::Spanned<String>, out: &mut DaemonSettings) {
+        let text = v.get_ref().as_str();
+        if text == "off" {
+            return;
+        }
+        match text.parse::<std::net::SocketAddr>() {
+            Ok(a) if a.port() == 0 => self.fail(
                 &v.span(),
                 "service_health_listen",
-                format!("{CTX}: service_health_listen is not supported by this version of hostmesh yet; remove it"),
-            );
+                format!("{CTX}: service_health_listen \"{text}\" needs a port other than 0"),
+            ),
+            Ok(a) if out.metrics_listen.is_some_and(|m| m.port() == a.port() && (m.ip() == a.ip() || a.ip().is_unspecified() || m.ip().is_unspecified())) => self.fail(
+                &v.span(),
+                "service_health_listen",
+                format!("{CTX}: service_health_listen {a} takes the metrics endpoint's port; use another port"),
+            ),
+            Ok(a) => out.service_health_listen = Some(a),
+            Err(_) => self.fail(
+                &v.span(),
+                "service_health_listen",
+                format!("{CTX}: service_health_listen \"{text}\" is not \"off\" or an address with a port (\"0.0.0.0:10256\", \"[::]:10256\")"),
+            ),
         }
     }
 

@@ -45,9 +45,10 @@ impl Check<'_, '_> {
         // An error here is counted, and the service refused below.
         let node_port = s.node_port.as_ref().and_then(|v| self.port(&ctx, "node_port", v, false));
         let external = s.external.as_ref().is_some_and(|v| *v.get_ref());
-        if let Some(v) = &s.external_policy {
-            self.external_policy(&ctx, v, external || s.node_port.is_some());
-        }
+        let external_policy = match &s.external_policy {
+            Some(v) => self.external_policy(&ctx, v, external || s.node_port.is_some()),
+            None => Some(ExternalPolicy::Snat),
+        };
         let maglev_table_size = s.maglev_table_size.as_ref().and_then(|v| self.table_size(&ctx, v));
         let affinity = self.affinity(&ctx, &s);
         let drain_timeout = self.drain_timeout(&ctx, &s, protocol);
@@ -68,31 +69,34 @@ impl Check<'_, '_> {
             drain_timeout: drain_timeout?,
             node_port,
             external,
+            external_policy: external_policy?,
             origin: Origin::at(self.src, &s.name.span()),
         })
     }
 
-    /// `external_policy`: "snat", the default. "local" (only this host's
-    /// backends, the client's address kept) is refused until it is built.
-    fn external_policy(&mut self, ctx: &str, v: &toml::Spanned<String>, serves_network: bool) {
-        match v.get_ref().as_str() {
-            "snat" if serves_network => {}
-            "snat" => self.fail(
+    /// `external_policy`: "snat" (the default) or "local"; only with a
+    /// node port or an external VIP.
+    fn external_policy(
+        &mut self,
+        ctx: &str,
+        v: &toml::Spanned<String>,
+        serves_network: bool,
+    ) -> Option<ExternalPolicy> {
+        let policy = self.choice(
+            ctx,
+            "external_policy",
+            v,
+            &[("snat", ExternalPolicy::Snat), ("local", ExternalPolicy::Local)],
+        )?;
+        if !serves_network {
+            self.fail(
                 &v.span(),
                 "external_policy",
                 format!("{ctx}: external_policy applies to clients on other machines; set node_port or external = true, or remove it"),
-            ),
-            "local" => self.fail(
-                &v.span(),
-                "external_policy",
-                format!("{ctx}: external_policy = \"local\" is not supported by this version of hostmesh yet; use \"snat\" (the default)"),
-            ),
-            other => self.fail(
-                &v.span(),
-                "external_policy",
-                format!("{ctx}: external_policy \"{other}\" is not one of \"snat\" or \"local\""),
-            ),
+            );
+            return None;
         }
+        Some(policy)
     }
 
     /// `affinity` and `affinity_timeout`: `Some(None)` without affinity.

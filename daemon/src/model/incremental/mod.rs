@@ -78,6 +78,7 @@ impl Touched {
             mesh_path: want.mesh_path.clone(),
             connect_time: want.connect_time,
             warnings: want.warnings.clone(),
+            local_backends: want.local_backends.clone(),
         }
     }
 
@@ -184,6 +185,7 @@ fn same_service(a: &Service, b: &Service) -> bool {
         && a.affinity == b.affinity
         && a.node_port == b.node_port
         && a.external == b.external
+        && a.external_policy == b.external_policy
 }
 
 impl Compiled {

@@ -185,6 +185,38 @@ fn what_is_no_flow_from_the_network_passes_and_a_node_port_nobody_serves_refuses
 }
 
 #[test]
+fn with_external_policy_local_flows_reach_only_this_hosts_backends_and_are_refused_when_there_is_none() {
+    let local = format!(
+        "{}[[service]]\nname = \"mixed\"\nvip = \"10.96.0.14\"\nport = 80\nbackends = [\"{REMOTE}:8080\", \"{HOST_A}:8082\"]\n\
+         node_port = 30084\nexternal = true\nexternal_policy = \"local\"\n\
+         [[service]]\nname = \"far\"\nvip = \"10.96.0.15\"\nport = 53\nprotocol = \"udp\"\nbackends = [\"{REMOTE}:5353\"]\n\
+         node_port = 30085\nexternal_policy = \"local\"\n",
+        config("61000-65535")
+    );
+    let mut p = Probes::with_host(&local, two_interfaces);
+    let a = ifindex(CLIENT_SIDE);
+    // Many clients, through the node port and the external VIP: every one
+    // reaches the backend here (the other host's is in the service's
+    // table too), seeing its own address.
+    for n in 0..32u16 {
+        let client = at(Ipv4Addr::new(192, 0, 2, 1 + (n % 4) as u8), 41000 + n);
+        let to = if n % 2 == 0 { at(HOST_A, 30084) } else { at(Ipv4Addr::new(10, 96, 0, 14), 80) };
+        let out = p.run_on(Program::Reply, a, &packet(client, to, Some(TCP_SYN)));
+        assert_eq!(out.retval, abi::TC_ACT_OK as u32, "{client} -> {to}: delivered here");
+        assert_eq!(addresses(&out.data), (client, at(HOST_A, 8082)), "{client} -> {to}");
+    }
+    // No backend of "far" is here: a datagram is answered with an ICMP
+    // port unreachable from the node port, and nothing is tracked for it.
+    let before = p.nat().len();
+    let client = at(Ipv4Addr::new(192, 0, 2, 1), 41100);
+    let out = p.run_on(Program::Reply, a, &packet(client, at(HOST_A, 30085), None));
+    assert_eq!(out.retval, abi::TC_ACT_REDIRECT as u32, "sent back out where it came in");
+    assert_eq!(out.data[14 + 9], 1, "ICMP");
+    assert_eq!((out.data[34], out.data[35]), (3, 3), "port unreachable");
+    assert_eq!(p.nat().len(), before);
+}
+
+#[test]
 fn a_source_port_is_never_one_a_flow_or_a_socket_of_the_host_holds() {
     // One port in the range.
     let mut p = Probes::with_host(&config("61000-61000"), two_interfaces);
