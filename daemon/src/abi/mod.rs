@@ -9,9 +9,11 @@ pub(crate) mod btf;
 #[cfg(test)]
 mod layout_tests;
 mod maps;
+mod mesh;
 mod objects;
 
 pub use maps::{Capacity, HmMap, MapDef, MAPS};
+pub use mesh::{MeshKey, MeshValue};
 pub use objects::{ObjectDef, ProbeObject, OBJECTS};
 
 /// The struct `name` as an object's BTF lays it out (tests).
@@ -251,31 +253,6 @@ pub struct Addr {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct SnatValue {
     pub src: [u8; 16],
-}
-
-/// `HM_MESH`'s key: (VIP, port, protocol); port 0 means every port.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, FromBytes, IntoBytes, Immutable, KnownLayout)]
-pub struct MeshKey {
-    pub addr: [u8; 16],
-    /// Network byte order.
-    pub port_be: u16,
-    pub proto: u8,
-    pub pad: u8,
-}
-
-impl MeshKey {
-    pub fn new(vip: IpAddr, port: u16, proto: u8) -> Self {
-        MeshKey { addr: addr16(vip), port_be: port.to_be(), proto, pad: 0 }
-    }
-}
-
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
-pub struct MeshValue {
-    /// Host byte order.
-    pub redirect_port: u16,
-    pub pad: u16,
 }
 
 /// `HM_REVERSE_SOCK` key: what connect-time LB rewrote a socket to.

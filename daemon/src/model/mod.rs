@@ -14,6 +14,7 @@ pub(crate) mod maglev;
 mod map_value;
 mod mesh;
 mod owners;
+mod reach;
 mod services;
 mod state;
 
@@ -113,7 +114,14 @@ pub(crate) fn compile_unless_stopped(
 ) -> Desired {
     let mut out = Desired::default();
     out.connect_time = ctlb_mode(config, facts, &mut out.warnings);
-    services::compile(config, facts, prior, &mut out, stopping);
+    // Where backends are, for services reached from the network
+    // (`external::compile` reports host interfaces that do not exist).
+    let reach = config
+        .services
+        .iter()
+        .any(crate::config::Service::serves_network)
+        .then(|| reach::Reach::new(bpfnat::host_interfaces(config, facts, &mut Vec::new())));
+    services::compile(config, facts, prior, reach.as_ref(), &mut out, stopping);
     bpfnat::compile(config, facts, &mut out);
     external::compile(config, facts, &mut out);
     mesh::compile(config, facts, &mut out);

@@ -4,15 +4,15 @@
 //! `bpfnat.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use crate::abi::{self, BackendValue, HmConfig, MaglevKey, Pod, SvcAffinity, SvcKey, SvcValue, MAGLEV_CHUNK};
 use crate::config::{Config, CtlbMode, DaemonSettings, Mesh, Protocol, Service};
 
-use super::external;
 use super::ids::{self, Prior};
 use super::maglev::Entry;
 use super::mesh;
+use super::reach::Reach;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::state::*;
@@ -23,7 +23,15 @@ const OWNER: Object<'static> = Object::Services;
 /// How many services are compiled between looks at the stop flag.
 const STOP_CHECK_EVERY: usize = 256;
 
-pub(super) fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &mut Desired, stopping: &AtomicBool) {
+/// `reach`: where backends are, when a service is reached from the network.
+pub(super) fn compile(
+    config: &Config,
+    facts: &HostFacts,
+    prior: &Prior,
+    reach: Option<&Reach>,
+    out: &mut Desired,
+    stopping: &AtomicBool,
+) {
     if config.services.is_empty() {
         return;
     }
@@ -39,7 +47,6 @@ pub(super) fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &m
     };
     want(&mut out.map_entries, MapEntryKey { map: BpfMap::Config, key: 0u32.to_bytes().into() }, cfg.to_bytes(), OWNER);
 
-    let reach = config.services.iter().any(Service::serves_network).then(|| external::Reach::new(config, facts));
     let mut chunks_left = d.sizes.maglev_chunks as usize;
     for (n, svc) in config.services.iter().enumerate() {
         if n % STOP_CHECK_EVERY == 0 && stopping.load(Ordering::Relaxed) {
@@ -48,7 +55,7 @@ pub(super) fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &m
         let table_size = table_size_of(svc, d);
         // external_policy = "local": the backends on this host, which get a
         // table of their own.
-        let here = reach.as_ref().and_then(|r| r.local_backends(svc, facts));
+        let here = reach.and_then(|r| r.local_backends(svc, facts));
         let chunks = chunks_of(svc, table_size)
             + here.as_ref().map_or(0, |h| crate::table_size::chunks_for(h.len(), table_size));
         if chunks > chunks_left {
@@ -69,7 +76,7 @@ pub(super) fn compile(config: &Config, facts: &HostFacts, prior: &Prior, out: &m
             want(&mut out.map_entries, k, v, &owner);
         }
         if svc.serves_network() {
-            for (k, v) in external::network_entries(svc, id, &ids, table_size, here.as_deref()) {
+            for (k, v) in network_entries(svc, id, &ids, table_size, here.as_deref()) {
                 want(&mut out.map_entries, k, v, &owner);
             }
         }
@@ -208,4 +215,47 @@ pub(super) fn service_entries(
     let keys = service_keys(svc, id, backend_ids, table_size);
     debug_assert_eq!(keys.len(), values.len());
     keys.into_iter().zip(values).collect()
+}
+
+/// A service's entries for clients on other machines: its external VIP's
+/// and its node port's in HM_SERVICES (scope network), and with
+/// external_policy = "local" the table of its backends on this host
+/// (`local`, indexes in `svc.backends`), whose chunks are keyed with
+/// MAGLEV_LOCAL. Without it they share the service's table.
+pub(super) fn network_entries(
+    svc: &Service,
+    id: u32,
+    backend_ids: &[u32],
+    table_size: u32,
+    local: Option<&[usize]>,
+) -> Vec<(MapEntryKey, MapValue)> {
+    let mut out = Vec::new();
+    let mut flags = if svc.affinity.is_some() { abi::SVC_F_AFFINITY } else { 0 };
+    let mut backend_count = svc.backends.len() as u32;
+    if let Some(local) = local {
+        flags |= abi::SVC_F_LOCAL;
+        backend_count = local.len() as u32;
+        let entries = local.iter().map(|&i| Entry { addr: svc.backends[i].addr, weight: svc.backends[i].weight });
+        let ids = local.iter().map(|&i| backend_ids[i]).collect();
+        let table = MaglevTable::new(entries.collect(), ids, table_size);
+        for chunk in 0..table.chunks() {
+            let key = MaglevKey { svc_id: id, chunk: chunk | abi::MAGLEV_LOCAL };
+            out.push((MapEntryKey { map: BpfMap::Maglev, key: key.to_bytes().into() }, MapValue::chunk(&table, chunk)));
+        }
+    }
+    let value = SvcValue { id, backend_count, flags, table_size };
+    let proto = svc.protocol.number();
+    let mut entry = |key: SvcKey, flag: u32| {
+        let value = SvcValue { flags: value.flags | flag, ..value };
+        out.push((MapEntryKey { map: BpfMap::Services, key: key.to_bytes().into() }, value.to_bytes().into()));
+    };
+    if svc.external {
+        entry(SvcKey::network(svc.vip, svc.port, proto), abi::SVC_F_EXTERNAL);
+    }
+    if let Some(port) = svc.node_port {
+        // Any address of the family: HM_HOST_ADDRS says which answer.
+        let any: IpAddr = if svc.vip.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
+        entry(SvcKey::network(any, port, proto), abi::SVC_F_NODE_PORT);
+    }
+    out
 }
