@@ -102,6 +102,29 @@ static __always_inline void bound_addr(struct bpf_sock_addr *ctx, int v6, __u8 a
 	}
 }
 
+/* A connection of this host to one of its own addresses on a node port
+ * (the turnaround): the node port's entry, as a client on another machine
+ * gets it (HM_HOST_ADDRS holds the host interfaces' addresses, where node
+ * ports answer). NULL for anything else. */
+static __always_inline struct hm_svc_value *own_node_port(const struct hm_svc_key *key, int v6)
+{
+	struct hm_svc_key nk = {};
+	struct hm_addr a = {};
+
+	__builtin_memcpy(a.addr, key->addr, 16);
+	if (!bpf_map_lookup_elem(&HM_HOST_ADDRS, &a))
+		return NULL;
+	/* IPv4, or IPv4-mapped on an IPv6 socket: the IPv4 node port. */
+	if (!v6 || (key->addr[10] == 0xff && key->addr[11] == 0xff)) {
+		nk.addr[10] = 0xff;
+		nk.addr[11] = 0xff;
+	}
+	nk.port = key->port;
+	nk.proto = key->proto;
+	nk.scope = HM_SVC_SCOPE_NETWORK;
+	return bpf_map_lookup_elem(&HM_SERVICES, &nk);
+}
+
 /* connect() and sendmsg(): VIP -> backend. Returns 1 to let the call go
  * on, 0 to refuse it. */
 static __always_inline int to_backend(struct bpf_sock_addr *ctx, int v6)
@@ -127,6 +150,8 @@ static __always_inline int to_backend(struct bpf_sock_addr *ctx, int v6)
 	key.port = (__be16)ctx->user_port;
 	key.proto = proto;
 	svc = bpf_map_lookup_elem(&HM_SERVICES, &key);
+	if (!svc)
+		svc = own_node_port(&key, v6);
 	/* A mesh VIP:port belongs to its sidecar. */
 	if (!svc || (svc->flags & HM_SVC_F_MESH))
 		return 1;

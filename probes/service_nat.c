@@ -661,6 +661,20 @@ static __attribute__((noinline)) int nat_record(struct __sk_buff *skb, const str
 	return 0;
 }
 
+/* Hands a reply to a process of this host (the turnaround: it connected
+ * to its own node port) to the host as lo receives it: a packet from one
+ * of the host's addresses arriving on another interface is a martian
+ * source, dropped; lo, whose accept_local the daemon sets while node
+ * ports and the turnaround exist, takes it. lo's address is all zeros. */
+static __always_inline int to_host_via_lo(struct __sk_buff *skb)
+{
+	__u8 macs[2 * ETH_ALEN] = {};
+
+	if (bpf_skb_store_bytes(skb, 0, macs, sizeof(macs), 0))
+		return TC_ACT_SHOT;
+	return bpf_redirect(HM_LOOPBACK_IFINDEX, BPF_F_INGRESS);
+}
+
 /* Sends a packet of a flow from the network on as its entry `v` says. */
 static __attribute__((noinline)) int nat_send(struct __sk_buff *skb, struct flow *f, const struct hm_nat_value *v)
 {
@@ -670,6 +684,8 @@ static __attribute__((noinline)) int nat_send(struct __sk_buff *skb, struct flow
 		hm_count_backend(v->svc_id, v->dst, v->dport, HM_STAT_NONE, skb->len, 0);
 	if (nat_rewrite(skb, f, v))
 		return TC_ACT_SHOT;
+	if ((v->flags & HM_NAT_F_REPLY) && skb->ifindex != HM_LOOPBACK_IFINDEX && to_this_host(f))
+		return to_host_via_lo(skb);
 	return forward(skb, f, f->dst);
 }
 
@@ -683,8 +699,6 @@ static __attribute__((noinline)) int external_in(struct __sk_buff *skb, struct f
 	struct hm_nat_value *v, nv;
 	__u64 now;
 
-	if (skb->ifindex == HM_LOOPBACK_IFINDEX)
-		return TC_ACT_UNSPEC;
 	now = bpf_ktime_get_ns();
 	ct_key(&k, f->src, f->dst, f->sport, f->dport, f->proto, HM_NAT_IN);
 	v = bpf_map_lookup_elem(&HM_NAT, &k);
@@ -731,11 +745,18 @@ static __attribute__((noinline)) int external_out(struct __sk_buff *skb, struct 
 
 /* The host sends from a tuple a flow from the network uses on its way to
  * a backend on another host (a socket bound on purpose to a port of the
- * range): the host's connection wins, the flow is forgotten. */
-static __attribute__((noinline)) void external_yield(const struct flow *f)
+ * range): the host's connection wins, the flow is forgotten. Only a
+ * socket's own packet counts: a host process's packet to its own node
+ * port, translated at lo (the turnaround), leaves here too, from its
+ * flow's tuple but of a socket on another port. */
+static __attribute__((noinline)) void external_yield(struct __sk_buff *skb, const struct flow *f)
 {
 	struct hm_ct_key k = {};
 	struct hm_nat_value *v, nv;
+	struct bpf_sock *sk = skb->sk;
+
+	if (!sk || sk->src_port != bpf_ntohs(f->sport))
+		return;
 
 	ct_key(&k, f->dst, f->src, f->dport, f->sport, f->proto, HM_NAT_IN);
 	v = bpf_map_lookup_elem(&HM_NAT, &k);
@@ -981,6 +1002,29 @@ static __attribute__((noinline)) int refuse_flow(struct __sk_buff *skb, const st
 	return refuse(skb, f);
 }
 
+/* A packet that may be of a flow from the network: one known (the
+ * client's next packet, or another host's backend's reply), or the first
+ * of a new one, balanced and recorded; anything else passes. Also a host
+ * process's packets to its own node port, at lo's egress (the
+ * turnaround), which go as a client's on another machine would. */
+static __attribute__((noinline)) int external_flow(struct __sk_buff *skb, struct flow *f)
+{
+	struct hm_nat_value fv = {}, rv = {};
+	int verdict = external_in(skb, f, &fv);
+
+	if (verdict == NEW_FLOW) {
+		__builtin_memset(&fv, 0, sizeof(fv));
+		verdict = nat_new(skb, f, &fv, &rv);
+		if (verdict == 0)
+			verdict = nat_record(skb, f, &fv, &rv);
+	}
+	if (verdict == REFUSE)
+		return refuse_flow(skb, f);
+	if (verdict != 0)
+		return verdict;
+	return nat_send(skb, f, &fv);
+}
+
 /* TC ingress on host interfaces and lo: replies from backends get their
  * VIP back as the source, ICMP errors about their flows the VIP as the
  * quoted destination; then flows from the network (node ports, external
@@ -1006,7 +1050,6 @@ int hm_reply(struct __sk_buff *skb)
 {
 	HM_BUILD_MARK();
 	struct flow f = {};
-	struct hm_nat_value fv = {}, rv = {};
 	int verdict;
 
 	switch (parse(skb, &f)) {
@@ -1021,37 +1064,50 @@ int hm_reply(struct __sk_buff *skb)
 	verdict = veth_reply(skb, &f);
 	if (verdict != NOT_MINE)
 		return verdict;
-	verdict = external_in(skb, &f, &fv);
-	if (verdict == NEW_FLOW) {
-		__builtin_memset(&fv, 0, sizeof(fv));
-		verdict = nat_new(skb, &f, &fv, &rv);
-		if (verdict == 0)
-			verdict = nat_record(skb, &f, &fv, &rv);
-	}
-	if (verdict == REFUSE)
-		return refuse_flow(skb, &f);
-	if (verdict != 0)
-		return verdict;
-	return nat_send(skb, &f, &fv);
+	/* lo carries the host's own packets, which the network's flows never
+	 * are (a host process's to its own node port are taken at lo's
+	 * egress, hm_direct). */
+	if (skb->ifindex == HM_LOOPBACK_IFINDEX)
+		return TC_ACT_UNSPEC;
+	return external_flow(skb, &f);
 }
 
 /* TC egress on host interfaces and lo: replies of backends on this host
  * to clients of flows from the network get their VIP or node port back
- * (external_out). And the host sends straight to a
+ * (external_out); at lo's, a host process's packets to its own node port
+ * are balanced as a client's on another machine (external_flow: a
+ * backend on another host sees this host's address towards it, and its
+ * replies reach the process through lo, nat_send). And the host sends straight to a
  * backend (a TCP SYN or a UDP datagram that did not come through the veth)
  * from a client address and port a VIP flow to that backend used. That
  * VIP flow is over — the backend could not tell two flows with one tuple
  * apart — so its entries go, and hm_reply leaves the new flow's replies
  * alone. Packets the veth path translated were received on hm-natout
  * (ingress_ifindex); only the host's own (ingress_ifindex 0) count. */
+/* The host's own first packet to a backend (hm_direct): a VIP flow of
+ * the same tuple is over. A subprogram of its own, so hm_direct's frame
+ * stays small beside external_flow's chain. */
+static __attribute__((noinline)) void direct_forget(struct __sk_buff *skb, const struct flow *f)
+{
+	struct hm_ct_key rk = {}, fk = {};
+	struct hm_ct_value *rev;
+	int closed;
+
+	external_yield(skb, f);
+	ct_key(&rk, f->dst, f->src, f->dport, f->sport, f->proto, HM_CT_REVERSE);
+	rev = ct_find(&rk, &closed);
+	if (!rev)
+		return;
+	ct_key(&fk, f->src, rev->nat_addr, f->sport, rev->nat_port, f->proto, HM_CT_FORWARD);
+	ct_forget(&fk, &rk, closed);
+}
+
 SEC("classifier")
 int hm_direct(struct __sk_buff *skb)
 {
 	HM_BUILD_MARK();
 	struct flow f = {};
-	struct hm_ct_key rk = {}, fk = {};
-	struct hm_ct_value *rev;
-	int closed, verdict;
+	int verdict;
 
 	if (parse(skb, &f) != PARSED)
 		return TC_ACT_UNSPEC;
@@ -1059,15 +1115,17 @@ int hm_direct(struct __sk_buff *skb)
 		return verdict;
 	if (skb->ingress_ifindex != 0)
 		return TC_ACT_UNSPEC;
+	/* The turnaround: a process of this host sends to one of its own
+	 * addresses (HM_HOST_ADDRS: only while a node port exists) on a node
+	 * port, a protocol connect-time LB did not take at connect(). */
+	if (skb->ifindex == HM_LOOPBACK_IFINDEX && to_this_host(&f)) {
+		verdict = external_flow(skb, &f);
+		if (verdict != TC_ACT_UNSPEC)
+			return verdict;
+	}
 	if (f.proto == IPPROTO_TCP && (f.tcp_flags & (TCP_SYN | TCP_ACK)) != TCP_SYN)
 		return TC_ACT_UNSPEC;
-	external_yield(&f);
-	ct_key(&rk, f.dst, f.src, f.dport, f.sport, f.proto, HM_CT_REVERSE);
-	rev = ct_find(&rk, &closed);
-	if (!rev)
-		return TC_ACT_UNSPEC;
-	ct_key(&fk, f.src, rev->nat_addr, f.sport, rev->nat_port, f.proto, HM_CT_FORWARD);
-	ct_forget(&fk, &rk, closed);
+	direct_forget(skb, &f);
 	return TC_ACT_UNSPEC;
 }
 

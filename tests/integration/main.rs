@@ -19,3 +19,4 @@ mod services;
 mod sites;
 mod teardown;
 mod topology;
+mod turnaround;

@@ -87,6 +87,9 @@ pub(super) fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
             want(&mut out.sysctls, format!("net/ipv6/conf/{dev}/forwarding"), "1".to_string(), OWNER);
         }
     }
+    if bpfnat::carries_services(config, out.connect_time) {
+        turnaround_sysctls(&services, out);
+    }
     let d = &config.daemon;
     let mut reserved = vec![d.snat_port_range];
     if services.iter().any(|s| s.node_port.is_some()) {
@@ -100,6 +103,22 @@ pub(super) fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
             Attachment { program: Program::Direct, hook: Hook::TcEgress(dev.clone()) },
         ] {
             want(&mut out.attachments, attachment, (), OWNER);
+        }
+    }
+}
+
+/// The turnaround on lo (hm_direct at its egress takes a host process's
+/// packets to its own node port, where connect-time LB did not; see
+/// probes/service_nat.c, nat_send): bpf_fib_lookup forwards from lo only
+/// where lo forwards, and the replies of another host's backend reach the
+/// process through lo, with the host's own address as their source.
+fn turnaround_sysctls(services: &[&Service], out: &mut Desired) {
+    for s in services.iter().filter(|s| s.node_port.is_some()) {
+        let family = if s.vip.is_ipv4() { "ipv4" } else { "ipv6" };
+        want(&mut out.sysctls, format!("net/{family}/conf/lo/forwarding"), "1".to_string(), OWNER);
+        if s.vip.is_ipv4() {
+            want(&mut out.sysctls, "net/ipv4/conf/lo/accept_local".to_string(), "1".to_string(), OWNER);
+            want(&mut out.sysctls, "net/ipv4/conf/lo/rp_filter".to_string(), "0".to_string(), OWNER);
         }
     }
 }

@@ -158,6 +158,48 @@ fn a_backend_on_this_host_sees_the_clients_address_and_its_reply_leaves_from_the
 }
 
 #[test]
+fn a_host_process_reaches_its_own_node_port_through_lo_as_a_client_on_another_machine_would() {
+    let mut p = Probes::with_host(&config("61000-65535"), |facts| {
+        two_interfaces(facts);
+        // What hostmesh sets on lo for the turnaround.
+        ip("link set lo up");
+        let mut sysctl = crate::backends::sysctl::ProcSys::new();
+        crate::backends::SysctlBackend::set(&mut sysctl, "net/ipv4/conf/lo/forwarding", "1").unwrap();
+    });
+    let b = ifindex(BACKEND_SIDE);
+    const LO: u32 = 1;
+    let process = at(HOST_A, 40100);
+    // At lo's egress, the process's SYN to its own address's node port goes
+    // to the other host's backend, from this host's address towards it.
+    let out = p.run_on(Program::Direct, LO, &packet(process, at(HOST_A, 30080), Some(TCP_SYN)));
+    assert_eq!(out.retval, abi::TC_ACT_REDIRECT as u32, "out of the backend's interface");
+    let (src, dst) = addresses(&out.data);
+    assert_eq!((dst, src.ip()), (at(REMOTE, 8080), IpAddr::V4(HOST_B)));
+    // The backend's answer comes back to that address, and reaches the
+    // process through lo's ingress (where a source of the host's own is
+    // no martian), from the node port.
+    let out = p.run_on(Program::Reply, b, &packet(dst, src, Some(TCP_SYN | TCP_ACK)));
+    assert_eq!(out.retval, abi::TC_ACT_REDIRECT as u32, "to lo");
+    assert_eq!(addresses(&out.data), (at(HOST_A, 30080), process));
+    assert_eq!(out.data[..12], [0u8; 12], "lo's address, so lo takes it as its own");
+    // The process's next segment follows the flow.
+    let out = p.run_on(Program::Direct, LO, &packet(process, at(HOST_A, 30080), Some(TCP_ACK)));
+    assert_eq!(addresses(&out.data), (src, dst));
+    // A backend that is a process of this host: delivered on lo, seeing
+    // the client's address; its reply at lo's egress has the node port back.
+    let other = at(HOST_A, 40101);
+    let out = p.run_on(Program::Direct, LO, &packet(other, at(HOST_A, 30081), Some(TCP_SYN)));
+    assert_eq!(out.retval as i32, abi::TC_ACT_OK, "on to lo's ingress");
+    assert_eq!(addresses(&out.data), (other, at(HOST_A, 8081)));
+    let out = p.run_on(Program::Direct, LO, &packet(at(HOST_A, 8081), other, Some(TCP_SYN | TCP_ACK)));
+    assert_eq!(addresses(&out.data), (at(HOST_A, 30081), other));
+    // The host's own traffic to its address on any other port is not touched.
+    let sent = packet(at(HOST_A, 40102), at(HOST_A, 22), Some(TCP_SYN));
+    let out = p.run_on(Program::Direct, LO, &sent);
+    assert_eq!((out.retval as i32, &out.data), (abi::TC_ACT_UNSPEC, &sent));
+}
+
+#[test]
 fn what_is_no_flow_from_the_network_passes_and_a_node_port_nobody_serves_refuses() {
     let mut p = Probes::with_host(&config("61000-65535"), two_interfaces);
     let a = ifindex(CLIENT_SIDE);
