@@ -322,6 +322,16 @@ fn clients_on_another_machine_reach_node_ports_and_external_vips_over_tcp_and_ud
         assert_eq!(t.tcp(to).unwrap(), ("192.0.2.2".to_string(), "10.77.0.2".to_string()), "{to}");
     }
     assert_eq!(t.service_health("mixed"), 200);
+    // explain says so for the node port, and predicts the backend a client
+    // on another machine reaches from the network's table.
+    let mut args = vec!["explain", "192.0.2.1:30084", "--from", "192.0.2.2:40000", "--json"];
+    let paths = t.host.opts.path_args();
+    args.extend(paths.iter().map(String::as_str));
+    let out = t.host.hostmesh(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(e["path"], "node_port", "{e}");
+    assert_eq!(e["from"]["backend"], "10.77.0.2:8080", "{e}");
     assert_eq!(t.service_health("web"), 404, "not a \"local\" service");
     // Its last backend here goes: 503, and new flows are refused at once
     // (the other host's backend is not used); back, 200 and served again.

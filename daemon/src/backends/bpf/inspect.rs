@@ -65,7 +65,9 @@ impl Inspector {
         let mut slots = Vec::with_capacity(value.table_size as usize);
         let chunks = (value.table_size as usize).div_ceil(MAGLEV_CHUNK);
         for chunk in 0..chunks {
-            let k = MaglevKey { svc_id: value.id, chunk: chunk as u32 };
+            // external_policy = "local": the table of this host's backends.
+            let local = if value.flags & SVC_F_LOCAL != 0 { MAGLEV_LOCAL } else { 0 };
+            let k = MaglevKey { svc_id: value.id, chunk: chunk as u32 | local };
             let ids = self.lookup::<MaglevChunk>(HmMap::Maglev, &k.to_bytes())?;
             for i in 0..MAGLEV_CHUNK.min(value.table_size as usize - chunk * MAGLEV_CHUNK) {
                 let Some(ids) = &ids else {
@@ -86,6 +88,11 @@ impl Inspector {
             None
         };
         Ok(Some(ServiceEntry { value, slots, affinity_s }))
+    }
+
+    /// Whether node ports answer on `ip` (HM_HOST_ADDRS).
+    pub(crate) fn host_address(&self, ip: IpAddr) -> io::Result<bool> {
+        Ok(self.lookup::<u32>(HmMap::HostAddrs, &Addr { addr: addr16(ip) }.to_bytes())?.is_some())
     }
 
     /// The backend a client's affinity entry names and how long ago it was

@@ -11,7 +11,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use super::target::Target;
 use super::view::*;
-use crate::abi::{BackendStats, HmConfig, SvcKey, CFG_CTLB_TCP, CFG_CTLB_UDP};
+use crate::abi::{BackendStats, HmConfig, SvcKey, CFG_CTLB_TCP, CFG_CTLB_UDP, SVC_F_LOCAL};
 use crate::backends::bpf::attached::AttachedProgram;
 use crate::backends::bpf::inspect::ServiceEntry;
 use crate::backends::netlink::RouteTo;
@@ -24,6 +24,8 @@ pub(crate) trait KernelView {
     fn config(&self) -> io::Result<Option<HmConfig>>;
     fn service(&self, key: SvcKey) -> io::Result<Option<ServiceEntry>>;
     fn affinity(&self, client: IpAddr, svc_id: u32) -> io::Result<Option<(SocketAddr, u64)>>;
+    /// Whether node ports answer on `ip` (an address of a host interface).
+    fn host_address(&self, ip: IpAddr) -> io::Result<bool>;
     fn mesh(&self, vip: IpAddr, port: u16, proto: u8) -> io::Result<Option<(u16, u16)>>;
     fn peer(&self, addr: IpAddr) -> io::Result<Option<(IpAddr, bool)>>;
     fn counters(&self, svc_id: u32, backend: SocketAddr) -> io::Result<BackendStats>;
@@ -105,8 +107,23 @@ pub(crate) fn explain(t: Target, from: Option<(IpAddr, Option<u16>)>, src: &Sour
         });
     } else if let Some(svc) = src.kernel.service(SvcKey::new(t.addr, port, proto.number()))? {
         service(&mut e, SvcKey::new(t.addr, port, proto.number()), proto, &svc, src)?;
+        // An external VIP: a client on another machine gets the network's
+        // entry (its own table with external_policy = "local").
+        let network = src.kernel.service(SvcKey::network(t.addr, port, proto.number()))?;
+        if let Some(net) = &network {
+            e.sentences.push(from_the_network(&format!("{} is an external VIP", e.target), net));
+        }
         if let Some(from) = from {
-            e.from = Some(predict(from, t.addr, port, proto, &svc, e.path, src)?);
+            let remote = network.as_ref().filter(|_| !src.kernel.host_address(from.0).unwrap_or(false));
+            e.from = Some(match remote {
+                Some(net) => predict(from, t.addr, port, proto, net, PathKind::Veth, src)?,
+                None => predict(from, t.addr, port, proto, &svc, e.path, src)?,
+            });
+        }
+    } else if let Some(svc) = node_port_entry(t.addr, port, proto, src)? {
+        node_port(&mut e, t.addr, port, proto, &svc, src)?;
+        if let Some(from) = from {
+            e.from = Some(predict(from, t.addr, port, proto, &svc, PathKind::Veth, src)?);
         }
     } else if let Some((endpoint, up)) = src.kernel.peer(t.addr)? {
         gateway(&mut e, t.addr, endpoint, up, src);
@@ -159,6 +176,76 @@ fn mesh(e: &mut Explanation, vip: IpAddr, entry_port: u16, redirect: u16, proto:
     ));
     e.kernel.push(format!("{}[{vip} port {entry_port}/{proto}] = redirect port {redirect}", HmMap::Mesh));
     e.mesh = Some(MeshView { name, redirect_port: redirect, port: entry_port, listener });
+}
+
+/// The node port's entry when `addr` is an address node ports answer on.
+fn node_port_entry(addr: IpAddr, port: u16, proto: Protocol, src: &Sources<'_>) -> io::Result<Option<ServiceEntry>> {
+    if port == 0 || !src.kernel.host_address(addr)? {
+        return Ok(None);
+    }
+    let any: IpAddr = if addr.is_ipv4() { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
+    src.kernel.service(SvcKey::network(any, port, proto.number()))
+}
+
+/// What a client on another machine gets from the network's entry `net`.
+fn from_the_network(what: &str, net: &ServiceEntry) -> String {
+    let policy = if net.value.flags & SVC_F_LOCAL != 0 {
+        format!(
+            "external_policy \"local\": only this host's backends, which see the client's own address ({} of them{})",
+            net.value.backend_count,
+            if net.value.backend_count == 0 { ": new flows are refused" } else { "" }
+        )
+    } else {
+        "external_policy \"snat\": any backend; another host's sees this host's address".to_string()
+    };
+    format!(
+        "{what}: packets from the network to it are balanced at the host interfaces' ingress (hm_reply), {policy}."
+    )
+}
+
+/// HOSTADDR:NODEPORT: its service, as clients on other machines get it.
+fn node_port(
+    e: &mut Explanation,
+    addr: IpAddr,
+    port: u16,
+    proto: Protocol,
+    svc: &ServiceEntry,
+    src: &Sources<'_>,
+) -> io::Result<()> {
+    let named = src
+        .config
+        .services
+        .iter()
+        .find(|s| s.node_port == Some(port) && s.protocol == proto && s.vip.is_ipv4() == addr.is_ipv4());
+    e.path = PathKind::NodePort;
+    e.sentences.push(from_the_network(
+        &format!(
+            "{} is node port {port} of service {} on an address of this host",
+            e.target,
+            named.map_or("(not in the config)".to_string(), |s| format!("\"{}\" ({})", s.name, s.origin))
+        ),
+        svc,
+    ));
+    e.sentences.push(
+        "A process of this host reaches it too: at connect() where connect-time LB handles the protocol, at lo's \
+         egress otherwise."
+            .to_string(),
+    );
+    let Some(s) = named else { return Ok(()) };
+    // The service's backends and counters, its table as the network sees it.
+    let mut view = Explanation { sentences: Vec::new(), kernel: Vec::new(), ..e.clone() };
+    service(&mut view, SvcKey::new(s.vip, s.port, proto.number()), proto, svc, src)?;
+    e.service = view.service;
+    e.kernel.push(format!(
+        "{}[{} port {port}/{proto}, scope network] = id {}, {} backends, table {} slots",
+        HmMap::Services,
+        if addr.is_ipv4() { "0.0.0.0" } else { "::" },
+        svc.value.id,
+        svc.value.backend_count,
+        svc.value.table_size
+    ));
+    e.kernel.push(format!("{}[{addr}]: node ports answer on it", HmMap::HostAddrs));
+    Ok(())
 }
 
 fn service(e: &mut Explanation, key: SvcKey, proto: Protocol, svc: &ServiceEntry, src: &Sources<'_>) -> io::Result<()> {

@@ -32,6 +32,9 @@ impl KernelView for Inspector {
     fn affinity(&self, client: IpAddr, svc_id: u32) -> io::Result<Option<(SocketAddr, u64)>> {
         Inspector::affinity(self, client, svc_id)
     }
+    fn host_address(&self, ip: IpAddr) -> io::Result<bool> {
+        Inspector::host_address(self, ip)
+    }
     fn mesh(&self, vip: IpAddr, port: u16, proto: u8) -> io::Result<Option<(u16, u16)>> {
         Inspector::mesh(self, vip, port, proto)
     }

@@ -15,6 +15,7 @@ fn on_path(path: PathKind) -> &'static [Program] {
         PathKind::Veth => &[Program::NatOut, Program::Reply, Program::Direct],
         PathKind::Mesh => &[Program::Mesh],
         PathKind::Gateway => &[Program::TunIn, Program::TunOut],
+        PathKind::NodePort => &[Program::Reply, Program::Direct],
         PathKind::None => &[],
     }
 }

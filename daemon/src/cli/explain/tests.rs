@@ -20,6 +20,8 @@ struct FakeKernel {
     peer: Option<(IpAddr, bool)>,
     affinity: Option<(SocketAddr, u64)>,
     attached: Vec<AttachedProgram>,
+    /// Where node ports answer.
+    host_addrs: Vec<IpAddr>,
 }
 
 impl KernelView for FakeKernel {
@@ -31,6 +33,9 @@ impl KernelView for FakeKernel {
     }
     fn affinity(&self, _: IpAddr, _: u32) -> io::Result<Option<(SocketAddr, u64)>> {
         Ok(self.affinity)
+    }
+    fn host_address(&self, ip: IpAddr) -> io::Result<bool> {
+        Ok(self.host_addrs.contains(&ip))
     }
     fn mesh(&self, _: IpAddr, _: u16, _: u8) -> io::Result<Option<(u16, u16)>> {
         Ok(self.mesh)
@@ -53,6 +58,9 @@ vip = "10.96.0.10"
 port = 80
 backends = ["192.168.10.11:8080", { address = "192.168.10.12:8080", weight = 0 }]
 affinity = "client-ip"
+node_port = 30080
+external = true
+external_policy = "local"
 
 [[service]]
 name = "dns"
@@ -121,6 +129,41 @@ fn each_kind_of_address_gets_its_path() {
     // No port: the address's first service, named.
     let e = run(&kernel(CFG_CTLB_TCP), "10.96.0.10", None);
     assert!(e.sentences[0].contains("has services web (80/tcp), dns (53/udp)"), "{:?}", e.sentences);
+}
+
+#[test]
+fn a_node_port_and_an_external_vip_are_explained_as_clients_on_other_machines_get_them() {
+    let mut k = kernel(CFG_CTLB_TCP);
+    k.host_addrs.push("192.0.2.1".parse().unwrap());
+    // The network's entries: external_policy "local", whose table has the
+    // backend on this host only.
+    let local = ServiceEntry {
+        value: SvcValue { id: 1, backend_count: 1, flags: SVC_F_NODE_PORT | SVC_F_LOCAL, table_size: 7 },
+        slots: vec![Some(a("192.168.10.12:8080")); 7],
+        affinity_s: None,
+    };
+    let external = ServiceEntry { value: SvcValue { flags: SVC_F_EXTERNAL | SVC_F_LOCAL, ..local.value }, ..local.clone() };
+    k.services.insert(SvcKey::network("0.0.0.0".parse().unwrap(), 30080, 6), local);
+    k.services.insert(SvcKey::network("10.96.0.10".parse().unwrap(), 80, 6), external);
+    let elsewhere: IpAddr = "198.51.100.9".parse().unwrap();
+
+    let e = run(&k, "192.0.2.1:30080", Some((elsewhere, Some(40000))));
+    assert_eq!(e.path, PathKind::NodePort);
+    let text = e.sentences.join(" ");
+    assert!(text.contains("node port 30080 of service \"web\""), "{text}");
+    assert!(text.contains("external_policy \"local\": only this host's backends"), "{text}");
+    assert_eq!(e.from.unwrap().backend, Some(a("192.168.10.12:8080")), "the network's table");
+    assert_eq!(e.service.unwrap().name.as_deref(), Some("web"));
+    // Not an address node ports answer on: hostmesh does not handle it.
+    assert_eq!(run(&k, "192.0.2.99:30080", None).path, PathKind::None);
+
+    // The external VIP: a client elsewhere gets the network's table, a
+    // process of this host the service's.
+    let e = run(&k, "10.96.0.10:80", Some((elsewhere, Some(40000))));
+    assert!(e.sentences.iter().any(|s| s.contains("is an external VIP")), "{:?}", e.sentences);
+    assert_eq!(e.from.unwrap().backend, Some(a("192.168.10.12:8080")));
+    let e = run(&k, "10.96.0.10:80", Some(("192.0.2.1".parse().unwrap(), Some(40000))));
+    assert_eq!(e.from.unwrap().backend, Some(a("192.168.10.11:8080")));
 }
 
 #[test]

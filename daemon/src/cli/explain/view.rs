@@ -19,6 +19,9 @@ pub(crate) enum PathKind {
     Mesh,
     /// A gateway peer, over the tunnel.
     Gateway,
+    /// A node port: clients on other machines (and this host's own
+    /// processes) reach it on the host interfaces' addresses.
+    NodePort,
     /// Nothing: the kernel routes it as it would without hostmesh.
     None,
 }
