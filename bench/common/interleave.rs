@@ -10,7 +10,8 @@
 //! every path, in an order that rotates from round to round).
 
 use std::fs::File;
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -20,11 +21,14 @@ use hm_testkit::Netns;
 use crate::load::{interrupted, pin_to_cpu, tcp_exchange, REQUEST};
 
 /// TCP: connect + request/reply + abort (RST, see load::tcp_rate); UDP:
-/// request/reply on one unconnected socket per thread and path.
+/// request/reply on one unconnected socket per thread and path; Bulk: one
+/// TCP connection per thread and path kept writing to a sink, a success
+/// per byte written (so a rate is bytes per second).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Tcp,
     Udp,
+    Bulk,
 }
 
 /// One way to reach the echo servers: from `src` in `ns` to `dst`.
@@ -94,6 +98,7 @@ pub fn measure(kind: Kind, paths: &[Path<'_>], plan: &Plan) -> Measured {
                 match kind {
                     Kind::Tcp => tcp_client(shared, targets),
                     Kind::Udp => udp_client(shared, targets),
+                    Kind::Bulk => bulk_client(shared, targets),
                 }
             });
         }
@@ -189,6 +194,51 @@ fn udp_client(shared: &Shared, targets: &[(File, IpAddr, SocketAddr)]) {
             shared.ok[path].fetch_add(1, Ordering::Relaxed);
         } else {
             shared.errors[path].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Writes of this size, each with a timeout well under a slice, so the
+/// bytes of one are counted for the path that was current.
+const BULK_WRITE: usize = 16 * 1024;
+
+fn bulk_client(shared: &Shared, targets: &[(File, IpAddr, SocketAddr)]) {
+    let chunk = vec![0x5au8; BULK_WRITE];
+    let mut streams: Vec<Option<TcpStream>> = targets.iter().map(|_| None).collect();
+    let mut inside = STOP;
+    loop {
+        let path = shared.current.load(Ordering::Acquire);
+        if path == STOP {
+            return;
+        }
+        let (ns, src, dst) = &targets[path];
+        if inside != path {
+            enter(ns);
+            inside = path;
+        }
+        if streams[path].is_none() {
+            match crate::load::connect_from(*src, *dst) {
+                Ok(s) => {
+                    s.set_write_timeout(Some(Duration::from_millis(20))).unwrap();
+                    streams[path] = Some(s);
+                }
+                Err(_) => {
+                    shared.errors[path].fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+            }
+        }
+        let stream = streams[path].as_mut().expect("connected");
+        match stream.write(&chunk) {
+            Ok(n) => {
+                shared.ok[path].fetch_add(n as u64, Ordering::Relaxed);
+            }
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => {
+                shared.errors[path].fetch_add(1, Ordering::Relaxed);
+                streams[path] = None;
+            }
         }
     }
 }

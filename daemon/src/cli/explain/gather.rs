@@ -138,22 +138,26 @@ pub(crate) fn explain(t: Target, from: Option<(IpAddr, Option<u16>)>, src: &Sour
         nothing(&mut e, t.addr, port, proto, src);
     }
     if let (Some(f), Some(p)) = (from, &e.from) {
-        let at = f.1.map_or(f.0.to_string(), |port| SocketAddr::new(f.0, port).to_string());
-        let said = match (&p.backend, p.by.as_str()) {
-            (Some(b), "affinity") => format!("From {at}: {b}, the backend its affinity entry names."),
-            (Some(b), "listener") => format!("From {at}: the sidecar's listener on {b}, as from anywhere."),
-            (Some(b), "endpoint") => format!("From {at}: the tunnel to {b} (VXLAN), as from anywhere."),
-            (Some(b), _) => format!("From {at}: {b} (the 5-tuple's slot of the Maglev table)."),
-            (None, "random") => format!(
-                "From {at}: a socket bound to no port gets a backend by its cookie: any of them, by share; \
-                 give SRC:PORT for a socket bound to that port."
-            ),
-            (None, _) => format!("From {at}: no backend (the table is empty: connections are refused)."),
-        };
-        e.sentences.push(said);
+        e.sentences.push(from_sentence(f, p));
     }
     super::programs::programs(&mut e, &src.kernel.attached()?);
     Ok(e)
+}
+
+/// What `--from` says: the backend a connection from there gets now.
+fn from_sentence(f: (IpAddr, Option<u16>), p: &Prediction) -> String {
+    let at = f.1.map_or(f.0.to_string(), |port| SocketAddr::new(f.0, port).to_string());
+    match (&p.backend, p.by.as_str()) {
+        (Some(b), "affinity") => format!("From {at}: {b}, the backend its affinity entry names."),
+        (Some(b), "listener") => format!("From {at}: the sidecar's listener on {b}, as from anywhere."),
+        (Some(b), "endpoint") => format!("From {at}: the tunnel to {b} (VXLAN), as from anywhere."),
+        (Some(b), _) => format!("From {at}: {b} (the 5-tuple's slot of the Maglev table)."),
+        (None, "random") => format!(
+            "From {at}: a socket bound to no port gets a backend by its cookie: any of them, by share; \
+                 give SRC:PORT for a socket bound to that port."
+        ),
+        (None, _) => format!("From {at}: no backend (the table is empty: connections are refused)."),
+    }
 }
 
 fn mesh(e: &mut Explanation, vip: IpAddr, entry_port: u16, redirect: u16, proto: Protocol, src: &Sources<'_>) {
@@ -198,9 +202,7 @@ fn from_the_network(what: &str, net: &ServiceEntry) -> String {
     } else {
         "external_policy \"snat\": any backend; another host's sees this host's address".to_string()
     };
-    format!(
-        "{what}: packets from the network to it are balanced at the host interfaces' ingress (hm_reply), {policy}."
-    )
+    format!("{what}: packets from the network to it are balanced at the host interfaces' ingress (hm_reply), {policy}.")
 }
 
 /// HOSTADDR:NODEPORT: its service, as clients on other machines get it.

@@ -142,7 +142,8 @@ fn a_node_port_and_an_external_vip_are_explained_as_clients_on_other_machines_ge
         slots: vec![Some(a("192.168.10.12:8080")); 7],
         affinity_s: None,
     };
-    let external = ServiceEntry { value: SvcValue { flags: SVC_F_EXTERNAL | SVC_F_LOCAL, ..local.value }, ..local.clone() };
+    let external =
+        ServiceEntry { value: SvcValue { flags: SVC_F_EXTERNAL | SVC_F_LOCAL, ..local.value }, ..local.clone() };
     k.services.insert(SvcKey::network("0.0.0.0".parse().unwrap(), 30080, 6), local);
     k.services.insert(SvcKey::network("10.96.0.10".parse().unwrap(), 80, 6), external);
     let elsewhere: IpAddr = "198.51.100.9".parse().unwrap();
