@@ -637,16 +637,16 @@ static __attribute__((noinline)) int nat_new(struct __sk_buff *skb, const struct
 }
 
 /* Records a new flow's two entries: a backend on another host's reply key
- * is made by snat_port with the port it chooses. Returns 0, or a verdict
- * when the flow cannot be recorded (no port free, a full map). */
+ * was made by snat_port with the port it chose (called before, from
+ * external_flow: called from here, its frame and this one's together
+ * passed the 512 bytes 5.10's verifier allows a chain of calls). Returns
+ * 0, or a verdict when the flow cannot be recorded (a full map). */
 static __attribute__((noinline)) int nat_record(struct __sk_buff *skb, const struct flow *f, struct hm_nat_value *fv,
 						struct hm_nat_value *rv)
 {
 	struct hm_ct_key fk = {}, rk = {};
 
 	if (fv->flags & HM_NAT_F_SNAT) {
-		if (!snat_port(skb, fv, rv, f, flow_hash(f)))
-			return TC_ACT_SHOT;
 		ct_key(&rk, fv->dst, fv->src, fv->dport, fv->sport, f->proto, HM_NAT_IN);
 	} else {
 		ct_key(&rk, fv->dst, fv->src, fv->dport, fv->sport, f->proto, HM_NAT_OUT);
@@ -1015,6 +1015,9 @@ static __attribute__((noinline)) int external_flow(struct __sk_buff *skb, struct
 	if (verdict == NEW_FLOW) {
 		__builtin_memset(&fv, 0, sizeof(fv));
 		verdict = nat_new(skb, f, &fv, &rv);
+		/* Another host's backend: a source port, or no flow. */
+		if (verdict == 0 && (fv.flags & HM_NAT_F_SNAT) && !snat_port(skb, &fv, &rv, f, flow_hash(f)))
+			verdict = TC_ACT_SHOT;
 		if (verdict == 0)
 			verdict = nat_record(skb, f, &fv, &rv);
 	}
