@@ -231,6 +231,7 @@ _Static_assert(sizeof(struct hm_nat_value) == 56, "hm_nat_value layout");
 #define HM_NAT_OUT 1
 #define HM_NAT_F_REPLY (1u << 5) /* the backend's entry */
 #define HM_NAT_F_SNAT (1u << 6)  /* the client's address is replaced by this host's */
+#define HM_NAT_F_HOST (1u << 7)  /* the client is a process of this host (the turnaround) */
 
 /* HM_SNAT: backend address -> the source external flows to it take: this
  * host's address on the way to it, or none (all zero) for a backend on

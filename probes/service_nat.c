@@ -477,6 +477,11 @@ static __always_inline void nat_seen(const struct hm_ct_key *k, struct hm_nat_va
 		nat_forget(k, v, f->proto);
 		return;
 	}
+	/* Nothing new, and refreshed within the second: every packet that
+	 * brought news wrote it to both entries, so the peer holds no more
+	 * (its lookup is the one saved on most packets). */
+	if (!(state & ~v->flags) && now - v->last_seen_ns < NS_PER_S)
+		return;
 	nat_peer_key(&pk, v, f->proto);
 	peer = bpf_map_lookup_elem(&HM_NAT, &pk);
 	state = (state | v->flags | (peer ? peer->flags : 0)) & kept;
@@ -625,11 +630,16 @@ static __attribute__((noinline)) int nat_new(struct __sk_buff *skb, const struct
 	rv->svc_id = svc->id;
 	rv->last_seen_ns = now;
 	rv->flags = HM_NAT_F_REPLY;
+	/* The turnaround: the client is a process of this host. */
+	if (skb->ifindex == HM_LOOPBACK_IFINDEX) {
+		fv->flags = HM_NAT_F_HOST;
+		rv->flags |= HM_NAT_F_HOST;
+	}
 	if (hm_same_addr(snat->src, (const __u8[16]){})) {
 		__builtin_memcpy(fv->src, f->src, 16);
 		fv->sport = f->sport;
 	} else {
-		fv->flags = HM_NAT_F_SNAT;
+		fv->flags |= HM_NAT_F_SNAT;
 		rv->flags |= HM_NAT_F_SNAT;
 		__builtin_memcpy(fv->src, snat->src, 16);
 	}
@@ -684,7 +694,8 @@ static __attribute__((noinline)) int nat_send(struct __sk_buff *skb, struct flow
 		hm_count_backend(v->svc_id, v->dst, v->dport, HM_STAT_NONE, skb->len, 0);
 	if (nat_rewrite(skb, f, v))
 		return TC_ACT_SHOT;
-	if ((v->flags & HM_NAT_F_REPLY) && skb->ifindex != HM_LOOPBACK_IFINDEX && to_this_host(f))
+	if ((v->flags & (HM_NAT_F_REPLY | HM_NAT_F_HOST)) == (HM_NAT_F_REPLY | HM_NAT_F_HOST) &&
+	    skb->ifindex != HM_LOOPBACK_IFINDEX)
 		return to_host_via_lo(skb);
 	return forward(skb, f, f->dst);
 }

@@ -193,6 +193,7 @@ fn rust_constants() -> BTreeMap<&'static str, i64> {
         ("HM_NAT_OUT", i64::from(NAT_OUT)),
         ("HM_NAT_F_REPLY", i64::from(NAT_F_REPLY)),
         ("HM_NAT_F_SNAT", i64::from(NAT_F_SNAT)),
+        ("HM_NAT_F_HOST", i64::from(NAT_F_HOST)),
         ("HM_SNAT_TRIES", i64::from(SNAT_TRIES)),
         ("HM_MAX_HOST_ADDRS", i64::from(MAX_HOST_ADDRS)),
         ("HM_CT_FORWARD", i64::from(CT_FORWARD)),

@@ -235,6 +235,8 @@ pub const NAT_OUT: u8 = 1;
 pub const NAT_F_REPLY: u8 = 1 << 5;
 /// `NatValue::flags`: the client's address is replaced by this host's.
 pub const NAT_F_SNAT: u8 = 1 << 6;
+/// `NatValue::flags`: the client is a process of this host (the turnaround).
+pub const NAT_F_HOST: u8 = 1 << 7;
 /// Ports a new flow tries before it is dropped.
 pub const SNAT_TRIES: u32 = 16;
 /// HM_HOST_ADDRS' capacity: the addresses of the host interfaces.
