@@ -44,6 +44,9 @@ _Static_assert(sizeof(struct hm_config) == 24, "hm_config layout");
 
 #define HM_CFG_CTLB_TCP (1u << 0) /* connect-time LB handles TCP */
 #define HM_CFG_CTLB_UDP (1u << 1) /* connect-time LB handles UDP */
+/* A service is reached from the network (node_port or external): only then
+ * do hm_reply and hm_direct look packets up in HM_NAT. */
+#define HM_CFG_EXTERNAL (1u << 2)
 
 /* Conntrack timeouts that are not configurable. */
 #define HM_CT_SYN_TIMEOUT_S 60

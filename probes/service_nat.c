@@ -103,10 +103,16 @@ static __always_inline int forward(struct __sk_buff *skb, const struct flow *f, 
 	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 	switch (rc) {
 	case BPF_FIB_LKUP_RET_SUCCESS:
-		if (bpf_skb_store_bytes(skb, OFF(struct ethhdr, h_dest), fib.dmac, ETH_ALEN, 0) ||
-		    bpf_skb_store_bytes(skb, OFF(struct ethhdr, h_source), fib.smac, ETH_ALEN, 0))
+	{
+		/* Both MACs in one store (the FIB gives them the other way round). */
+		__u8 macs[2 * ETH_ALEN];
+
+		__builtin_memcpy(macs, fib.dmac, ETH_ALEN);
+		__builtin_memcpy(macs + ETH_ALEN, fib.smac, ETH_ALEN);
+		if (bpf_skb_store_bytes(skb, OFF(struct ethhdr, h_dest), macs, sizeof(macs), 0))
 			return TC_ACT_SHOT;
 		return bpf_redirect(fib.ifindex, 0);
+	}
 	case BPF_FIB_LKUP_RET_NO_NEIGH:
 		return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
 	case BPF_FIB_LKUP_RET_NOT_FWDED:
@@ -298,6 +304,15 @@ static __always_inline int refuse(struct __sk_buff *skb, const struct flow *f)
 	return reset(skb, f);
 }
 
+/* Whether a service is reached from the network (HM_CFG_EXTERNAL): only
+ * then can a packet be of a flow HM_NAT holds. */
+static __always_inline int external_enabled(void)
+{
+	struct hm_config *cfg = hm_config();
+
+	return cfg && (cfg->flags & HM_CFG_EXTERNAL);
+}
+
 SEC("classifier")
 int hm_natout(struct __sk_buff *skb)
 {
@@ -376,6 +391,25 @@ int hm_natout(struct __sk_buff *skb)
 		    (bpf_map_update_elem(&HM_CT, &rk, &rv, BPF_ANY) || bpf_map_update_elem(&HM_CT, &fk, &fv, BPF_ANY)))
 			return TC_ACT_SHOT;
 		hm_count_backend(svc->id, backend, backend_port, HM_STAT_VETH, skb->len, 0);
+		/* A socket of the host bound on purpose to a port of
+		 * snat_port_range, to a backend a flow from the network reaches
+		 * from that port: the host's connection wins (as external_yield
+		 * has it for connections straight to the backend), so that flow
+		 * is forgotten, and hm_reply, which asks HM_NAT first, gives the
+		 * backend's replies to this flow. */
+		if (cfg && (cfg->flags & HM_CFG_EXTERNAL) && bpf_ntohs(f.sport) >= cfg->snat_port_min &&
+		    bpf_ntohs(f.sport) <= cfg->snat_port_max) {
+			struct hm_nat_value *nat;
+
+			rk.dir = HM_NAT_IN;
+			nat = bpf_map_lookup_elem(&HM_NAT, &rk);
+			if (nat && (nat->flags & (HM_NAT_F_REPLY | HM_NAT_F_SNAT)) == (HM_NAT_F_REPLY | HM_NAT_F_SNAT)) {
+				/* Its client's entry (nat_peer_key). */
+				ct_key(&fk, nat->dst, nat->src, nat->dport, nat->sport, f.proto, HM_NAT_IN);
+				bpf_map_delete_elem(&HM_NAT, &fk);
+				bpf_map_delete_elem(&HM_NAT, &rk);
+			}
+		}
 	}
 
 	if (rewrite(skb, &f, 1, backend, backend_port))
@@ -423,14 +457,49 @@ static __always_inline void nat_peer_key(struct hm_ct_key *k, const struct hm_na
 	ct_key(k, v->dst, v->src, v->dport, v->sport, proto, dir);
 }
 
-/* Rewrites a packet as its flow's entry says, source then destination, and
- * `f` with it. */
+/* Rewrites a packet as its flow's entry says (addresses and ports), and
+ * `f` with it: both addresses in one checksum difference, applied and
+ * stored once, and both ports the same way (rewrite() above, one address
+ * and port at a time, takes twice the helper calls for a flow whose
+ * source and destination both change). */
 static __always_inline int nat_rewrite(struct __sk_buff *skb, struct flow *f, const struct hm_nat_value *v)
 {
-	if ((!hm_same_addr(f->src, v->src) || f->sport != v->sport) && rewrite(skb, f, 0, v->src, v->sport))
-		return -1;
-	if (rewrite(skb, f, 1, v->dst, v->dport))
-		return -1;
+	__u32 csum_off = f->l4_off + (f->proto == IPPROTO_TCP ? OFF(struct tcphdr, check) : OFF(struct udphdr, check));
+	__u64 mangled = f->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	__be16 ports_from[2] = { f->sport, f->dport }, ports_to[2] = { v->sport, v->dport };
+	__be32 to[8];
+	__s64 diff;
+
+	if (!f->v6) {
+		__be32 from[2];
+
+		__builtin_memcpy(&from[0], f->src + 12, 4);
+		__builtin_memcpy(&from[1], f->dst + 12, 4);
+		__builtin_memcpy(&to[0], v->src + 12, 4);
+		__builtin_memcpy(&to[1], v->dst + 12, 4);
+		if (from[0] != to[0] || from[1] != to[1]) {
+			diff = bpf_csum_diff(from, 8, to, 8, 0);
+			if (bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR | mangled) ||
+			    bpf_l3_csum_replace(skb, ETH_HLEN + OFF(struct iphdr, check), 0, diff, 0) ||
+			    bpf_skb_store_bytes(skb, ETH_HLEN + OFF(struct iphdr, saddr), to, 8, 0))
+				return -1;
+		}
+	} else if (!hm_same_addr(f->src, v->src) || !hm_same_addr(f->dst, v->dst)) {
+		/* struct flow holds the two addresses side by side, as the
+		 * IPv6 header does. */
+		__builtin_memcpy(to, v->src, 16);
+		__builtin_memcpy(&to[4], v->dst, 16);
+		diff = bpf_csum_diff((__be32 *)f->src, 32, to, 32, 0);
+		if (bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR | mangled) ||
+		    bpf_skb_store_bytes(skb, ETH_HLEN + OFF(struct ipv6hdr, saddr), to, 32, 0))
+			return -1;
+	}
+	if (f->sport != v->sport || f->dport != v->dport) {
+		diff = bpf_csum_diff((__be32 *)ports_from, 4, (__be32 *)ports_to, 4, 0);
+		if (bpf_l4_csum_replace(skb, csum_off, 0, diff, mangled) ||
+		    bpf_skb_store_bytes(skb, f->l4_off + OFF(struct tcphdr, source), ports_to, 4, 0))
+			return -1;
+	}
 	__builtin_memcpy(f->src, v->src, 16);
 	__builtin_memcpy(f->dst, v->dst, 16);
 	f->sport = v->sport;
@@ -545,13 +614,15 @@ static __always_inline int port_taken(struct __sk_buff *skb, const struct hm_nat
  * another host (`fv`, its source already this host's address): the first
  * of HM_SNAT_TRIES ports from the flow's hash on whose reply key no other
  * flow is (the entry `rv` is made there, BPF_NOEXIST, so two CPUs never
- * share one) and no socket of the host's. Returns 0 when none is free. */
+ * share one), no socket of the host's and no veth-path flow of the host's.
+ * Returns 0 when none is free. */
 static __attribute__((noinline)) int snat_port(struct __sk_buff *skb, struct hm_nat_value *fv, struct hm_nat_value *rv,
 				     const struct flow *f, __u32 hash)
 {
 	struct hm_config *cfg = hm_config();
 	struct hm_ct_key rk = {};
 	__u32 min, span;
+	int closed;
 
 	if (!cfg || cfg->snat_port_min == 0 || cfg->snat_port_max < cfg->snat_port_min)
 		return 0;
@@ -561,6 +632,12 @@ static __attribute__((noinline)) int snat_port(struct __sk_buff *skb, struct hm_
 		__be16 port = bpf_htons((__u16)(min + (hash + i) % span));
 
 		if (port_taken(skb, fv, port, f->proto, f->v6))
+			continue;
+		/* A connection of the host's through the veth path, from a
+		 * socket bound to the port on purpose, to this backend: the
+		 * backend's replies on it are that connection's. */
+		ct_key(&rk, fv->dst, fv->src, fv->dport, port, f->proto, HM_CT_REVERSE);
+		if (ct_find(&rk, &closed))
 			continue;
 		ct_key(&rk, fv->dst, fv->src, fv->dport, port, f->proto, HM_NAT_IN);
 		if (bpf_map_update_elem(&HM_NAT, &rk, rv, BPF_NOEXIST) == 0) {
@@ -700,10 +777,11 @@ static __attribute__((noinline)) int nat_send(struct __sk_buff *skb, struct flow
 	return forward(skb, f, f->dst);
 }
 
-/* A packet at a host interface's ingress that is no veth-path reply: a
- * packet of a flow from the network (the client's, or the reply of a
- * backend on another host), whose entry it copies to `out` (returning
- * 0); NEW_FLOW when it may be the first of one. */
+/* A packet at a host interface's ingress: a packet of a flow from the
+ * network (the client's, or the reply of a backend on another host),
+ * whose entry it copies to `out` (returning 0); NEW_FLOW when it may be
+ * the first of one; NOT_MINE when it was a backend's reply to a flow that
+ * is over (it may still be a veth-path reply). */
 static __attribute__((noinline)) int external_in(struct __sk_buff *skb, struct flow *f, struct hm_nat_value *out)
 {
 	struct hm_ct_key k = {};
@@ -723,7 +801,7 @@ static __attribute__((noinline)) int external_in(struct __sk_buff *skb, struct f
 		nv = *v;
 		nat_forget(&k, &nv, f->proto);
 		if (nv.flags & HM_NAT_F_REPLY)
-			return TC_ACT_UNSPEC;
+			return NOT_MINE;
 	}
 	return NEW_FLOW;
 }
@@ -1015,15 +1093,29 @@ static __attribute__((noinline)) int refuse_flow(struct __sk_buff *skb, const st
 
 /* A packet that may be of a flow from the network: one known (the
  * client's next packet, or another host's backend's reply), or the first
- * of a new one, balanced and recorded; anything else passes. Also a host
- * process's packets to its own node port, at lo's egress (the
- * turnaround), which go as a client's on another machine would. */
-static __attribute__((noinline)) int external_flow(struct __sk_buff *skb, struct flow *f)
+ * of a new one, balanced and recorded; anything else passes. At a host
+ * interface's ingress (`replies`), a packet of no flow from the network
+ * may be a reply of the veth path's, which is looked for next: HM_NAT
+ * first, because on a host that serves the network most packets at its
+ * interfaces are of its flows, and one lookup finds them (the veth path's
+ * reverse entry, asked first, missed in one or two maps for each). The
+ * two never hold one tuple: snat_port skips a port a veth-path flow to
+ * the backend holds, and hm_natout forgets a flow from the network whose
+ * port a host connection through the veth path takes. Also a host process's packets to
+ * its own node port, at lo's egress (the turnaround), which go as a
+ * client's on another machine would. */
+static __attribute__((noinline)) int external_flow(struct __sk_buff *skb, struct flow *f, int replies)
 {
 	struct hm_nat_value fv = {}, rv = {};
 	int verdict = external_in(skb, f, &fv);
 
-	if (verdict == NEW_FLOW) {
+	if (verdict == NEW_FLOW || verdict == NOT_MINE) {
+		int reply = replies ? veth_reply(skb, f) : NOT_MINE;
+
+		if (reply != NOT_MINE)
+			return reply;
+		if (verdict == NOT_MINE)
+			return TC_ACT_UNSPEC;
 		__builtin_memset(&fv, 0, sizeof(fv));
 		verdict = nat_new(skb, f, &fv, &rv);
 		/* Another host's backend: a source port, or no flow. */
@@ -1071,19 +1163,18 @@ int hm_reply(struct __sk_buff *skb)
 		break;
 	case OTHER_IP:
 		icmp_error_back(skb, &f);
-		return external_icmp(skb, &f);
+		return external_enabled() ? external_icmp(skb, &f) : TC_ACT_UNSPEC;
 	default:
 		return TC_ACT_UNSPEC;
 	}
-	verdict = veth_reply(skb, &f);
-	if (verdict != NOT_MINE)
-		return verdict;
 	/* lo carries the host's own packets, which the network's flows never
 	 * are (a host process's to its own node port are taken at lo's
 	 * egress, hm_direct). */
-	if (skb->ifindex == HM_LOOPBACK_IFINDEX)
-		return TC_ACT_UNSPEC;
-	return external_flow(skb, &f);
+	if (skb->ifindex == HM_LOOPBACK_IFINDEX || !external_enabled()) {
+		verdict = veth_reply(skb, &f);
+		return verdict == NOT_MINE ? TC_ACT_UNSPEC : verdict;
+	}
+	return external_flow(skb, &f, 1);
 }
 
 /* TC egress on host interfaces and lo: replies of backends on this host
@@ -1121,19 +1212,20 @@ int hm_direct(struct __sk_buff *skb)
 {
 	HM_BUILD_MARK();
 	struct flow f = {};
+	int external = external_enabled();
 	int verdict;
 
 	if (parse(skb, &f) != PARSED)
 		return TC_ACT_UNSPEC;
-	if (external_out(skb, &f, &verdict))
+	if (external && external_out(skb, &f, &verdict))
 		return verdict;
 	if (skb->ingress_ifindex != 0)
 		return TC_ACT_UNSPEC;
 	/* The turnaround: a process of this host sends to one of its own
 	 * addresses (HM_HOST_ADDRS: only while a node port exists) on a node
 	 * port, a protocol connect-time LB did not take at connect(). */
-	if (skb->ifindex == HM_LOOPBACK_IFINDEX && to_this_host(&f)) {
-		verdict = external_flow(skb, &f);
+	if (external && skb->ifindex == HM_LOOPBACK_IFINDEX && to_this_host(&f)) {
+		verdict = external_flow(skb, &f, 0);
 		if (verdict != TC_ACT_UNSPEC)
 			return verdict;
 	}

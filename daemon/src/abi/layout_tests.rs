@@ -176,6 +176,7 @@ fn rust_constants() -> BTreeMap<&'static str, i64> {
         ("HM_MAGLEV_CHUNK", MAGLEV_CHUNK as i64),
         ("HM_CFG_CTLB_TCP", i64::from(CFG_CTLB_TCP)),
         ("HM_CFG_CTLB_UDP", i64::from(CFG_CTLB_UDP)),
+        ("HM_CFG_EXTERNAL", i64::from(CFG_EXTERNAL)),
         ("HM_CT_SYN_TIMEOUT_S", CT_SYN_TIMEOUT_S as i64),
         ("HM_CT_CLOSING_TIMEOUT_S", CT_CLOSING_TIMEOUT_S as i64),
         ("HM_CT_TCP_TIMEOUT_DEFAULT_S", CT_TCP_TIMEOUT_DEFAULT_S as i64),

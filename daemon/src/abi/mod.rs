@@ -148,6 +148,9 @@ pub struct AffValue {
 
 pub const CFG_CTLB_TCP: u32 = 1 << 0;
 pub const CFG_CTLB_UDP: u32 = 1 << 1;
+/// A service is reached from the network: hm_reply and hm_direct look
+/// packets up in HM_NAT only then.
+pub const CFG_EXTERNAL: u32 = 1 << 2;
 
 /// `HM_BACKENDS`: backend id -> address.
 #[repr(C)]

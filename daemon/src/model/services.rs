@@ -39,7 +39,8 @@ pub(super) fn compile(
     let d = &config.daemon;
     let cfg = HmConfig {
         netns_cookie: facts.netns_cookie,
-        flags: ctlb_flags(out.connect_time),
+        flags: ctlb_flags(out.connect_time)
+            | if config.services.iter().any(Service::serves_network) { abi::CFG_EXTERNAL } else { 0 },
         tcp_timeout_s: abi::secs(d.conntrack_tcp_timeout),
         udp_timeout_s: abi::secs(d.conntrack_udp_timeout),
         snat_port_min: d.snat_port_range.first,

@@ -547,6 +547,10 @@ fn a_service_from_the_network_gets_its_node_port_entry_snat_sources_sysctls_and_
     }
     // In mode "all" nothing else needs the veth.
     assert!(d.links.is_empty());
+    // hm_reply and hm_direct look for flows from the network: with such a
+    // service only (mode_all_... above: none, no flag).
+    let cfg = HmConfig::from_bytes(&entries(&d, BpfMap::Config)[&0u32.to_bytes()]).unwrap();
+    assert_eq!(cfg.flags, abi::CFG_CTLB_TCP | abi::CFG_CTLB_UDP | abi::CFG_EXTERNAL);
 }
 
 #[test]

@@ -282,6 +282,39 @@ fn a_source_port_is_never_one_a_flow_or_a_socket_of_the_host_holds() {
 }
 
 #[test]
+fn a_host_connection_through_the_veth_path_from_a_port_of_the_range_keeps_its_replies() {
+    // One port in the range; a socket of the host bound to it connects to
+    // web's VIP through the veth path (connect_time_lb = "off").
+    let host = at(HOST_B, 61000);
+    let vip = at(Ipv4Addr::new(10, 96, 0, 10), 80);
+    let backend = at(REMOTE, 8080);
+    let client = Ipv4Addr::new(192, 0, 2, 1);
+    let mut p = Probes::with_host(&config("61000-61000"), two_interfaces);
+    let (a, b) = (ifindex(CLIENT_SIDE), ifindex(BACKEND_SIDE));
+    let out = p.run(Program::NatOut, &packet(host, vip, Some(TCP_SYN)));
+    assert_eq!(addresses(&out.data), (host, backend));
+    // A client on another machine, to web's node port: the one port is
+    // the host connection's, so no flow takes it.
+    let out = p.run_on(Program::Reply, a, &packet(at(client, 40050), at(HOST_A, 30080), Some(TCP_SYN)));
+    assert_eq!(out.retval as i32, abi::TC_ACT_SHOT, "the veth path's connection keeps its port");
+    assert!(p.nat().is_empty());
+    let out = p.run_on(Program::Reply, b, &packet(backend, host, Some(TCP_SYN | TCP_ACK)));
+    assert_eq!((out.retval as i32, addresses(&out.data)), (abi::TC_ACT_UNSPEC, (vip, host)), "its reply, from the VIP");
+
+    // The other order: a flow from the network holds the port, then the
+    // host's socket connects from it. The host's connection wins.
+    let mut p = Probes::with_host(&config("61000-61000"), two_interfaces);
+    let (a, b) = (ifindex(CLIENT_SIDE), ifindex(BACKEND_SIDE));
+    let out = p.run_on(Program::Reply, a, &packet(at(client, 40051), at(HOST_A, 30080), Some(TCP_SYN)));
+    assert_eq!(addresses(&out.data), (host, backend));
+    assert_eq!(p.nat().len(), 2);
+    p.run(Program::NatOut, &packet(host, vip, Some(TCP_SYN)));
+    assert!(p.nat().is_empty(), "the flow from the network is forgotten");
+    let out = p.run_on(Program::Reply, b, &packet(backend, host, Some(TCP_SYN | TCP_ACK)));
+    assert_eq!((out.retval as i32, addresses(&out.data)), (abi::TC_ACT_UNSPEC, (vip, host)), "its reply, from the VIP");
+}
+
+#[test]
 fn the_flows_of_a_backend_that_left_its_service_are_forgotten_and_no_others() {
     use crate::backends::{BpfBackend, StoppedBackend};
     use crate::config::Protocol;
