@@ -169,7 +169,7 @@ mod stack_tests {
             .iter()
             .enumerate()
             .filter(|(_, i)| is_call(i))
-            .map(|(at, i)| chain(insns, starts, (start + at) as i64 as usize + 1 + i.imm as usize))
+            .map(|(at, i)| chain(insns, starts, ((start + at) as i64 + 1 + i64::from(i.imm)) as usize))
             .max()
             .unwrap_or(0);
         own + deepest
