@@ -123,6 +123,25 @@ static __always_inline int forward(struct __sk_buff *skb, const struct flow *f, 
 	}
 }
 
+/* A note on a packet hm_natout or hm_reply translated and sends out of an
+ * interface (two words of skb->cb, the qdisc layer's scratch space, which
+ * a redirect keeps): hm_direct, at that interface's egress, passes it on
+ * without its HM_NAT lookup, and takes the note away. A packet the stack
+ * forwards or makes has its own use of cb there (IPCB, the IP layer's
+ * options and offsets), never these two words; a kernel that cleared
+ * them between the hooks would cost hm_direct only the lookup. */
+#define HM_CB_SENT0 0x686d2d73 /* "hm-s" */
+#define HM_CB_SENT1 0x656e7421 /* "ent!" */
+
+static __always_inline int noted(struct __sk_buff *skb, int verdict)
+{
+	if (verdict == TC_ACT_REDIRECT) {
+		skb->cb[0] = HM_CB_SENT0;
+		skb->cb[1] = HM_CB_SENT1;
+	}
+	return verdict;
+}
+
 /* Answers a TCP SYN with a RST from the VIP, sent back into hm-natin, so
  * connect() fails at once with ECONNREFUSED. Anything else is dropped. */
 static __always_inline int reset(struct __sk_buff *skb, const struct flow *f)
@@ -414,7 +433,7 @@ int hm_natout(struct __sk_buff *skb)
 
 	if (rewrite(skb, &f, 1, backend, backend_port))
 		return TC_ACT_SHOT;
-	return forward(skb, &f, backend);
+	return noted(skb, forward(skb, &f, backend));
 }
 
 /* Flows from the network: node ports and external VIPs (hostmesh_abi.h,
@@ -774,7 +793,7 @@ static __attribute__((noinline)) int nat_send(struct __sk_buff *skb, struct flow
 	if ((v->flags & (HM_NAT_F_REPLY | HM_NAT_F_HOST)) == (HM_NAT_F_REPLY | HM_NAT_F_HOST) &&
 	    skb->ifindex != HM_LOOPBACK_IFINDEX)
 		return to_host_via_lo(skb);
-	return forward(skb, f, f->dst);
+	return noted(skb, forward(skb, f, f->dst));
 }
 
 /* A packet at a host interface's ingress: a packet of a flow from the
@@ -1110,7 +1129,10 @@ static __attribute__((noinline)) int external_flow(struct __sk_buff *skb, struct
 	int verdict = external_in(skb, f, &fv);
 
 	if (verdict == NEW_FLOW || verdict == NOT_MINE) {
-		int reply = replies ? veth_reply(skb, f) : NOT_MINE;
+		/* A TCP SYN answers nothing: it is no veth-path reply. */
+		int reply = replies && !(f->proto == IPPROTO_TCP && (f->tcp_flags & (TCP_SYN | TCP_ACK)) == TCP_SYN)
+				    ? veth_reply(skb, f)
+				    : NOT_MINE;
 
 		if (reply != NOT_MINE)
 			return reply;
@@ -1212,11 +1234,18 @@ int hm_direct(struct __sk_buff *skb)
 {
 	HM_BUILD_MARK();
 	struct flow f = {};
-	int external = external_enabled();
+	int external;
 	int verdict;
 
+	/* Translated and sent here by hm_natout or hm_reply (noted()). */
+	if (skb->cb[0] == HM_CB_SENT0 && skb->cb[1] == HM_CB_SENT1) {
+		skb->cb[0] = 0;
+		skb->cb[1] = 0;
+		return TC_ACT_UNSPEC;
+	}
 	if (parse(skb, &f) != PARSED)
 		return TC_ACT_UNSPEC;
+	external = external_enabled();
 	if (external && external_out(skb, &f, &verdict))
 		return verdict;
 	if (skb->ingress_ifindex != 0)

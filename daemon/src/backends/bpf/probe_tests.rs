@@ -74,12 +74,31 @@ impl Probes {
     /// `__sk_buff` given holds only that (its 11th word), at its full size
     /// (the kernel writes it back whole, and fails if it has no room).
     fn run_on(&mut self, program: Program, ifindex: u32, packet: &[u8]) -> sys::TestRun {
+        self.run_with(program, ifindex, [0; 5], packet)
+    }
+
+    /// `run_on` with the `__sk_buff`'s `cb` words as given (what a program
+    /// before, on the packet's way, left there).
+    fn run_with(&mut self, program: Program, ifindex: u32, cb: [u32; 5], packet: &[u8]) -> sys::TestRun {
         let prog = super::load::program_fd(&mut self.bpf.maps, program).unwrap();
         let mut ctx = [0u8; 192];
         ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
+        for (i, word) in cb.iter().enumerate() {
+            ctx[CB + 4 * i..CB + 4 * i + 4].copy_from_slice(&word.to_ne_bytes());
+        }
         sys::prog_test_run(prog.as_fd(), packet, &ctx).unwrap()
     }
+}
 
+/// Where `__sk_buff`'s `cb` words start.
+const CB: usize = 48;
+
+/// The `cb` words of a test run's context as the program left them.
+fn cb_of(run: &sys::TestRun) -> [u32; 5] {
+    std::array::from_fn(|i| u32::from_ne_bytes(run.ctx[CB + 4 * i..CB + 4 * i + 4].try_into().unwrap()))
+}
+
+impl Probes {
     /// Every (key, value) of a conntrack map.
     fn conntrack(&mut self, map: HmMap) -> Vec<(abi::CtKey, abi::CtValue)> {
         let fd = self.bpf.maps.map_fd(map).unwrap();

@@ -282,6 +282,35 @@ fn a_source_port_is_never_one_a_flow_or_a_socket_of_the_host_holds() {
 }
 
 #[test]
+fn a_packet_hm_reply_sent_out_is_passed_by_hm_direct_at_that_egress_without_a_lookup() {
+    let mut p = Probes::with_host(&config("61000-65535"), two_interfaces);
+    let (a, b) = (ifindex(CLIENT_SIDE), ifindex(BACKEND_SIDE));
+    let client = at(Ipv4Addr::new(192, 0, 2, 1), 40060);
+    // hm_reply sends a client's SYN on to another host's backend, and notes
+    // it in cb (which a redirect keeps).
+    let out = p.run_on(Program::Reply, a, &packet(client, at(HOST_A, 30080), Some(TCP_SYN)));
+    assert_eq!(out.retval, abi::TC_ACT_REDIRECT as u32);
+    let note = cb_of(&out);
+    assert_ne!(note[..2], [0, 0], "noted");
+    // hm_direct at the egress it leaves by passes it untouched and takes
+    // the note away (the packet may go on to programs and hosts after).
+    let sent = out.data.clone();
+    let out = p.run_with(Program::Direct, b, note, &sent);
+    assert_eq!((out.retval as i32, &out.data), (abi::TC_ACT_UNSPEC, &sent));
+    assert_eq!(cb_of(&out), [0; 5], "the note is gone");
+    // It does not look: a local backend's reply, which it would translate,
+    // goes untouched with the note, and is translated without it.
+    p.run_on(Program::Reply, a, &packet(at(client.ip(), 40061), at(HOST_A, 30081), Some(TCP_SYN)));
+    let reply = packet(at(HOST_A, 8081), at(client.ip(), 40061), Some(TCP_SYN | TCP_ACK));
+    assert_eq!(p.run_with(Program::Direct, a, note, &reply).data, reply);
+    assert_eq!(addresses(&p.run_on(Program::Direct, a, &reply).data).0, at(HOST_A, 30081));
+    // A packet the veth path sends out is noted the same way.
+    let syn = packet(at(HOST_B, 40062), at(Ipv4Addr::new(10, 96, 0, 10), 80), Some(TCP_SYN));
+    let out = p.run_with(Program::NatOut, 1, [0; 5], &syn);
+    assert_eq!((out.retval, cb_of(&out)[..2].to_vec()), (abi::TC_ACT_REDIRECT as u32, note[..2].to_vec()));
+}
+
+#[test]
 fn a_host_connection_through_the_veth_path_from_a_port_of_the_range_keeps_its_replies() {
     // One port in the range; a socket of the host bound to it connects to
     // web's VIP through the veth path (connect_time_lb = "off").
