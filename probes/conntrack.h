@@ -7,7 +7,8 @@
  * holding the backend) and a reverse one (backend -> client, as hm_reply
  * sees it, holding the VIP). Open flows live in HM_CT. A TCP flow is
  * closed once each side has sent its FIN; its entries then move to
- * HM_CT_CLOSING for its last packets. A RST ends a flow and its entries. Both maps are LRUs of
+ * HM_CT_CLOSING for its last packets. A RST ends a flow: its entries move
+ * there too, for a second (HM_CT_RESET_LINGER_S). Both maps are LRUs of
  * the same size, so when one is full the least recently used entry of that
  * map goes: closed flows push out closed flows, never an open one.
  *
@@ -95,48 +96,80 @@ static __always_inline __u8 ct_end(const struct flow *f, __u8 fin)
 	return (f->tcp_flags & TCP_FIN) ? fin : 0;
 }
 
+/* How long the entries of a flow ended by a RST stay among the closed
+ * flows: a packet its sender sent before the RST, on another CPU, can
+ * reach the veth after it (an ACK queued on that CPU's backlog); it must
+ * find the flow, not open it again (an open entry the backend never
+ * answers, kept for the 60 s of a SYN). Their time is set back so that
+ * the closed flows' timeout ends them then, and is not refreshed
+ * (HM_CT_F_RESET). */
+#define HM_CT_RESET_LINGER_S 1
+
+/* Moves a flow's entries (those there are) to the closed flows, with
+ * `flags`, last seen at `at`. */
+static __always_inline void ct_close(struct hm_ct_key *fk, const struct hm_ct_value *fwd, struct hm_ct_key *rk,
+				     const struct hm_ct_value *rev, __u8 flags, __u64 at)
+{
+	struct hm_ct_value v = {};
+
+	if (fwd) {
+		v = *fwd;
+		v.flags = flags;
+		v.last_seen_ns = at;
+		bpf_map_update_elem(&HM_CT_CLOSING, fk, &v, BPF_ANY);
+	}
+	if (rev) {
+		v = *rev;
+		v.flags = flags;
+		v.last_seen_ns = at;
+		bpf_map_update_elem(&HM_CT_CLOSING, rk, &v, BPF_ANY);
+	}
+	bpf_map_delete_elem(&HM_CT, fk);
+	bpf_map_delete_elem(&HM_CT, rk);
+}
+
 /* A packet of an open flow: both entries are refreshed and take `flags`;
  * a flow closed by FINs now moves to HM_CT_CLOSING, for the last ACK and
- * any FIN sent again. A flow reset is over at once: nothing of it is
- * answered after a RST (a late packet of the other side meets a socket
- * that is gone and is reset by that host), so its entries go. */
+ * any FIN sent again. A flow reset is over: nothing of it is answered
+ * after a RST (a late packet of the other side meets a socket that is
+ * gone and is reset by that host), so its entries leave the open flows
+ * and stay among the closed ones only HM_CT_RESET_LINGER_S. */
 static __always_inline void ct_seen(struct hm_ct_key *fk, struct hm_ct_value *fwd, struct hm_ct_key *rk,
 				    struct hm_ct_value *rev, __u8 flags, __u64 now)
 {
-	struct hm_ct_value f = {}, r = {};
 	__u8 all = flags;
 
+	if (fwd)
+		all |= fwd->flags;
+	if (rev)
+		all |= rev->flags;
 	if (flags & HM_CT_F_RESET) {
-		bpf_map_delete_elem(&HM_CT, fk);
-		bpf_map_delete_elem(&HM_CT, rk);
+		ct_close(fk, fwd, rk, rev, all | HM_CT_F_CLOSING,
+			 now - (HM_CT_CLOSING_TIMEOUT_S - HM_CT_RESET_LINGER_S) * NS_PER_S);
+		return;
+	}
+	if ((all & (HM_CT_F_FIN_OUT | HM_CT_F_FIN_BACK)) == (HM_CT_F_FIN_OUT | HM_CT_F_FIN_BACK))
+		all |= HM_CT_F_CLOSING;
+	if (all & HM_CT_F_CLOSING) {
+		ct_close(fk, fwd, rk, rev, all, now);
 		return;
 	}
 	if (fwd) {
 		fwd->flags |= flags;
 		fwd->last_seen_ns = now;
-		all |= fwd->flags;
 	}
 	if (rev) {
 		rev->flags |= flags;
 		rev->last_seen_ns = now;
-		all |= rev->flags;
 	}
-	if ((all & (HM_CT_F_FIN_OUT | HM_CT_F_FIN_BACK)) == (HM_CT_F_FIN_OUT | HM_CT_F_FIN_BACK))
-		all |= HM_CT_F_CLOSING;
-	if (!(all & HM_CT_F_CLOSING))
-		return;
-	if (fwd) {
-		f = *fwd;
-		f.flags = all;
-		bpf_map_update_elem(&HM_CT_CLOSING, fk, &f, BPF_ANY);
-	}
-	if (rev) {
-		r = *rev;
-		r.flags = all;
-		bpf_map_update_elem(&HM_CT_CLOSING, rk, &r, BPF_ANY);
-	}
-	bpf_map_delete_elem(&HM_CT, fk);
-	bpf_map_delete_elem(&HM_CT, rk);
+}
+
+/* A packet of a closed flow keeps it (its last ACK, a FIN sent again),
+ * unless a RST ended it. */
+static __always_inline void ct_refresh_closed(struct hm_ct_value *v, __u64 now)
+{
+	if (v && !(v->flags & HM_CT_F_RESET))
+		v->last_seen_ns = now;
 }
 
 #endif /* HOSTMESH_CONNTRACK_H */

@@ -204,7 +204,7 @@ _Static_assert(sizeof(struct hm_ct_value) == 32, "hm_ct_value layout");
 #define HM_CT_F_CLOSING (1u << 1)  /* TCP: closed (a FIN each way) */
 #define HM_CT_F_FIN_OUT (1u << 2)  /* TCP: the client sent its FIN */
 #define HM_CT_F_FIN_BACK (1u << 3) /* TCP: the backend sent its FIN */
-#define HM_CT_F_RESET (1u << 4)    /* TCP: a RST (never stored: the flow is forgotten) */
+#define HM_CT_F_RESET (1u << 4)    /* TCP: a RST ended the flow (its closed entries linger a second) */
 
 /* HM_NAT: flows from the network (node ports, external VIPs), translated
  * at the host interfaces by hm_reply (ingress) and hm_direct (egress).

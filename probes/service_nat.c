@@ -362,7 +362,7 @@ int hm_natout(struct __sk_buff *skb)
 		hm_count(ct->svc_id, skb->len);
 		hm_count_backend(ct->svc_id, backend, backend_port, HM_STAT_NONE, skb->len, 0);
 		if (closed) {
-			ct->last_seen_ns = now;
+			ct_refresh_closed(ct, now);
 		} else {
 			struct hm_ct_key rk = {};
 
@@ -995,9 +995,8 @@ static __attribute__((noinline)) int veth_reply(struct __sk_buff *skb, struct fl
 		return TC_ACT_UNSPEC;
 	}
 	if (closed) {
-		rev->last_seen_ns = now;
-		if (fwd)
-			fwd->last_seen_ns = now;
+		ct_refresh_closed(rev, now);
+		ct_refresh_closed(fwd, now);
 	} else {
 		ct_seen(&fk, fwd, &rk, rev, HM_CT_F_REPLIED | ct_end(f, HM_CT_F_FIN_BACK), now);
 	}

@@ -206,7 +206,8 @@ pub const CT_F_REPLIED: u8 = 1 << 0;
 pub const CT_F_CLOSING: u8 = 1 << 1;
 pub const CT_F_FIN_OUT: u8 = 1 << 2;
 pub const CT_F_FIN_BACK: u8 = 1 << 3;
-/// A RST: never stored, the flow is forgotten at once.
+/// A RST ended the flow: its entries linger among the closed flows for a
+/// second, not refreshed (probes/conntrack.h, HM_CT_RESET_LINGER_S).
 pub const CT_F_RESET: u8 = 1 << 4;
 /// Conntrack timeouts fixed in the probes.
 pub const CT_SYN_TIMEOUT_S: u64 = 60;

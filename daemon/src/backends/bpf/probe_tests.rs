@@ -148,6 +148,7 @@ fn modelled_backend(sport: u16, proto: u8) -> SocketAddr {
 
 const TCP_FIN: u8 = 0x01;
 const TCP_SYN: u8 = 0x02;
+const TCP_RST: u8 = 0x04;
 const TCP_ACK: u8 = 0x10;
 
 /// An Ethernet frame with an IPv4 packet carrying a TCP segment (`flags`)
@@ -271,6 +272,36 @@ fn a_reply_gets_the_vip_back_and_a_closed_flow_moves_to_the_closed_ones() {
     let closed = p.conntrack(HmMap::CtClosing);
     assert_eq!(closed.len(), 2, "{closed:?}");
     assert!(closed.iter().all(|(_, v)| v.flags & abi::CT_F_CLOSING != 0), "{closed:?}");
+}
+
+#[test]
+fn a_reset_flow_leaves_the_open_flows_and_a_packet_of_it_still_on_its_way_opens_none() {
+    let mut p = Probes::with(&service("tcp"));
+    let sport = 41100;
+    let backend = addresses(&p.run(Program::NatOut, &packet(client(sport), vip(), Some(TCP_SYN))).data).1;
+    p.run(Program::Reply, &packet(backend, client(sport), Some(TCP_SYN | TCP_ACK)));
+    // The client's RST ends the flow: it leaves the open flows, and its
+    // entries are among the closed ones for a second at most.
+    p.run(Program::NatOut, &packet(client(sport), vip(), Some(TCP_RST | TCP_ACK)));
+    assert_eq!(p.conntrack(HmMap::Ct), vec![], "no open flow left");
+    let closed = p.conntrack(HmMap::CtClosing);
+    assert_eq!(closed.len(), 2, "{closed:?}");
+    let now = super::conntrack::now_ns();
+    for (_, v) in &closed {
+        assert_ne!(v.flags & abi::CT_F_RESET, 0, "{v:?}");
+        let ends = v.last_seen_ns + abi::CT_CLOSING_TIMEOUT_S * 1_000_000_000;
+        assert!(ends > now && ends - now <= 1_000_000_000, "ends in {} ns", ends as i64 - now as i64);
+    }
+    // An ACK the client sent before its RST, reaching the veth after it
+    // (from another CPU's backlog): the flow's backend, and no flow opened
+    // again (which the backend, reset, would never answer), nor kept longer.
+    let out = p.run(Program::NatOut, &packet(client(sport), vip(), Some(TCP_ACK)));
+    assert_eq!(addresses(&out.data).1, backend);
+    assert_eq!(p.conntrack(HmMap::Ct), vec![], "the late ACK opened no flow");
+    assert_eq!(p.conntrack(HmMap::CtClosing), closed, "nor refreshed the reset one");
+    // A SYN on the tuple starts a new flow at once.
+    p.run(Program::NatOut, &packet(client(sport), vip(), Some(TCP_SYN)));
+    assert_eq!(p.conntrack(HmMap::Ct).len(), 2, "a new flow");
 }
 
 #[test]
