@@ -276,31 +276,41 @@ fn targets(s: &mut String, rows: &[Row], sizes: &[usize]) {
     let find = |path: &str, n: usize| rows.iter().find(|r| r.path == path && r.services == n);
     let check = |ok: bool| if ok { "met" } else { "MISSED" };
     let snat = "hostmesh \"snat\", external VIP";
+    // Both ways in with "snat" (the external VIP and the node port) count:
+    // the lower of the two is the one held to each goal.
+    let snat_rows = |n: usize| rows.iter().filter(move |r| r.path.starts_with("hostmesh \"snat\"") && r.services == n);
+    let lower = |n: usize, ratio: fn(&Row) -> f64| {
+        snat_rows(n).map(|r| (ratio(r), r.path)).fold((f64::MAX, ""), |a, b| if b.0 < a.0 { b } else { a })
+    };
     let _ = writeln!(s, "\n### Targets\n");
     let lowest = sizes
         .iter()
-        .filter_map(|&n| find(snat, n))
-        .map(|r| (r.tcp.ratio.min(r.udp.ratio), r.services))
-        .fold((f64::MAX, 0), |a, b| if b.0 < a.0 { b } else { a });
+        .flat_map(|&n| [(lower(n, |r| r.tcp.ratio), n, "TCP"), (lower(n, |r| r.udp.ratio), n, "UDP")])
+        .fold(((f64::MAX, ""), 0, ""), |a, b| if b.0 .0 < a.0 .0 { b } else { a });
     let _ = writeln!(
         s,
-        "- \"snat\" ≥ 0.95 × plain forwarding, TCP and UDP, every N: lowest {:.3} (at {}) — {}",
-        lowest.0,
+        "- \"snat\" ≥ 0.95 × plain forwarding, TCP and UDP, every N (external VIP and node port): lowest {:.3} ({}, \
+         {}, at {}) — {}",
+        lowest.0 .0,
+        lowest.2,
+        lowest.0 .1,
         lowest.1,
-        check(lowest.0 >= 0.95)
+        check(lowest.0 .0 >= 0.95)
     );
     for &n in sizes {
-        let (Some(hm), Some(nft)) = (find(snat, n), find("nftables DNAT + masquerade (map)", n)) else { continue };
+        let Some(nft) = find("nftables DNAT + masquerade (map)", n) else { continue };
+        if snat_rows(n).next().is_none() {
+            continue;
+        }
         // Measured apart (one system on the host at a time), so compared by
         // their ratios to the plain forwarding each was interleaved with.
-        let ahead = hm.tcp.ratio > nft.tcp.ratio && hm.udp.ratio > nft.udp.ratio;
+        let (tcp, udp) = (lower(n, |r| r.tcp.ratio).0, lower(n, |r| r.udp.ratio).0);
+        let ahead = tcp > nft.tcp.ratio && udp > nft.udp.ratio;
         let _ = writeln!(
             s,
-            "- ahead of nftables DNAT + masquerade at {n} (× plain, each against its own interleaved baseline): \
-             TCP {:.3} vs {:.3}, UDP {:.3} vs {:.3} — {}",
-            hm.tcp.ratio,
+            "- ahead of nftables DNAT + masquerade at {n} (the lower \"snat\" row, × plain, each against its own \
+             interleaved baseline): TCP {tcp:.3} vs {:.3}, UDP {udp:.3} vs {:.3} — {}",
             nft.tcp.ratio,
-            hm.udp.ratio,
             nft.udp.ratio,
             check(ahead)
         );
