@@ -323,13 +323,44 @@ static __always_inline int refuse(struct __sk_buff *skb, const struct flow *f)
 	return reset(skb, f);
 }
 
-/* Whether a service is reached from the network (HM_CFG_EXTERNAL): only
- * then can a packet be of a flow HM_NAT holds. */
-static __always_inline int external_enabled(void)
+/* Whether a service is reached from the network (HM_CFG_EXTERNAL in
+ * HM_CONFIG, `cfg`): only then can a packet be of a flow HM_NAT holds. */
+static __always_inline int external_enabled(const struct hm_config *cfg)
 {
-	struct hm_config *cfg = hm_config();
-
 	return cfg && (cfg->flags & HM_CFG_EXTERNAL);
+}
+
+/* The key of the other entry of the flow `v` belongs to: the answer to the
+ * packet `v` makes. A client's entry answered is the backend's reply,
+ * which comes back to the ingress when its source was translated and
+ * leaves through an egress when not; a backend's entry answered is the
+ * client's next packet, at the ingress. */
+static __always_inline void nat_peer_key(struct hm_ct_key *k, const struct hm_nat_value *v, __u8 proto)
+{
+	__u8 dir = (v->flags & (HM_NAT_F_REPLY | HM_NAT_F_SNAT)) ? HM_NAT_IN : HM_NAT_OUT;
+
+	ct_key(k, v->dst, v->src, v->dport, v->sport, proto, dir);
+}
+
+/* Forgets the flow of the entry `k` found: both entries. */
+static __always_inline void nat_forget(const struct hm_ct_key *k, const struct hm_nat_value *v, __u8 proto)
+{
+	struct hm_ct_key pk = {};
+
+	nat_peer_key(&pk, v, proto);
+	bpf_map_delete_elem(&HM_NAT, &pk);
+	bpf_map_delete_elem(&HM_NAT, k);
+}
+
+/* A connection of the host's own takes the tuple a flow from the network
+ * to another host's backend holds (`k`: that backend's reply key): the
+ * host's connection wins, the flow is forgotten. */
+static __always_inline void nat_yield(const struct hm_ct_key *k, __u8 proto)
+{
+	struct hm_nat_value *v = bpf_map_lookup_elem(&HM_NAT, k);
+
+	if (v && (v->flags & (HM_NAT_F_REPLY | HM_NAT_F_SNAT)) == (HM_NAT_F_REPLY | HM_NAT_F_SNAT))
+		nat_forget(k, v, proto);
 }
 
 SEC("classifier")
@@ -416,18 +447,10 @@ int hm_natout(struct __sk_buff *skb)
 		 * has it for connections straight to the backend), so that flow
 		 * is forgotten, and hm_reply, which asks HM_NAT first, gives the
 		 * backend's replies to this flow. */
-		if (cfg && (cfg->flags & HM_CFG_EXTERNAL) && bpf_ntohs(f.sport) >= cfg->snat_port_min &&
+		if (external_enabled(cfg) && bpf_ntohs(f.sport) >= cfg->snat_port_min &&
 		    bpf_ntohs(f.sport) <= cfg->snat_port_max) {
-			struct hm_nat_value *nat;
-
 			rk.dir = HM_NAT_IN;
-			nat = bpf_map_lookup_elem(&HM_NAT, &rk);
-			if (nat && (nat->flags & (HM_NAT_F_REPLY | HM_NAT_F_SNAT)) == (HM_NAT_F_REPLY | HM_NAT_F_SNAT)) {
-				/* Its client's entry (nat_peer_key). */
-				ct_key(&fk, nat->dst, nat->src, nat->dport, nat->sport, f.proto, HM_NAT_IN);
-				bpf_map_delete_elem(&HM_NAT, &fk);
-				bpf_map_delete_elem(&HM_NAT, &rk);
-			}
+			nat_yield(&rk, f.proto);
 		}
 	}
 
@@ -463,18 +486,6 @@ static __always_inline __u32 flow_hash(const struct flow *f)
 /* lo's ifindex in every namespace (LOOPBACK_IFINDEX): the host's own
  * packets, which the network's flows never are. */
 #define HM_LOOPBACK_IFINDEX 1
-
-/* The key of the other entry of the flow `v` belongs to: the answer to the
- * packet `v` makes. A client's entry answered is the backend's reply,
- * which comes back to the ingress when its source was translated and
- * leaves through an egress when not; a backend's entry answered is the
- * client's next packet, at the ingress. */
-static __always_inline void nat_peer_key(struct hm_ct_key *k, const struct hm_nat_value *v, __u8 proto)
-{
-	__u8 dir = (v->flags & (HM_NAT_F_REPLY | HM_NAT_F_SNAT)) ? HM_NAT_IN : HM_NAT_OUT;
-
-	ct_key(k, v->dst, v->src, v->dport, v->sport, proto, dir);
-}
 
 /* Rewrites a packet as its flow's entry says (addresses and ports), and
  * `f` with it: both addresses in one checksum difference, applied and
@@ -535,16 +546,6 @@ static __always_inline int nat_live(const struct hm_nat_value *v, const struct f
 		return 0;
 	return (v->flags & HM_NAT_F_REPLY) || !(v->flags & HM_CT_F_CLOSING) || f->proto != IPPROTO_TCP ||
 	       (f->tcp_flags & (TCP_SYN | TCP_ACK)) != TCP_SYN;
-}
-
-/* Forgets the flow of the entry `k` found: both entries. */
-static __always_inline void nat_forget(const struct hm_ct_key *k, const struct hm_nat_value *v, __u8 proto)
-{
-	struct hm_ct_key pk = {};
-
-	nat_peer_key(&pk, v, proto);
-	bpf_map_delete_elem(&HM_NAT, &pk);
-	bpf_map_delete_elem(&HM_NAT, k);
 }
 
 /* What a packet of a known flow says: a FIN from either side (a FIN each
@@ -860,18 +861,13 @@ static __attribute__((noinline)) int external_out(struct __sk_buff *skb, struct 
 static __attribute__((noinline)) void external_yield(struct __sk_buff *skb, const struct flow *f)
 {
 	struct hm_ct_key k = {};
-	struct hm_nat_value *v, nv;
 	struct bpf_sock *sk = skb->sk;
 
 	if (!sk || sk->src_port != bpf_ntohs(f->sport))
 		return;
 
 	ct_key(&k, f->dst, f->src, f->dport, f->sport, f->proto, HM_NAT_IN);
-	v = bpf_map_lookup_elem(&HM_NAT, &k);
-	if (!v || (v->flags & (HM_NAT_F_REPLY | HM_NAT_F_SNAT)) != (HM_NAT_F_REPLY | HM_NAT_F_SNAT))
-		return;
-	nv = *v;
-	nat_forget(&k, &nv, f->proto);
+	nat_yield(&k, f->proto);
 }
 
 /* A SYN-ACK: the answer to a SYN. */
@@ -1184,14 +1180,14 @@ int hm_reply(struct __sk_buff *skb)
 		break;
 	case OTHER_IP:
 		icmp_error_back(skb, &f);
-		return external_enabled() ? external_icmp(skb, &f) : TC_ACT_UNSPEC;
+		return external_enabled(hm_config()) ? external_icmp(skb, &f) : TC_ACT_UNSPEC;
 	default:
 		return TC_ACT_UNSPEC;
 	}
 	/* lo carries the host's own packets, which the network's flows never
 	 * are (a host process's to its own node port are taken at lo's
 	 * egress, hm_direct). */
-	if (skb->ifindex == HM_LOOPBACK_IFINDEX || !external_enabled()) {
+	if (skb->ifindex == HM_LOOPBACK_IFINDEX || !external_enabled(hm_config())) {
 		verdict = veth_reply(skb, &f);
 		return verdict == NOT_MINE ? TC_ACT_UNSPEC : verdict;
 	}
@@ -1244,7 +1240,7 @@ int hm_direct(struct __sk_buff *skb)
 	}
 	if (parse(skb, &f) != PARSED)
 		return TC_ACT_UNSPEC;
-	external = external_enabled();
+	external = external_enabled(hm_config());
 	if (external && external_out(skb, &f, &verdict))
 		return verdict;
 	if (skb->ingress_ifindex != 0)
