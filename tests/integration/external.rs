@@ -353,4 +353,9 @@ fn clients_on_another_machine_reach_node_ports_and_external_vips_over_tcp_and_ud
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(t.host.ns.sysctl("net/ipv4/ip_local_reserved_ports").as_deref(), Some(""));
     assert_eq!(t.host.ns.sysctl("net/ipv6/conf/ext0/forwarding").as_deref(), Some("0"));
+    // And no program, map or route of hostmesh's: the other tool's filter
+    // stays, hostmesh's are gone, and so are its pins and routes.
+    assert_eq!(hostmesh_filters(&t.host.ns), [], "no hostmesh filter left");
+    assert!(t.host.owned_routes().is_empty(), "{:?}", t.host.owned_routes());
+    assert!(!t.host.opts.bpffs.exists(), "pin dir still there");
 }
