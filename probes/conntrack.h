@@ -48,7 +48,7 @@ static __always_inline __u64 ct_timeout_ns(__u8 flags, __u8 proto, const struct 
 
 static __always_inline int ct_live(const struct hm_ct_value *ct, __u8 proto, __u64 now, const struct hm_config *cfg)
 {
-	return now - ct->last_seen_ns < ct_timeout_ns(ct->flags, proto, cfg);
+	return hm_idle_ns(now, ct->last_seen_ns) < ct_timeout_ns(ct->flags, proto, cfg);
 }
 
 /* The entry for `k`: an open flow's, else (TCP) a closed one's, which sets

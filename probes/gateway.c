@@ -19,6 +19,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "build_mark.h"
+#include "clock.h"
 #include "hostmesh_abi.h"
 #include "packet.h"
 
@@ -149,9 +150,9 @@ static __always_inline int set_destination(struct __sk_buff *skb, const struct h
 
 static __always_inline void refresh(struct hm_gw_ct_value *v)
 {
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = hm_now();
 
-	if (now - v->last_seen_ns > REFRESH_NS)
+	if (hm_idle_ns(now, v->last_seen_ns) > REFRESH_NS)
 		v->last_seen_ns = now;
 }
 
@@ -248,7 +249,7 @@ int hm_tun_in(struct __sk_buff *skb)
 			return TC_ACT_OK;
 		}
 		__builtin_memcpy(v.member, sender.addr, 16);
-		v.last_seen_ns = bpf_ktime_get_ns();
+		v.last_seen_ns = hm_now();
 		bpf_map_update_elem(&HM_GW_CT, &rk, &v, BPF_ANY);
 		return TC_ACT_OK;
 	}

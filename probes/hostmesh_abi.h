@@ -119,7 +119,7 @@ _Static_assert(sizeof(struct hm_aff_key) == 20, "hm_aff_key layout");
 struct hm_aff_value {
 	__u32 backend_id;
 	__u32 _pad;
-	__u64 last_seen_ns; /* bpf_ktime_get_ns() */
+	__u64 last_seen_ns; /* CLOCK_MONOTONIC ns (clock.h) */
 };
 _Static_assert(sizeof(struct hm_aff_value) == 16, "hm_aff_value layout");
 
@@ -196,7 +196,7 @@ struct hm_ct_value {
 	__u8 flags;        /* HM_CT_F_* */
 	__u8 _pad;
 	__u32 svc_id;
-	__u64 last_seen_ns; /* bpf_ktime_get_ns() */
+	__u64 last_seen_ns; /* CLOCK_MONOTONIC ns (clock.h) */
 };
 _Static_assert(sizeof(struct hm_ct_value) == 32, "hm_ct_value layout");
 
@@ -225,10 +225,15 @@ struct hm_nat_value {
 	__u8 flags; /* HM_CT_F_* and HM_NAT_F_* */
 	__u8 _pad[3];
 	__u32 svc_id;
-	__u32 _pad2;
-	__u64 last_seen_ns; /* bpf_ktime_get_ns(), refreshed at most once a second */
+	__u32 fib_epoch;    /* when the next hop below was found (service_nat.c) */
+	__u64 last_seen_ns; /* CLOCK_MONOTONIC ns (clock.h), refreshed at most once a second */
+	/* Where the translated packet leaves, as bpf_fib_lookup() found it:
+	 * the interface (0: not known) and the Ethernet header's two MACs
+	 * (destination, then source). */
+	__u32 fib_ifindex;
+	__u8 fib_macs[12];
 };
-_Static_assert(sizeof(struct hm_nat_value) == 56, "hm_nat_value layout");
+_Static_assert(sizeof(struct hm_nat_value) == 72, "hm_nat_value layout");
 
 #define HM_NAT_IN 0
 #define HM_NAT_OUT 1

@@ -10,6 +10,7 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
+#include "clock.h"
 #include "hostmesh_abi.h"
 #include "packet.h"
 
@@ -212,9 +213,9 @@ static __always_inline struct hm_backend *hm_pick_backend(const struct hm_svc_va
 	if (a) {
 		__builtin_memcpy(ak.client, client, 16);
 		ak.svc_id = svc->id;
-		now = bpf_ktime_get_ns();
+		now = hm_now();
 		known = bpf_map_lookup_elem(&HM_AFFINITY, &ak);
-		if (known && now - known->last_seen_ns < (__u64)a->timeout_s * NS_PER_S) {
+		if (known && hm_idle_ns(now, known->last_seen_ns) < (__u64)a->timeout_s * NS_PER_S) {
 			be = bpf_map_lookup_elem(&HM_BACKENDS, &known->backend_id);
 			if (be) {
 				known->last_seen_ns = now;

@@ -32,6 +32,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "build_mark.h"
+#include "clock.h"
 #include "conntrack.h"
 #include "packet.h"
 #include "service_maps.h"
@@ -80,27 +81,34 @@ static __always_inline int rewrite(struct __sk_buff *skb, const struct flow *f, 
 	return 0;
 }
 
+/* Asks the FIB where a packet from `src` to `dst`, arriving where `skb`
+ * did, leaves (bpf_fib_lookup's answer in `fib`). */
+static __always_inline int next_hop(struct __sk_buff *skb, struct bpf_fib_lookup *fib, __u8 proto, __u8 v6,
+				    const __u8 src[16], const __u8 dst[16])
+{
+	fib->ifindex = skb->ifindex;
+	fib->l4_protocol = proto;
+	/* tot_len 0: let the kernel check the MTU, GSO packets included. */
+	fib->tot_len = 0;
+	if (!v6) {
+		fib->family = HM_AF_INET;
+		__builtin_memcpy(&fib->ipv4_src, src + 12, 4);
+		__builtin_memcpy(&fib->ipv4_dst, dst + 12, 4);
+	} else {
+		fib->family = HM_AF_INET6;
+		__builtin_memcpy(fib->ipv6_src, src, 16);
+		__builtin_memcpy(fib->ipv6_dst, dst, 16);
+	}
+	return bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
+}
+
 /* Sends a (NATed) packet on towards `dst`: out of the interface the FIB
  * picks, or up the stack when `dst` is a local address. */
 static __always_inline int forward(struct __sk_buff *skb, const struct flow *f, const __u8 dst[16])
 {
 	struct bpf_fib_lookup fib = {};
-	int rc;
+	int rc = next_hop(skb, &fib, f->proto, f->v6, f->src, dst);
 
-	fib.ifindex = skb->ifindex;
-	fib.l4_protocol = f->proto;
-	/* tot_len 0: let the kernel check the MTU, GSO packets included. */
-	fib.tot_len = 0;
-	if (!f->v6) {
-		fib.family = HM_AF_INET;
-		__builtin_memcpy(&fib.ipv4_src, f->src + 12, 4);
-		__builtin_memcpy(&fib.ipv4_dst, dst + 12, 4);
-	} else {
-		fib.family = HM_AF_INET6;
-		__builtin_memcpy(fib.ipv6_src, f->src, 16);
-		__builtin_memcpy(fib.ipv6_dst, dst, 16);
-	}
-	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 	switch (rc) {
 	case BPF_FIB_LKUP_RET_SUCCESS:
 	{
@@ -373,7 +381,7 @@ int hm_natout(struct __sk_buff *skb)
 	struct hm_config *cfg = hm_config();
 	__u8 backend[16];
 	__be16 backend_port;
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = hm_now();
 	int parsed = parse(skb, &f);
 	int closed;
 
@@ -542,7 +550,7 @@ static __always_inline int nat_rewrite(struct __sk_buff *skb, struct flow *f, co
  * starts a new flow on the tuple). */
 static __always_inline int nat_live(const struct hm_nat_value *v, const struct flow *f, __u64 now)
 {
-	if (now - v->last_seen_ns >= ct_timeout_ns(v->flags, f->proto, hm_config()))
+	if (hm_idle_ns(now, v->last_seen_ns) >= ct_timeout_ns(v->flags, f->proto, hm_config()))
 		return 0;
 	return (v->flags & HM_NAT_F_REPLY) || !(v->flags & HM_CT_F_CLOSING) || f->proto != IPPROTO_TCP ||
 	       (f->tcp_flags & (TCP_SYN | TCP_ACK)) != TCP_SYN;
@@ -550,11 +558,12 @@ static __always_inline int nat_live(const struct hm_nat_value *v, const struct f
 
 /* What a packet of a known flow says: a FIN from either side (a FIN each
  * way closes the flow, which then lives HM_CT_CLOSING_TIMEOUT_S), the
- * backend's answer, a RST (the flow is forgotten). Both entries share the
- * state, and their times are refreshed at most once a second: a write per
- * packet to a shared cache line costs more than the second is worth. */
-static __always_inline void nat_seen(const struct hm_ct_key *k, struct hm_nat_value *v, const struct flow *f,
-				     __u64 now)
+ * backend's answer, a RST (the flow is forgotten: returns 1, and `v` is
+ * not to be touched again). Both entries share the state, and their
+ * times are refreshed at most once a second: a write per packet to a
+ * shared cache line costs more than the second is worth. */
+static __always_inline int nat_seen(const struct hm_ct_key *k, struct hm_nat_value *v, const struct flow *f,
+				    __u64 now)
 {
 	struct hm_ct_key pk = {};
 	struct hm_nat_value *peer;
@@ -564,26 +573,27 @@ static __always_inline void nat_seen(const struct hm_ct_key *k, struct hm_nat_va
 
 	if (state & HM_CT_F_RESET) {
 		nat_forget(k, v, f->proto);
-		return;
+		return 1;
 	}
 	/* Nothing new, and refreshed within the second: every packet that
 	 * brought news wrote it to both entries, so the peer holds no more
 	 * (its lookup is the one saved on most packets). */
-	if (!(state & ~v->flags) && now - v->last_seen_ns < NS_PER_S)
-		return;
+	if (!(state & ~v->flags) && hm_idle_ns(now, v->last_seen_ns) < NS_PER_S)
+		return 0;
 	nat_peer_key(&pk, v, f->proto);
 	peer = bpf_map_lookup_elem(&HM_NAT, &pk);
 	state = (state | v->flags | (peer ? peer->flags : 0)) & kept;
 	if ((state & (HM_CT_F_FIN_OUT | HM_CT_F_FIN_BACK)) == (HM_CT_F_FIN_OUT | HM_CT_F_FIN_BACK))
 		state |= HM_CT_F_CLOSING;
-	if ((v->flags | state) != v->flags || now - v->last_seen_ns >= NS_PER_S) {
+	if ((v->flags | state) != v->flags || hm_idle_ns(now, v->last_seen_ns) >= NS_PER_S) {
 		v->flags |= state;
 		v->last_seen_ns = now;
 	}
-	if (peer && ((peer->flags | state) != peer->flags || now - peer->last_seen_ns >= NS_PER_S)) {
+	if (peer && ((peer->flags | state) != peer->flags || hm_idle_ns(now, peer->last_seen_ns) >= NS_PER_S)) {
 		peer->flags |= state;
 		peer->last_seen_ns = now;
 	}
+	return 0;
 }
 
 /* Whether the packet is to an address of a host interface, where node
@@ -682,7 +692,7 @@ static __attribute__((noinline)) int nat_new(struct __sk_buff *skb, const struct
 	struct hm_backend *be;
 	struct hm_snat_value *snat;
 	struct hm_addr ba = {};
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = hm_now();
 	int vip = 1;
 
 	__builtin_memcpy(sk.addr, f->dst, 16);
@@ -768,6 +778,44 @@ static __attribute__((noinline)) int nat_record(struct __sk_buff *skb, const str
 	return 0;
 }
 
+/* A flow from the network keeps where its translated packets leave (the
+ * FIB's interface and MACs) in each of its entries: found by the first
+ * packet each way, and again by the first in each epoch of 2^30 ns
+ * (about a second), so a route or neighbour that changes reaches every
+ * flow within that. The lookup was a quarter of a packet's translation.
+ * Only a next hop the FIB resolved is kept: a local destination, or a
+ * neighbour not resolved yet, asks the FIB every time (forward()). Two
+ * CPUs refreshing one entry at once write the same answer. */
+#define HM_FIB_EPOCH_SHIFT 30
+
+static __always_inline __u32 fib_epoch(__u64 now)
+{
+	return (__u32)(now >> HM_FIB_EPOCH_SHIFT);
+}
+
+static __always_inline int nat_hop_known(const struct hm_nat_value *v, __u64 now)
+{
+	return v->fib_ifindex && v->fib_epoch == fib_epoch(now);
+}
+
+/* Finds where the packets of `v`'s flow leave, and keeps it in `v` (none
+ * for the turnaround's replies, which go to lo). */
+static __attribute__((noinline)) void nat_find_hop(struct __sk_buff *skb, struct hm_nat_value *v, __u8 proto, __u8 v6,
+						   __u64 now)
+{
+	struct bpf_fib_lookup fib = {};
+
+	v->fib_ifindex = 0;
+	if ((v->flags & (HM_NAT_F_REPLY | HM_NAT_F_HOST)) == (HM_NAT_F_REPLY | HM_NAT_F_HOST))
+		return;
+	if (next_hop(skb, &fib, proto, v6, v->src, v->dst) != BPF_FIB_LKUP_RET_SUCCESS)
+		return;
+	v->fib_epoch = fib_epoch(now);
+	__builtin_memcpy(v->fib_macs, fib.dmac, ETH_ALEN);
+	__builtin_memcpy(v->fib_macs + ETH_ALEN, fib.smac, ETH_ALEN);
+	v->fib_ifindex = fib.ifindex;
+}
+
 /* Hands a reply to a process of this host (the turnaround: it connected
  * to its own node port) to the host as lo receives it: a packet from one
  * of the host's addresses arriving on another interface is a martian
@@ -782,7 +830,8 @@ static __always_inline int to_host_via_lo(struct __sk_buff *skb)
 	return bpf_redirect(HM_LOOPBACK_IFINDEX, BPF_F_INGRESS);
 }
 
-/* Sends a packet of a flow from the network on as its entry `v` says. */
+/* Sends a packet of a flow from the network on as its entry `v` says:
+ * where its next hop is known, straight there. */
 static __attribute__((noinline)) int nat_send(struct __sk_buff *skb, struct flow *f, const struct hm_nat_value *v)
 {
 	if (v->flags & HM_NAT_F_REPLY)
@@ -794,6 +843,11 @@ static __attribute__((noinline)) int nat_send(struct __sk_buff *skb, struct flow
 	if ((v->flags & (HM_NAT_F_REPLY | HM_NAT_F_HOST)) == (HM_NAT_F_REPLY | HM_NAT_F_HOST) &&
 	    skb->ifindex != HM_LOOPBACK_IFINDEX)
 		return to_host_via_lo(skb);
+	if (v->fib_ifindex) {
+		if (bpf_skb_store_bytes(skb, OFF(struct ethhdr, h_dest), v->fib_macs, sizeof(v->fib_macs), 0))
+			return TC_ACT_SHOT;
+		return noted(skb, bpf_redirect(v->fib_ifindex, 0));
+	}
 	return noted(skb, forward(skb, f, f->dst));
 }
 
@@ -805,22 +859,34 @@ static __attribute__((noinline)) int nat_send(struct __sk_buff *skb, struct flow
 static __attribute__((noinline)) int external_in(struct __sk_buff *skb, struct flow *f, struct hm_nat_value *out)
 {
 	struct hm_ct_key k = {};
-	struct hm_nat_value *v, nv;
+	struct hm_nat_value *v;
 	__u64 now;
+	__u8 reply;
 
-	now = bpf_ktime_get_ns();
+	now = hm_now();
 	ct_key(&k, f->src, f->dst, f->sport, f->dport, f->proto, HM_NAT_IN);
 	v = bpf_map_lookup_elem(&HM_NAT, &k);
 	if (v) {
 		if (nat_live(v, f, now)) {
-			nat_seen(&k, v, f, now);
 			*out = *v;
+			/* The copy: nat_seen may forget the entry (a RST). */
+			if (nat_seen(&k, v, f, now)) {
+				if (!nat_hop_known(out, now))
+					out->fib_ifindex = 0;
+				return 0;
+			}
+			if (!nat_hop_known(out, now)) {
+				nat_find_hop(skb, out, f->proto, f->v6, now);
+				v->fib_epoch = out->fib_epoch;
+				v->fib_ifindex = out->fib_ifindex;
+				__builtin_memcpy(v->fib_macs, out->fib_macs, sizeof(v->fib_macs));
+			}
 			return 0;
 		}
 		/* Over: forgotten, and the packet may start a new flow. */
-		nv = *v;
-		nat_forget(&k, &nv, f->proto);
-		if (nv.flags & HM_NAT_F_REPLY)
+		reply = v->flags & HM_NAT_F_REPLY;
+		nat_forget(&k, v, f->proto);
+		if (reply)
 			return NOT_MINE;
 	}
 	return NEW_FLOW;
@@ -840,7 +906,7 @@ static __attribute__((noinline)) int external_out(struct __sk_buff *skb, struct 
 	v = bpf_map_lookup_elem(&HM_NAT, &k);
 	if (!v)
 		return 0;
-	now = bpf_ktime_get_ns();
+	now = hm_now();
 	nv = *v;
 	if (!nat_live(v, f, now)) {
 		nat_forget(&k, &nv, f->proto);
@@ -985,7 +1051,7 @@ static __attribute__((noinline)) int veth_reply(struct __sk_buff *skb, struct fl
 	/* The forward entry's state decides whether the flow is live (the
 	 * reverse one's, should the forward one be gone). */
 	state = fwd ? fwd : rev;
-	now = bpf_ktime_get_ns();
+	now = hm_now();
 	if (!ct_live(state, f->proto, now, hm_config()) || (syn_ack(f) && (closed || (state->flags & HM_CT_F_CLOSING)))) {
 		ct_forget(&fk, &rk, closed);
 		return TC_ACT_UNSPEC;
@@ -1138,8 +1204,10 @@ static __attribute__((noinline)) int external_flow(struct __sk_buff *skb, struct
 		/* Another host's backend: a source port, or no flow. */
 		if (verdict == 0 && (fv.flags & HM_NAT_F_SNAT) && !snat_port(skb, &fv, &rv, f, flow_hash(f)))
 			verdict = TC_ACT_SHOT;
-		if (verdict == 0)
+		if (verdict == 0) {
+			nat_find_hop(skb, &fv, f->proto, f->v6, fv.last_seen_ns);
 			verdict = nat_record(skb, f, &fv, &rv);
+		}
 	}
 	if (verdict == REFUSE)
 		return refuse_flow(skb, f);

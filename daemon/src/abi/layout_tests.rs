@@ -82,7 +82,8 @@ fn mirrors() -> Vec<(&'static str, &'static str, usize, Vec<Field>)> {
         }),
         mirror!(NatValue, "hm_nat_value", {
             dst => "dst", src => "src", dport_be => "dport", sport_be => "sport", flags => "flags", pad => "_pad",
-            svc_id => "svc_id", pad2 => "_pad2", last_seen_ns => "last_seen_ns",
+            svc_id => "svc_id", fib_epoch => "fib_epoch", last_seen_ns => "last_seen_ns",
+            fib_ifindex => "fib_ifindex", fib_macs => "fib_macs",
         }),
         mirror!(Addr, "hm_addr", { addr => "addr" }),
         mirror!(SnatValue, "hm_snat_value", { src => "src" }),

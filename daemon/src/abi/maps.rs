@@ -81,6 +81,10 @@ pub struct MapDef {
     pub sized_by: Option<Capacity>,
     /// Shared by every object through its pin under the pin dir.
     pub pinned: bool,
+    /// Value sizes of earlier builds whose bytes begin this layout: a pin
+    /// of one is migrated (each value followed by zeros, which the probes
+    /// read as "not known") instead of replaced by an empty map.
+    pub grown_from: &'static [u32],
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -104,6 +108,14 @@ const fn row(
         flags,
         sized_by,
         pinned: true,
+        grown_from: &[],
+    }
+}
+
+impl MapDef {
+    const fn grown_from(mut self, sizes: &'static [u32]) -> MapDef {
+        self.grown_from = sizes;
+        self
     }
 }
 
@@ -184,6 +196,7 @@ pub const MAPS: [MapDef; HmMap::COUNT] = [
         0,
         Some(C::Conntrack),
     ),
+    // 56 bytes before the next hop was kept in each flow's entry.
     row(
         M::Nat,
         "HM_NAT",
@@ -193,7 +206,8 @@ pub const MAPS: [MapDef; HmMap::COUNT] = [
         CONNTRACK_SIZE,
         0,
         Some(C::Conntrack),
-    ),
+    )
+    .grown_from(&[56]),
     row(
         M::Snat,
         "HM_SNAT",

@@ -229,8 +229,10 @@ pub struct NatValue {
     pub flags: u8,
     pub pad: [u8; 3],
     pub svc_id: u32,
-    pub pad2: u32,
+    pub fib_epoch: u32,
     pub last_seen_ns: u64,
+    pub fib_ifindex: u32,
+    pub fib_macs: [u8; 12],
 }
 
 pub const NAT_IN: u8 = 0;

@@ -6,8 +6,11 @@
 /// Every object built from `probes/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ProbeObject {
-    /// The bpfnat veth path and the reply translation.
+    /// The bpfnat veth path and the reply translation, reading the coarse
+    /// clock (probes/clock.h).
     ServiceNat,
+    /// The same reading the precise clock (before 5.11).
+    ServiceNatPrecise,
     /// Connect-time load balancing.
     ServiceCtlb,
     /// The same without bpf_set_retval() (before 5.18): refusals are EPERM.
@@ -46,7 +49,8 @@ const fn row(
 
 /// Every object, in `ProbeObject`'s order.
 pub const OBJECTS: [ObjectDef; ProbeObject::COUNT] = [
-    row(ProbeObject::ServiceNat, "service_nat", "service_nat.c", &[]),
+    row(ProbeObject::ServiceNat, "service_nat", "service_nat.c", &["-DHM_COARSE_CLOCK"]),
+    row(ProbeObject::ServiceNatPrecise, "service_nat_precise", "service_nat.c", &[]),
     row(ProbeObject::ServiceCtlb, "service_ctlb", "service_ctlb.c", &[]),
     row(ProbeObject::ServiceCtlbEperm, "service_ctlb_eperm", "service_ctlb.c", &["-DHM_NO_SET_RETVAL"]),
     row(ProbeObject::Mesh, "mesh", "mesh.c", &[]),
@@ -65,7 +69,7 @@ const _: () = {
 };
 
 impl ProbeObject {
-    pub const COUNT: usize = 7;
+    pub const COUNT: usize = 8;
 
     /// Its row of the table.
     pub const fn def(self) -> &'static ObjectDef {

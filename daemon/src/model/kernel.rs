@@ -34,10 +34,12 @@ pub enum Feature {
     TunnelSource,
     /// sock_diag's SOCK_DESTROY (`CONFIG_INET_DIAG_DESTROY`).
     SockDestroy,
+    /// `bpf_ktime_get_coarse_ns()`.
+    CoarseClock,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 8] = [
+    pub const ALL: [Feature; 9] = [
         Feature::Tcx,
         Feature::NetnsCookieSockopt,
         Feature::SetRetval,
@@ -46,6 +48,7 @@ impl Feature {
         Feature::RedirectNeigh,
         Feature::TunnelSource,
         Feature::SockDestroy,
+        Feature::CoarseClock,
     ];
 
     pub fn name(self) -> &'static str {
@@ -58,6 +61,7 @@ impl Feature {
             Feature::RedirectNeigh => "redirect_neigh",
             Feature::TunnelSource => "tunnel_source",
             Feature::SockDestroy => "sock_destroy",
+            Feature::CoarseClock => "coarse_clock",
         }
     }
 
@@ -76,6 +80,7 @@ impl Feature {
             Feature::RedirectNeigh => "bpf_redirect_neigh() in TC programs",
             Feature::TunnelSource => "a tunnel source address in bpf_skb_set_tunnel_key()",
             Feature::SockDestroy => "destroying sockets with sock_diag (CONFIG_INET_DIAG_DESTROY)",
+            Feature::CoarseClock => "bpf_ktime_get_coarse_ns() in BPF programs",
         }
     }
 
@@ -90,6 +95,7 @@ impl Feature {
             Feature::RedirectNeigh => "5.10",
             Feature::TunnelSource => "6.0",
             Feature::SockDestroy => "4.5",
+            Feature::CoarseClock => "5.11",
         }
     }
 
@@ -119,6 +125,10 @@ impl Feature {
             Feature::SockDestroy => {
                 "a connected UDP socket that connect-time LB pointed at a backend that went down or was removed keeps \
                  that backend until its owner reconnects"
+            }
+            Feature::CoarseClock => {
+                "the veth path and the translation at the host's interfaces read the precise clock for each packet's \
+                 flow time (a clocksource read, costly under some hypervisors' clocks, instead of the last tick's)"
             }
         }
     }

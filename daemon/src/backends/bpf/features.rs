@@ -19,7 +19,8 @@ use aya_obj::generated::bpf_attach_type::{
     BPF_CGROUP_INET4_CONNECT, BPF_CGROUP_INET4_GETPEERNAME, BPF_SK_LOOKUP, BPF_TCX_INGRESS,
 };
 use aya_obj::generated::bpf_func_id::{
-    BPF_FUNC_get_netns_cookie, BPF_FUNC_redirect_neigh, BPF_FUNC_set_retval, BPF_FUNC_skb_set_tunnel_key,
+    BPF_FUNC_get_netns_cookie, BPF_FUNC_ktime_get_coarse_ns, BPF_FUNC_redirect_neigh, BPF_FUNC_set_retval,
+    BPF_FUNC_skb_set_tunnel_key,
 };
 use aya_obj::generated::bpf_prog_type::{
     BPF_PROG_TYPE_CGROUP_SOCK_ADDR, BPF_PROG_TYPE_SCHED_CLS, BPF_PROG_TYPE_SK_LOOKUP, BPF_PROG_TYPE_SOCKET_FILTER,
@@ -112,6 +113,11 @@ fn has(feature: Feature) -> bool {
             sys::prog_test_run(prog.as_fd(), &[0u8; 64], &[]).is_ok_and(|r| r.retval == 0)
         }
         Feature::SockDestroy => crate::backends::netlink::sock_destroy::supported(),
+        // bpf_ktime_get_coarse_ns(); return 0; (a TC program, as the
+        // veth path's programs that read it are)
+        Feature::CoarseClock => {
+            loads(BPF_PROG_TYPE_SCHED_CLS, None, &[call(BPF_FUNC_ktime_get_coarse_ns), mov_imm(0, 0), exit()])
+        }
         // return bpf_redirect_neigh(1, NULL, 0, 0);
         Feature::RedirectNeigh => loads(
             BPF_PROG_TYPE_SCHED_CLS,

@@ -146,8 +146,9 @@ impl Loader {
             }
             let new =
                 loaded.maps.get(&r.def.map).ok_or_else(|| bpf_err(format!("open {}", r.def.name), "not loaded"))?;
-            let copied = resize::copy_entries(r.old.as_fd(), new.as_fd(), &r.def, true)
-                .map_err(|e| bpf_err(format!("copy late flows of {} into its resized map", r.def.name), e))?;
+            let copied = r
+                .copy_into(new.as_fd(), true)
+                .map_err(|e| bpf_err(format!("copy late flows of {} into its new map", r.def.name), e))?;
             if copied.copied > 0 {
                 notes.push(format!(
                     "map {}: {} flows the replaced programs wrote during the resize were copied",
@@ -209,13 +210,19 @@ impl Loader {
         // them (the sync attaches those later).
         for r in &retired {
             let new = maps.get(&r.def.map).ok_or_else(|| bpf_err(format!("open {}", r.def.name), "not loaded"))?;
-            let copied = resize::copy_entries(r.old.as_fd(), new.as_fd(), &r.def, false)
-                .map_err(|e| bpf_err(format!("copy {} into its resized map", r.def.name), e))?;
+            let copied = r
+                .copy_into(new.as_fd(), false)
+                .map_err(|e| bpf_err(format!("copy {} into its new map", r.def.name), e))?;
+            let what = if r.old_value_size != r.def.value_size {
+                format!(
+                    "map {} migrated from values of {} to {} bytes ({} to {} entries)",
+                    r.def.name, r.old_value_size, r.def.value_size, r.old_entries, r.def.max_entries
+                )
+            } else {
+                format!("map {} resized from {} to {} entries", r.def.name, r.old_entries, r.def.max_entries)
+            };
             self.notes.push(format!(
-                "map {} resized from {} to {} entries: {} entries copied{}",
-                r.def.name,
-                r.old_entries,
-                r.def.max_entries,
+                "{what}: {} entries copied{}",
                 copied.copied,
                 if copied.skipped > 0 { format!(", {} did not fit", copied.skipped) } else { String::new() }
             ));
@@ -251,16 +258,20 @@ impl Loader {
             Err(e) => return Err(bpf_err(format!("open pinned map {}", path.display()), e)),
         };
         let info = sys::map_info(fd.as_fd()).map_err(|e| bpf_err(format!("info of {}", path.display()), e))?;
-        let same_layout = info.map_type == def.map_type
-            && info.key_size == def.key_size
-            && info.value_size == def.value_size
-            && info.flags == def.flags;
+        let same_kind = info.map_type == def.map_type && info.key_size == def.key_size && info.flags == def.flags;
+        let same_layout = same_kind && info.value_size == def.value_size;
         if same_layout && info.max_entries == def.max_entries {
             return Ok(None);
         }
         unpin(&path).map_err(|e| bpf_err(format!("unpin {}", path.display()), e))?;
-        if same_layout && resize::copyable(def) {
-            return Ok(Some(resize::Retired { def: *def, old: fd, old_entries: info.max_entries }));
+        let grown = same_kind && resize::grows(def, info.value_size);
+        if (same_layout || grown) && resize::copyable(def) {
+            return Ok(Some(resize::Retired {
+                def: *def,
+                old: fd,
+                old_entries: info.max_entries,
+                old_value_size: info.value_size,
+            }));
         }
         self.notes.push(if same_layout {
             format!(

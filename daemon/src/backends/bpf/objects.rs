@@ -16,12 +16,14 @@ pub fn bytes(object: ProbeObject) -> &'static [u8] {
 
 /// The objects whose programs this kernel runs, each as its programs
 /// name it (`Program::object`) with the variant loaded for it: the
-/// connect-time object without bpf_set_retval() where the kernel lacks it.
-/// All share the pinned maps.
+/// connect-time object without bpf_set_retval() where the kernel lacks it,
+/// the veth path's reading the precise clock where it lacks the coarse
+/// one. All share the pinned maps.
 pub fn loaded_objects(features: &KernelFeatures) -> [(ProbeObject, ProbeObject); 4] {
     let ctlb = if features.has(Feature::SetRetval) { ProbeObject::ServiceCtlb } else { ProbeObject::ServiceCtlbEperm };
+    let nat = if features.has(Feature::CoarseClock) { ProbeObject::ServiceNat } else { ProbeObject::ServiceNatPrecise };
     [
-        (ProbeObject::ServiceNat, ProbeObject::ServiceNat),
+        (ProbeObject::ServiceNat, nat),
         (ProbeObject::ServiceCtlb, ctlb),
         (ProbeObject::Mesh, ProbeObject::Mesh),
         (ProbeObject::Gateway, ProbeObject::Gateway),
@@ -38,8 +40,9 @@ pub fn sized(map: HmMap, sizes: &MapSizes) -> MapDef {
 }
 
 /// The objects that carry programs, whose marks explain compares.
-const MARKED: [ProbeObject; 5] = [
+const MARKED: [ProbeObject; 6] = [
     ProbeObject::ServiceNat,
+    ProbeObject::ServiceNatPrecise,
     ProbeObject::ServiceCtlb,
     ProbeObject::ServiceCtlbEperm,
     ProbeObject::Mesh,
@@ -47,18 +50,19 @@ const MARKED: [ProbeObject; 5] = [
 ];
 
 /// The mark of each object that carries programs, parsed and hashed once.
-fn carried_marks() -> &'static [(ProbeObject, u64); 5] {
-    static MARKS: std::sync::OnceLock<[(ProbeObject, u64); 5]> = std::sync::OnceLock::new();
+fn carried_marks() -> &'static [(ProbeObject, u64); 6] {
+    static MARKS: std::sync::OnceLock<[(ProbeObject, u64); 6]> = std::sync::OnceLock::new();
     MARKS.get_or_init(|| MARKED.map(|o| (o, build_mark(bytes(o)))))
 }
 
 /// The marks this build's programs carry (probes/build_mark.h), for each
-/// object `program` can come from: the two connect-time variants for
-/// its programs, else the one.
+/// object `program` can come from: both variants of the connect-time
+/// and the veth-path objects, else the one.
 pub fn build_marks(program: Program) -> Vec<u64> {
     let object = program.object();
     let variants: &[ProbeObject] = match object {
         ProbeObject::ServiceCtlb => &[ProbeObject::ServiceCtlb, ProbeObject::ServiceCtlbEperm],
+        ProbeObject::ServiceNat => &[ProbeObject::ServiceNat, ProbeObject::ServiceNatPrecise],
         _ => std::slice::from_ref(&object),
     };
     carried_marks().iter().filter(|(o, _)| variants.contains(o)).map(|(_, m)| *m).collect()
@@ -106,13 +110,14 @@ mod tests {
         let mut distinct = marks.clone();
         distinct.sort_unstable();
         distinct.dedup();
-        assert_eq!(distinct.len(), 5, "{marks:x?}");
-        assert_eq!(build_mark(bytes(ProbeObject::Gateway)), marks[4], "the same object, the same mark");
-        assert_eq!(build_marks(Program::Connect4), [marks[1], marks[2]], "both connect-time variants");
+        assert_eq!(distinct.len(), 6, "{marks:x?}");
+        assert_eq!(build_mark(bytes(ProbeObject::Gateway)), marks[5], "the same object, the same mark");
+        assert_eq!(build_marks(Program::Reply), [marks[0], marks[1]], "both veth-path variants");
+        assert_eq!(build_marks(Program::Connect4), [marks[2], marks[3]], "both connect-time variants");
         // One instruction's immediate changed (code): another mark. The
         // license string changed (not code): the same mark.
-        assert_ne!(build_mark(&patched(bytes(ProbeObject::Gateway), "classifier", 4)), marks[4]);
-        assert_eq!(build_mark(&patched(bytes(ProbeObject::Gateway), "license", 0)), marks[4]);
+        assert_ne!(build_mark(&patched(bytes(ProbeObject::Gateway), "classifier", 4)), marks[5]);
+        assert_eq!(build_mark(&patched(bytes(ProbeObject::Gateway), "license", 0)), marks[5]);
         // Not an object at all: hashed whole, still a mark.
         assert_ne!(build_mark(b"not an object"), build_mark(b"not an object!"));
     }
@@ -188,7 +193,8 @@ mod stack_tests {
                 for (at, i) in insns.iter().enumerate().filter(|(_, i)| is_call(i)) {
                     starts.insert((at as i64 + 1 + i64::from(i.imm)) as usize);
                 }
-                deepest.insert(name.clone(), chain(insns, &starts, 0));
+                let key = if object == ProbeObject::ServiceNat { name.clone() } else { format!("{object:?}:{name}") };
+                deepest.insert(key, chain(insns, &starts, 0));
             }
         }
         let over: Vec<_> = deepest.iter().filter(|(_, d)| **d > LIMIT).collect();

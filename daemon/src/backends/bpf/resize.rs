@@ -1,14 +1,18 @@
 //! Moving a pinned map's entries into a map of another capacity (a
-//! `[daemon]` size key changed, or an upgrade changed a default): the new
-//! map is created at the new size and filled from the old one before any
-//! program uses it, and after this build's programs replaced the old ones,
-//! the flows those wrote in between are copied too. Established flows
-//! survive the resize; the old map goes when its last fd does.
+//! `[daemon]` size key changed, or an upgrade changed a default), or of a
+//! value grown at its end (an upgrade added fields, `MapDef::grown_from`):
+//! the new map is created and filled from the old one before any program
+//! uses it, and after this build's programs replaced the old ones, the
+//! flows those wrote in between are copied too. Established flows survive
+//! the migration; the old map goes when its last fd does.
 
 use std::io;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use aya_obj::generated::bpf_map_type::{BPF_MAP_TYPE_LRU_HASH, BPF_MAP_TYPE_PERCPU_ARRAY, BPF_MAP_TYPE_SOCKHASH};
+use aya_obj::generated::bpf_map_type::{
+    BPF_MAP_TYPE_LRU_HASH, BPF_MAP_TYPE_LRU_PERCPU_HASH, BPF_MAP_TYPE_PERCPU_ARRAY, BPF_MAP_TYPE_PERCPU_HASH,
+    BPF_MAP_TYPE_SOCKHASH,
+};
 
 use super::sys;
 use crate::abi::MapDef;
@@ -19,6 +23,16 @@ pub(super) struct Retired {
     pub def: MapDef,
     pub old: OwnedFd,
     pub old_entries: u32,
+    /// The old map's value size: `def.value_size`, or one of its
+    /// `grown_from`.
+    pub old_value_size: u32,
+}
+
+impl Retired {
+    /// Copies the old map's entries into `to` (see `copy_entries`).
+    pub(super) fn copy_into(&self, to: BorrowedFd<'_>, only_missing: bool) -> io::Result<Copied> {
+        copy_entries(self.old.as_fd(), to, &self.def, self.old_value_size, only_missing)
+    }
 }
 
 /// Whether a map of this type can be filled from userspace with what a
@@ -26,6 +40,14 @@ pub(super) struct Retired {
 /// its listeners are registered again by the sidecar registrar instead.
 pub(super) fn copyable(def: &MapDef) -> bool {
     def.map_type != BPF_MAP_TYPE_SOCKHASH as u32
+}
+
+/// Whether a pin whose values are `value_size` bytes can be migrated to
+/// `def` by growing each value: a layout `def` says it grew from, in a map
+/// of one value per key (a per-CPU value is one per CPU, each padded).
+pub(super) fn grows(def: &MapDef, value_size: u32) -> bool {
+    let per_cpu = [BPF_MAP_TYPE_PERCPU_ARRAY, BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_LRU_PERCPU_HASH];
+    def.grown_from.contains(&value_size) && !per_cpu.iter().any(|t| *t as u32 == def.map_type)
 }
 
 /// Whether programs write the map (flow state), so entries can appear in
@@ -55,23 +77,34 @@ fn value_len(def: &MapDef) -> io::Result<usize> {
     }
 }
 
-/// Copies the entries of `from` into `to` (the same layout, another
-/// capacity). `only_missing` keeps what `to` already has (its entries are
-/// newer). All-zero array values are left out: they are the empty slots.
-pub(super) fn copy_entries(
+/// Copies the entries of `from` (values of `from_value_size` bytes) into
+/// `to` (`def`: the same layout, or one grown from it, at any capacity).
+/// A grown value is the old one followed by zeros. `only_missing` keeps
+/// what `to` already has (its entries are newer). All-zero array values
+/// are left out: they are the empty slots.
+fn copy_entries(
     from: BorrowedFd<'_>,
     to: BorrowedFd<'_>,
     def: &MapDef,
+    from_value_size: u32,
     only_missing: bool,
 ) -> io::Result<Copied> {
     let len = value_len(def)?;
+    let from_len = value_len(&MapDef { value_size: from_value_size, ..*def })?;
+    if from_len > len || (from_len < len && !grows(def, from_value_size)) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} values of {from_value_size} bytes are not a start of this build's", def.name),
+        ));
+    }
     let array = super::is_array(def);
     let how = if only_missing && !array { sys::Update::NoExist } else { sys::Update::Any };
     let mut out = Copied::default();
-    for (key, value) in sys::map_dump(from, def.key_size as usize, len)? {
+    for (key, mut value) in sys::map_dump(from, def.key_size as usize, from_len)? {
         if array && value.iter().all(|b| *b == 0) {
             continue;
         }
+        value.resize(len, 0);
         match sys::map_update_with(to, &key, &value, how) {
             Ok(()) => out.copied += 1,
             // No room (a smaller hash map, an array index past the new
@@ -81,4 +114,39 @@ pub(super) fn copy_entries(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::{CtKey, HmMap, NatValue};
+    use zerocopy::{FromBytes, IntoBytes};
+
+    /// An anonymous map as the kernel makes it (root).
+    fn map(def: &MapDef, value_size: u32) -> OwnedFd {
+        sys::map_create(def.map_type, def.key_size, value_size, 64).expect("BPF_MAP_CREATE (root)")
+    }
+
+    #[test]
+    fn a_flow_in_a_map_of_shorter_values_is_copied_with_the_new_fields_zero() {
+        let def = MapDef { max_entries: 64, ..*HmMap::Nat.def() };
+        let old_size = def.grown_from[0];
+        assert!(old_size < def.value_size, "{def:?}");
+        let (old, new) = (map(&def, old_size), map(&def, def.value_size));
+        let key = CtKey { sport_be: 4242, proto: 6, ..Default::default() };
+        let flow = NatValue { svc_id: 7, flags: 0x21, last_seen_ns: 99, dport_be: 80, ..Default::default() };
+        sys::map_update(old.as_fd(), key.as_bytes(), &flow.as_bytes()[..old_size as usize]).unwrap();
+        let retired = Retired { def, old, old_entries: 64, old_value_size: old_size };
+
+        assert_eq!(retired.copy_into(new.as_fd(), false).unwrap(), Copied { copied: 1, skipped: 0 });
+        let mut got = vec![0u8; def.value_size as usize];
+        assert!(sys::map_lookup(new.as_fd(), key.as_bytes(), &mut got).unwrap());
+        assert_eq!(NatValue::read_from_bytes(&got).unwrap(), flow, "the same flow, its next hop not known");
+        // A copy of late flows keeps what the new map has.
+        assert_eq!(retired.copy_into(new.as_fd(), true).unwrap(), Copied { copied: 0, skipped: 1 });
+        // A size the layout did not grow from is refused, not garbled.
+        let odd = Retired { old_value_size: old_size - 8, old: map(&def, old_size - 8), ..retired };
+        assert!(odd.copy_into(new.as_fd(), false).is_err());
+        assert!(!grows(&def, old_size - 8) && grows(&def, old_size));
+    }
 }

@@ -62,6 +62,17 @@ pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
     bpf(BPF_OBJ_GET, &mut a).map(fd_from)
 }
 
+/// A map of no name, held only by the returned fd (tests).
+#[cfg(test)]
+pub fn map_create(map_type: u32, key_size: u32, value_size: u32, max_entries: u32) -> io::Result<OwnedFd> {
+    let mut a = attr();
+    a.__bindgen_anon_1.map_type = map_type;
+    a.__bindgen_anon_1.key_size = key_size;
+    a.__bindgen_anon_1.value_size = value_size;
+    a.__bindgen_anon_1.max_entries = max_entries;
+    bpf(BPF_MAP_CREATE, &mut a).map(fd_from)
+}
+
 /// The element commands' attributes: map, key, value (or next key), flags.
 fn elem_attr(fd: BorrowedFd<'_>, key: u64, value: u64, flags: u64) -> bpf_attr {
     let mut a = attr();

@@ -7,6 +7,8 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::process::Command;
 
+use zerocopy::IntoBytes;
+
 use super::*;
 
 const CLIENT_SIDE: &str = "hm-ta";
@@ -279,6 +281,75 @@ fn a_source_port_is_never_one_a_flow_or_a_socket_of_the_host_holds() {
     let out = p.run_on(Program::Reply, ifindex(CLIENT_SIDE), &packet(at(client, 40032), dns, None));
     assert_eq!(out.retval as i32, abi::TC_ACT_SHOT, "the host's socket keeps its port");
     assert!(p.nat().is_empty());
+}
+
+/// A link's MAC address (`ip -o link`: sysfs shows another namespace's).
+fn mac_of(dev: &str) -> [u8; 6] {
+    let out = Command::new("ip").args(["-o", "link", "show", "dev", dev]).output().expect("run ip");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mac = text.split_whitespace().skip_while(|w| *w != "link/ether").nth(1).unwrap_or_else(|| panic!("{text}"));
+    let bytes: Vec<u8> = mac.split(':').map(|b| u8::from_str_radix(b, 16).unwrap()).collect();
+    bytes.try_into().unwrap()
+}
+
+fn mac_text(mac: [u8; 6]) -> String {
+    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
+#[test]
+fn a_flows_next_hop_is_kept_in_its_entries_and_asked_again_in_the_next_epoch() {
+    let mut p = Probes::with_host(&config("61000-65535"), two_interfaces);
+    let (a, b) = (ifindex(CLIENT_SIDE), ifindex(BACKEND_SIDE));
+    let (first, moved, client_mac) = ([2, 0, 0, 0, 0, 0x20], [2, 0, 0, 0, 0, 0x21], [2, 0, 0, 0, 0, 1]);
+    ip(&format!("neigh replace {REMOTE} lladdr {} dev {BACKEND_SIDE} nud permanent", mac_text(first)));
+    ip(&format!("neigh replace 192.0.2.1 lladdr {} dev {CLIENT_SIDE} nud permanent", mac_text(client_mac)));
+    let client = at(Ipv4Addr::new(192, 0, 2, 1), 40070);
+    let node_port = at(HOST_A, 30080);
+    let macs = |data: &[u8]| (<[u8; 6]>::try_from(&data[..6]).unwrap(), <[u8; 6]>::try_from(&data[6..12]).unwrap());
+    let entry = |p: &mut Probes, reply: bool| {
+        let found = p.nat().into_iter().filter(|(_, v)| (v.flags & abi::NAT_F_REPLY != 0) == reply).collect::<Vec<_>>();
+        assert_eq!(found.len(), 1, "{found:?}");
+        found[0]
+    };
+
+    // The first packet finds the next hop, and its entry keeps it.
+    let out = p.run_on(Program::Reply, a, &packet(client, node_port, Some(TCP_SYN)));
+    assert_eq!(out.retval, abi::TC_ACT_REDIRECT as u32);
+    assert_eq!(macs(&out.data), (first, mac_of(BACKEND_SIDE)), "to the backend's neighbour, from hm-tb");
+    let (key, kept) = entry(&mut p, false);
+    assert_eq!(kept.fib_ifindex, b);
+    assert_eq!(kept.fib_macs, [first, mac_of(BACKEND_SIDE)].concat()[..]);
+    let (src, dst) = addresses(&out.data);
+
+    // The backend's answer: the reply entry learns the way to the client.
+    let out = p.run_on(Program::Reply, b, &packet(dst, src, Some(TCP_SYN | TCP_ACK)));
+    assert_eq!(macs(&out.data), (client_mac, mac_of(CLIENT_SIDE)));
+    assert_eq!(entry(&mut p, true).1.fib_ifindex, a);
+
+    // Within the epoch the kept next hop is used, not asked again: a
+    // neighbour that moved is not seen yet.
+    ip(&format!("neigh replace {REMOTE} lladdr {} dev {BACKEND_SIDE} nud permanent", mac_text(moved)));
+    let out = p.run_on(Program::Reply, a, &packet(client, node_port, Some(TCP_ACK)));
+    assert_eq!((out.retval, macs(&out.data).0), (abi::TC_ACT_REDIRECT as u32, first), "the kept next hop");
+    assert_eq!(addresses(&out.data), (src, dst));
+
+    // An entry whose next hop is of an earlier epoch asks the FIB again.
+    let fd = p.bpf.maps.map_fd(HmMap::Nat).unwrap().try_clone().unwrap();
+    let older = abi::NatValue { fib_epoch: kept.fib_epoch.wrapping_sub(1), ..entry(&mut p, false).1 };
+    sys::map_update(fd.as_fd(), key.as_bytes(), older.as_bytes()).unwrap();
+    let out = p.run_on(Program::Reply, a, &packet(client, node_port, Some(TCP_ACK)));
+    assert_eq!(macs(&out.data).0, moved, "the neighbour's new address");
+    assert_eq!(entry(&mut p, false).1.fib_macs[..6], moved, "kept again");
+    assert_ne!(entry(&mut p, false).1.fib_epoch, older.fib_epoch);
+
+    // A next hop the FIB cannot resolve is not kept: the neighbour's
+    // resolution is left to the kernel (bpf_redirect_neigh).
+    ip(&format!("neigh del {REMOTE} dev {BACKEND_SIDE}"));
+    let stale = abi::NatValue { fib_epoch: kept.fib_epoch.wrapping_sub(1), ..entry(&mut p, false).1 };
+    sys::map_update(fd.as_fd(), key.as_bytes(), stale.as_bytes()).unwrap();
+    let out = p.run_on(Program::Reply, a, &packet(client, node_port, Some(TCP_ACK)));
+    assert_eq!(out.retval, abi::TC_ACT_REDIRECT as u32, "still sent on");
+    assert_eq!(entry(&mut p, false).1.fib_ifindex, 0, "nothing kept");
 }
 
 #[test]
