@@ -27,6 +27,16 @@ impl Options {
             extra: BTreeMap::new(),
         };
         let args: Vec<String> = std::env::args().skip(1).collect();
+        let usage = || {
+            format!(
+                "--hostmesh PATH --seconds S --reps N --out FILE{}",
+                extra.iter().map(|e| format!(" --{e} VALUE")).collect::<String>()
+            )
+        };
+        if args.iter().any(|a| a == "--help" || a == "-h") {
+            println!("usage: {} {}", std::env::args().next().unwrap_or_default(), usage());
+            std::process::exit(0);
+        }
         for pair in args.chunks(2) {
             let value = pair.get(1).cloned().unwrap_or_else(|| panic!("{} needs a value", pair[0]));
             match pair[0].as_str() {
@@ -37,10 +47,7 @@ impl Options {
                 flag if extra.contains(&flag.trim_start_matches("--")) => {
                     o.extra.insert(flag.trim_start_matches("--").to_string(), value);
                 }
-                other => panic!(
-                    "unknown argument {other}; use --hostmesh PATH --seconds S --reps N --out FILE{}",
-                    extra.iter().map(|e| format!(" --{e} VALUE")).collect::<String>()
-                ),
+                other => panic!("unknown argument {other}; use {}", usage()),
             }
         }
         assert!(o.hostmesh.exists(), "no hostmesh binary at {} (pass --hostmesh)", o.hostmesh.display());

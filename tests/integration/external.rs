@@ -359,3 +359,121 @@ fn clients_on_another_machine_reach_node_ports_and_external_vips_over_tcp_and_ud
     assert!(t.host.owned_routes().is_empty(), "{:?}", t.host.owned_routes());
     assert!(!t.host.opts.bpffs.exists(), "pin dir still there");
 }
+
+const ONE_BACKEND: &str = r#"
+[[service]]
+name = "web"
+vip = "10.96.0.10"
+port = 80
+backends = ["192.168.10.11:8080"]
+node_port = 30080
+external = true
+
+[[service]]
+name = "dns"
+vip = "10.96.0.10"
+port = 53
+protocol = "udp"
+backends = ["192.168.10.11:8080"]
+node_port = 30053
+external = true
+"#;
+
+/// A TCP connection from `local` (bound first, as a program that picks
+/// its source port does) to `to`, with the backend's greeting read.
+fn tcp_from(local: SocketAddr, to: SocketAddr) -> std::io::Result<(TcpStream, BufReader<TcpStream>)> {
+    use nix::sys::socket::{bind, connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn};
+    use std::os::fd::AsRawFd;
+    let (SocketAddr::V4(local), SocketAddr::V4(to)) = (local, to) else { panic!("IPv4 only") };
+    let fd = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
+    setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+    bind(fd.as_raw_fd(), &SockaddrIn::from(local))?;
+    connect(fd.as_raw_fd(), &SockaddrIn::from(to))?;
+    let s = TcpStream::from(fd);
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let mut r = BufReader::new(s.try_clone()?);
+    let mut greeting = String::new();
+    r.read_line(&mut greeting)?;
+    Ok((s, r))
+}
+
+/// Writes a line and reads its echo.
+fn echoes(s: &mut TcpStream, r: &mut BufReader<TcpStream>, line: &str) -> bool {
+    let mut echo = String::new();
+    s.write_all(line.as_bytes()).is_ok() && r.read_line(&mut echo).is_ok() && echo == line
+}
+
+/// A connection of the host's own from a port of snat_port_range, bound on
+/// purpose (ip_local_reserved_ports keeps the kernel from picking one),
+/// keeps its port: flows from the network to the same backend take the
+/// other ports of the range, and when those are all taken a new one is
+/// dropped rather than given the host's. Straight to the backend over TCP
+/// (a socket the kernel knows), and through a VIP on the veth path over
+/// UDP (a flow only hostmesh's conntrack knows).
+#[test]
+fn host_connections_bound_in_snat_port_range_are_never_broken_by_flows_from_the_network() {
+    hm_testkit::require_root();
+    let host = Host::with_daemon_config("host_interfaces = [\"ext0\", \"eth0\"]\nsnat_port_range = \"61000-61003\"");
+    let (client, remote) = (Netns::new(), Netns::new());
+    host.ns.veth_to(&client, ("ext0", "192.0.2.1/24"), ("eth0", "192.0.2.2/24"));
+    host.ns.veth_to(&remote, ("eth0", "192.168.10.1/24"), ("eth0", "192.168.10.11/24"));
+    host.ns.set_sysctl("net/ipv4/conf/ext0/forwarding", "1");
+    let _servers = Servers::echo(&remote, &["192.168.10.11:8080".parse().unwrap()]);
+    host.write("services.toml", ONE_BACKEND);
+    let daemon = host.start_ready();
+    let at = |a: &str| a.parse::<SocketAddr>().unwrap();
+
+    // The host's TCP connection from 61000, its UDP flow from 61001.
+    let (mut own_tcp, mut own_reader) = host
+        .ns
+        .run(move || tcp_from(at("192.168.10.1:61000"), at("192.168.10.11:8080")))
+        .expect("the host's connection");
+    assert!(echoes(&mut own_tcp, &mut own_reader, "mine\n"));
+    let own_udp = host.ns.run(move || {
+        let s = UdpSocket::bind(at("192.168.10.1:61001")).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        s.connect(at("10.96.0.10:53")).unwrap();
+        s
+    });
+    let ask = |s: &UdpSocket| -> std::io::Result<String> {
+        s.send(b"ping\n")?;
+        let mut buf = [0u8; 64];
+        let n = s.recv(&mut buf)?;
+        Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
+    };
+    assert_eq!(ask(&own_udp).expect("the host's UDP flow through the VIP"), "192.168.10.1");
+
+    // Clients on another machine: three TCP connections held open take the
+    // three other ports; a fourth finds none and is dropped.
+    let held: Vec<_> = (0..3)
+        .map(|i| {
+            client
+                .run(move || tcp_from(at(&format!("192.0.2.2:{}", 41000 + i)), at("192.0.2.1:30080")))
+                .unwrap_or_else(|e| panic!("external TCP flow {i}: {e}\n{}", daemon.log_text()))
+        })
+        .collect();
+    let fourth = client.run(move || TcpStream::connect_timeout(&at("192.0.2.1:30080"), Duration::from_millis(1500)));
+    assert!(fourth.is_err(), "a fourth flow got a port: the host's 61000 or one already held");
+    // UDP the same: 61000 is free for UDP, 61001 is the host's.
+    let sockets: Vec<UdpSocket> = (0..4)
+        .map(|i| {
+            client.run(move || {
+                let s = UdpSocket::bind(at(&format!("192.0.2.2:{}", 42000 + i))).unwrap();
+                s.set_read_timeout(Some(Duration::from_millis(1500))).unwrap();
+                s.connect(at("192.0.2.1:30053")).unwrap();
+                s
+            })
+        })
+        .collect();
+    for (i, s) in sockets.iter().take(3).enumerate() {
+        assert_eq!(ask(s).unwrap_or_else(|e| panic!("external UDP flow {i}: {e}")), "192.168.10.1");
+    }
+    assert!(ask(&sockets[3]).is_err(), "a fourth UDP flow got a port: the host's 61001 or one already held");
+
+    // The host's own connections still work, and so do the held flows.
+    assert!(echoes(&mut own_tcp, &mut own_reader, "still mine\n"), "the host's TCP connection\n{}", daemon.log_text());
+    assert_eq!(ask(&own_udp).expect("the host's UDP flow after the flows from the network"), "192.168.10.1");
+    for (i, (mut s, mut r)) in held.into_iter().enumerate() {
+        assert!(echoes(&mut s, &mut r, "theirs\n"), "held external flow {i}");
+    }
+}
