@@ -75,21 +75,41 @@ fn an_older_build_is_replaced_in_place_without_a_failed_connection() {
     loops.assert_none_failed(100, "across the upgrade");
 
     // Every map adopted as it was (same ids: their entries and flows kept),
-    // every link kept (programs swapped behind them), nothing replaced.
+    // or, where this build grew its values (MapDef::grown_from), migrated
+    // with its entries copied, as the log says; every link kept (programs
+    // swapped behind them); nothing replaced empty.
     let (maps_after, links_after) = pinned_ids(&t.host.opts);
-    assert_eq!(maps_after, maps, "the new build adopted every map");
+    let log = new.log_text();
+    let this_run = log.rsplit("msg=starting").next().unwrap();
+    // (Maps the older build did not have are this build's new ones.)
+    let after: std::collections::BTreeMap<HmMap, u32> = maps_after.iter().copied().collect();
+    let mut kept = 0;
+    for (map, before) in &maps {
+        let migrated = format!("map {} migrated from values of", map.name());
+        if after.get(map) == Some(before) {
+            kept += 1;
+        } else {
+            assert!(
+                after.contains_key(map) && this_run.contains(&migrated),
+                "{map:?} neither adopted nor migrated:\n{this_run}"
+            );
+        }
+    }
     assert_eq!(links_after, links, "the new build kept every link");
     let s = t.host.status();
     assert!(s.last_sync.ok, "{:?}", s.last_sync);
-    let log = new.log_text();
-    let this_run = log.rsplit("msg=starting").next().unwrap();
     assert!(!this_run.contains("another layout"), "a map was replaced:\n{this_run}");
     // The programs now attached are this build's.
     let generation = s.generation;
     new.signal(nix::sys::signal::Signal::SIGHUP);
     wait_soon("a full resync", || t.host.status().generation > generation).unwrap();
     assert_eq!(t.host.status().last_sync.steps, 0, "a resync finds everything current:\n{}", new.log_text());
-    println!("upgraded from {old}: {} maps and {} links adopted, no request failed", maps.len(), links.len());
+    println!(
+        "upgraded from {old}: {kept} maps adopted, {} migrated, {} new, {} links kept, no request failed",
+        maps.len() - kept,
+        maps_after.len() - maps.len(),
+        links.len()
+    );
 }
 
 fn clone_opts(o: &DaemonOptions) -> DaemonOptions {
