@@ -1164,10 +1164,40 @@ static __attribute__((noinline)) int external_icmp(struct __sk_buff *skb, struct
 	return forward(skb, f, f->dst);
 }
 
+/* ICMP errors hm_reply sends to the network are limited as the kernel
+ * limits its own (net.ipv4.icmp_msgs_per_sec and icmp_msgs_burst, whose
+ * defaults these are): a flood of datagrams to a node port nobody serves,
+ * from forged sources, must not be reflected at line rate. One budget for
+ * the host, kept as the time the next error is due (GCRA: an error may go
+ * while that time is at most a burst ahead of now). Updates from several
+ * CPUs may race; the limit is then a few errors looser. It lives in the
+ * object's .bss: a restart starts with a full burst. The veth path's
+ * refusals go to the host's own clients and are not limited (the kernel
+ * does not limit errors to itself either); nor are TCP resets (nor are the
+ * kernel's, for a port nothing listens on). */
+#define HM_ICMP_INTERVAL_NS (NS_PER_S / 1000)
+#define HM_ICMP_BURST_NS (50 * HM_ICMP_INTERVAL_NS)
+
+__u64 hm_icmp_due_ns = 0;
+
+static __always_inline int icmp_allowed(void)
+{
+	__u64 now = hm_now(), due = hm_icmp_due_ns;
+
+	if (hm_idle_ns(now, due) > 0)
+		due = now;
+	if (due - now > HM_ICMP_BURST_NS - HM_ICMP_INTERVAL_NS)
+		return 0;
+	hm_icmp_due_ns = due + HM_ICMP_INTERVAL_NS;
+	return 1;
+}
+
 /* No backend can take a new flow from the network (refuse, as a
- * subprogram of its own). */
+ * subprogram of its own): a RST, or an ICMP error within the budget. */
 static __attribute__((noinline)) int refuse_flow(struct __sk_buff *skb, const struct flow *f)
 {
+	if (f->proto == IPPROTO_UDP && !icmp_allowed())
+		return TC_ACT_SHOT;
 	return refuse(skb, f);
 }
 

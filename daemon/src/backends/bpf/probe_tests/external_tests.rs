@@ -64,7 +64,8 @@ fn config(snat_range: &str) -> String {
          backends = [\"{REMOTE}:5353\"]\nnode_port = 30053\n\
          [[service]]\nname = \"dns6\"\nvip = \"fd00:96::12\"\nport = 53\nprotocol = \"udp\"\n\
          backends = [\"[{REMOTE6}]:5353\"]\nnode_port = 30053\n\
-         [[service]]\nname = \"none\"\nvip = \"10.96.0.13\"\nport = 80\nnode_port = 30082\n"
+         [[service]]\nname = \"none\"\nvip = \"10.96.0.13\"\nport = 80\nnode_port = 30082\n\
+         [[service]]\nname = \"none-udp\"\nvip = \"10.96.0.13\"\nport = 53\nprotocol = \"udp\"\nnode_port = 30054\n"
     )
 }
 
@@ -226,6 +227,42 @@ fn what_is_no_flow_from_the_network_passes_and_a_node_port_nobody_serves_refuses
     assert_eq!(out.retval, abi::TC_ACT_REDIRECT as u32, "sent back out where it came in");
     assert_eq!(addresses(&out.data), (at(HOST_A, 30082), client));
     assert_eq!(out.data[34 + 13] & 0x04, 0x04, "RST set");
+}
+
+#[test]
+fn port_unreachable_errors_to_the_network_are_limited_as_the_kernels_own_and_resets_are_not() {
+    let mut p = Probes::with_host(&config("61000-65535"), two_interfaces);
+    let a = ifindex(CLIENT_SIDE);
+    let unserved = at(HOST_A, 30054);
+    let started = std::time::Instant::now();
+    let verdicts: Vec<i32> = (0..200u16)
+        .map(|i| {
+            p.run_on(Program::Reply, a, &packet(at(Ipv4Addr::new(192, 0, 2, 1), 43000 + i), unserved, None)).retval
+                as i32
+        })
+        .collect();
+    let answered = verdicts.iter().filter(|v| **v == abi::TC_ACT_REDIRECT).count();
+    assert!(verdicts.iter().all(|v| [abi::TC_ACT_REDIRECT, abi::TC_ACT_SHOT].contains(v)), "{verdicts:?}");
+    // A burst of 50, then one a millisecond (icmp_msgs_burst and
+    // icmp_msgs_per_sec's defaults); the clock is a tick coarse.
+    let allowed = 50 + started.elapsed().as_millis() as usize + 10;
+    assert!((50..=allowed.min(199)).contains(&answered), "{answered} of 200 answered, at most {allowed} allowed");
+    // The rest were dropped, not passed to the host (which would answer
+    // them itself). A RST for a TCP SYN is not limited, as the kernel's is not.
+    for i in 0..60 {
+        let out = p.run_on(
+            Program::Reply,
+            a,
+            &packet(at(Ipv4Addr::new(192, 0, 2, 1), 44000 + i), at(HOST_A, 30082), Some(TCP_SYN)),
+        );
+        assert_eq!(out.retval, abi::TC_ACT_REDIRECT as u32, "RST {i}");
+    }
+    // The budget comes back with time.
+    let again = hm_testkit::wait_soon("an ICMP error allowed again", || {
+        let out = p.run_on(Program::Reply, a, &packet(at(Ipv4Addr::new(192, 0, 2, 1), 45000), unserved, None));
+        out.retval == abi::TC_ACT_REDIRECT as u32
+    });
+    assert!(again.is_ok());
 }
 
 #[test]
