@@ -5,11 +5,11 @@
 use hostmesh::abi::HmMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
-use std::os::fd::OwnedFd;
 use std::time::Duration;
 
-use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, SockaddrStorage};
+use nix::sys::socket::{self, SockType, SockaddrStorage};
 
+use crate::fixtures::bound;
 use crate::topology::*;
 
 /// One backend per service, so every VIP flow and every direct one meet
@@ -67,16 +67,6 @@ fn direct_flows() -> u16 {
 }
 /// Direct connections stop at this many failures (each costs a timeout).
 const ENOUGH_FAILURES: usize = 10;
-
-/// A socket bound to `src` with SO_REUSEADDR: the port may still hold a
-/// TIME_WAIT connection to the VIP.
-fn bound(kind: SockType, src: SocketAddr) -> std::io::Result<OwnedFd> {
-    let family = if src.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
-    let fd = socket::socket(family, kind, SockFlag::SOCK_CLOEXEC, None)?;
-    socket::setsockopt(&fd, socket::sockopt::ReuseAddr, &true)?;
-    socket::bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrStorage::from(src))?;
-    Ok(fd)
-}
 
 /// One request and its answer, from `src` to `dst`, over TCP or UDP;
 /// returns the answer and the peer the answer came from.

@@ -382,13 +382,10 @@ external = true
 /// A TCP connection from `local` (bound first, as a program that picks
 /// its source port does) to `to`, with the backend's greeting read.
 fn tcp_from(local: SocketAddr, to: SocketAddr) -> std::io::Result<(TcpStream, BufReader<TcpStream>)> {
-    use nix::sys::socket::{bind, connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn};
+    use nix::sys::socket::{connect, SockType, SockaddrStorage};
     use std::os::fd::AsRawFd;
-    let (SocketAddr::V4(local), SocketAddr::V4(to)) = (local, to) else { panic!("IPv4 only") };
-    let fd = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
-    setsockopt(&fd, sockopt::ReuseAddr, &true)?;
-    bind(fd.as_raw_fd(), &SockaddrIn::from(local))?;
-    connect(fd.as_raw_fd(), &SockaddrIn::from(to))?;
+    let fd = bound(SockType::Stream, local)?;
+    connect(fd.as_raw_fd(), &SockaddrStorage::from(to))?;
     let s = TcpStream::from(fd);
     s.set_read_timeout(Some(Duration::from_secs(2)))?;
     let mut r = BufReader::new(s.try_clone()?);

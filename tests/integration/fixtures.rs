@@ -323,3 +323,14 @@ pub fn pass_everything(ns: &hm_testkit::Netns, dev: &str, pref: &str) {
         ns.exec("tc", &bytecode);
     }
 }
+
+/// A socket bound to `src` with SO_REUSEADDR (the port may still hold a
+/// TIME_WAIT connection), in the caller's namespace.
+pub fn bound(kind: nix::sys::socket::SockType, src: std::net::SocketAddr) -> std::io::Result<std::os::fd::OwnedFd> {
+    use nix::sys::socket::{self, AddressFamily, SockFlag, SockaddrStorage};
+    let family = if src.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
+    let fd = socket::socket(family, kind, SockFlag::SOCK_CLOEXEC, None)?;
+    socket::setsockopt(&fd, socket::sockopt::ReuseAddr, &true)?;
+    socket::bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrStorage::from(src))?;
+    Ok(fd)
+}
