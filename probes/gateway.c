@@ -12,6 +12,11 @@
  * (the seed's ct_label technique), and a reply arriving from a peer is sent
  * straight back into the tunnel to it, without needing a route to the
  * member's address.
+ *
+ * Both programs also carry the gateways' probes (hostmesh_abi.h, struct
+ * hm_gw_probe): hm_tun_in answers a probe in the data plane, so a daemon's
+ * restart is no failure to its probers, and records an answer for its own
+ * prober in HM_GW_PROBES.
  */
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
@@ -65,6 +70,14 @@ struct {
 	__type(key, struct hm_ct_key);
 	__type(value, struct hm_gw_ct_value);
 } HM_GW_CT SEC(".maps");
+
+/* The last answer to each of this host's probes, by the prober's slot. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, HM_MAX_GW_PROBES);
+	__type(key, __u32);
+	__type(value, struct hm_gw_probe);
+} HM_GW_PROBES SEC(".maps");
 
 /*
  * Every hm-tun0 has the same MAC (model/gateway.rs TUN_MAC), and routes
@@ -201,6 +214,57 @@ static __always_inline int gateway_destination(const struct flow *f, __u8 to[16]
 	return -1;
 }
 
+/* The headers in front of a probe's payload. */
+struct probe_headers {
+	struct ethhdr eth;
+	struct iphdr ip;
+	struct udphdr udp;
+} __attribute__((packed));
+
+#define PROBE_PAYLOAD sizeof(struct probe_headers)
+
+/* Whether the frame is a gateway probe (or its answer); fills *p. The
+ * frame is ours alone: IPv4 without options, to HM_PROBE_ADDR and
+ * HM_PROBE_PORT, with the magic in front of its payload. */
+static __always_inline int probe_frame(struct __sk_buff *skb, struct hm_gw_probe *p)
+{
+	struct probe_headers h;
+
+	if (skb->protocol != bpf_htons(ETH_P_IP) || skb->len < PROBE_PAYLOAD + sizeof(*p))
+		return 0;
+	if (bpf_skb_load_bytes(skb, 0, &h, sizeof(h)))
+		return 0;
+	if (h.ip.ihl != 5 || h.ip.protocol != IPPROTO_UDP || h.ip.daddr != bpf_htonl(HM_PROBE_ADDR) ||
+	    h.udp.dest != bpf_htons(HM_PROBE_PORT))
+		return 0;
+	if (bpf_skb_load_bytes(skb, PROBE_PAYLOAD, p, sizeof(*p)))
+		return 0;
+	return p->magic == bpf_htonl(HM_PROBE_MAGIC);
+}
+
+/* A probe that came out of the tunnel from `sender`: a question is sent
+ * back to it as an answer; an answer to this host's prober is recorded.
+ * Either way the frame goes no further. */
+static __always_inline int probe(struct __sk_buff *skb, const struct hm_gw_config *cfg, const __u8 sender[16],
+				 struct hm_gw_probe *p)
+{
+	if (p->kind == bpf_htonl(HM_PROBE_ASK)) {
+		__u32 ack = bpf_htonl(HM_PROBE_ACK);
+
+		if (bpf_skb_store_bytes(skb, PROBE_PAYLOAD + OFF(struct hm_gw_probe, kind), &ack, sizeof(ack), 0) ||
+		    set_destination(skb, cfg, sender))
+			return TC_ACT_SHOT;
+		return bpf_redirect(skb->ifindex, 0);
+	}
+	if (p->kind == bpf_htonl(HM_PROBE_ACK)) {
+		__u32 slot = bpf_ntohl(p->slot);
+
+		if (slot < HM_MAX_GW_PROBES)
+			bpf_map_update_elem(&HM_GW_PROBES, &slot, p, BPF_ANY);
+	}
+	return TC_ACT_SHOT;
+}
+
 /* TC egress on hm-tun0: pick the tunnel destination. */
 SEC("classifier")
 int hm_tun_out(struct __sk_buff *skb)
@@ -210,8 +274,13 @@ int hm_tun_out(struct __sk_buff *skb)
 	struct flow f = {};
 	__u8 to[16];
 
+	struct hm_gw_probe p;
+
 	if (!cfg || set_inner_source(skb))
 		return TC_ACT_SHOT;
+	/* An answer hm_tun_in sent back: its tunnel key is set. */
+	if (probe_frame(skb, &p) && p.kind == bpf_htonl(HM_PROBE_ACK))
+		return TC_ACT_OK;
 	if (cfg->role == HM_ROLE_MEMBER)
 		return set_destination(skb, cfg, cfg->gateway) ? TC_ACT_SHOT : TC_ACT_OK;
 	if (parse(skb, &f) == NOT_IP || gateway_destination(&f, to))
@@ -227,11 +296,14 @@ int hm_tun_in(struct __sk_buff *skb)
 	HM_BUILD_MARK();
 	struct hm_gw_config *cfg = gw_config();
 	struct hm_endpoint sender = {};
+	struct hm_gw_probe p;
 	struct flow f = {};
 	__u32 vni;
 
 	if (!cfg || tunnel_source(skb, sender.addr, &vni) || vni != cfg->vni)
 		return TC_ACT_SHOT;
+	if (probe_frame(skb, &p))
+		return probe(skb, cfg, sender.addr, &p);
 	if (cfg->role != HM_ROLE_GATEWAY || parse(skb, &f) == NOT_IP)
 		return TC_ACT_OK;
 

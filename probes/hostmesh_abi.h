@@ -354,6 +354,37 @@ struct hm_gw_ct_value {
 };
 _Static_assert(sizeof(struct hm_gw_ct_value) == 24, "hm_gw_ct_value layout");
 
+/*
+ * Gateway probes (daemon/src/peer_health): a prober sends each gateway it
+ * watches, to the tunnel's UDP port, a VXLAN frame of our VNI holding an
+ * IPv4/UDP datagram to HM_PROBE_ADDR port HM_PROBE_PORT (inner Ethernet
+ * from TUN_PEER_MAC to the tunnel MAC, UDP checksum 0) whose payload is
+ * struct hm_gw_probe. hm_tun_in of every host answers it in the data plane
+ * (kind becomes HM_PROBE_ACK; the frame goes back through the tunnel to
+ * its tunnel source), so a gateway whose daemon restarts keeps answering;
+ * the prober's hm_tun_in stores an answer in HM_GW_PROBES[slot]. Fields
+ * are in network byte order; the programs compare magic and kind and
+ * read slot, and echo the rest.
+ */
+struct hm_gw_probe {
+	__u32 magic;     /* HM_PROBE_MAGIC */
+	__u32 kind;      /* HM_PROBE_ASK, HM_PROBE_ACK */
+	__u32 slot;      /* the prober's index of the target, < HM_MAX_GW_PROBES */
+	__u32 _pad;
+	__u64 seq;
+	__u64 nonce;     /* the prober's, so answers cannot be guessed */
+	__u8 target[16]; /* the address the prober sent to (a gateway may
+			  * answer from another of its addresses) */
+};
+_Static_assert(sizeof(struct hm_gw_probe) == 48, "hm_gw_probe layout");
+
+#define HM_PROBE_MAGIC 0x686d7072 /* "hmpr" */
+#define HM_PROBE_ASK 1
+#define HM_PROBE_ACK 2
+#define HM_PROBE_ADDR 0xa9fe0202 /* 169.254.2.2, never routed: the frame is answered or dropped */
+#define HM_PROBE_PORT 26733
+#define HM_MAX_GW_PROBES 1024
+
 /* probes/netns_cookie.c records the cookie of sockets that connect to
  * this address and port over UDP (127.0.0.1:9, discard: nothing is sent). */
 #define HM_NETNS_COOKIE_ADDR 0x7f000001

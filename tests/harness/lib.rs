@@ -9,12 +9,14 @@
 //! - `Daemon`: a hostmesh process in a namespace, ended by PID;
 //! - `Servers`: echo servers naming themselves, stopped on drop;
 //! - `Prometheus`: a real Prometheus server scraping a daemon, ended by PID;
-//! - `sites`: the two-site gateway topology (wiring and configs).
+//! - `sites`: the two-site gateway topology (wiring and configs);
+//! - `gateway_pairs`: two sites of two gateways each, for failover.
 //!
 //! Tests must run as root: nothing here skips when it is not.
 
 mod cgroup;
 mod daemon;
+pub mod gateway_pairs;
 mod netns;
 mod notify;
 mod prometheus;

@@ -5,6 +5,7 @@ mod capacity;
 mod conntrack;
 mod explain;
 mod external;
+mod failover;
 mod fixtures;
 mod gateway;
 mod health;

@@ -77,7 +77,7 @@ impl Sites {
 }
 
 /// A socket of `kind` bound to `src` (port 0), created in `ns`.
-fn bound(ns: &Netns, kind: SockType, src: SocketAddr) -> std::io::Result<OwnedFd> {
+pub fn bound_in(ns: &Netns, kind: SockType, src: SocketAddr) -> std::io::Result<OwnedFd> {
     ns.run(move || {
         let family = if src.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
         let fd = socket::socket(family, kind, SockFlag::SOCK_CLOEXEC, None)?;
@@ -100,7 +100,7 @@ pub struct TcpExchange {
 /// From `src` in `ns`, connects to `dst`, reads the greeting and sends
 /// `writes` writes of `size` bytes, checking they come back intact.
 pub fn tcp_exchange(ns: &Netns, src: &str, dst: &str, writes: usize, size: usize) -> std::io::Result<TcpExchange> {
-    let fd = bound(ns, SockType::Stream, SocketAddr::new(src.parse().expect("source"), 0))?;
+    let fd = bound_in(ns, SockType::Stream, SocketAddr::new(src.parse().expect("source"), 0))?;
     let dst: SocketAddr = dst.parse().expect("destination");
     let timeout = hm_testkit::scaled(Duration::from_secs(2));
     let stream = TcpStream::from(fd);
@@ -131,7 +131,7 @@ pub fn tcp_exchange(ns: &Netns, src: &str, dst: &str, writes: usize, size: usize
 /// From `src` in `ns`, one UDP datagram to `dst`; returns the answer (the
 /// client address as the server saw it).
 pub fn udp_exchange(ns: &Netns, src: &str, dst: &str) -> std::io::Result<String> {
-    let fd = bound(ns, SockType::Datagram, SocketAddr::new(src.parse().expect("source"), 0))?;
+    let fd = bound_in(ns, SockType::Datagram, SocketAddr::new(src.parse().expect("source"), 0))?;
     let sock = UdpSocket::from(fd);
     sock.set_read_timeout(Some(hm_testkit::scaled(Duration::from_secs(2))))?;
     // Connected and with IP_RECVERR, so an ICMP error (host unreachable

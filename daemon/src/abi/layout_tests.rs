@@ -99,6 +99,10 @@ fn mirrors() -> Vec<(&'static str, &'static str, usize, Vec<Field>)> {
         mirror!(LpmKey, "hm_lpm_key", { prefixlen => "prefixlen", addr => "addr" }),
         mirror!(Endpoint, "hm_endpoint", { addr => "addr", flags => "flags" }),
         mirror!(GwCtValue, "hm_gw_ct_value", { member => "member", last_seen_ns => "last_seen_ns" }),
+        mirror!(GwProbe, "hm_gw_probe", {
+            magic => "magic", kind => "kind", slot => "slot", pad => "_pad", seq => "seq", nonce => "nonce",
+            target => "target",
+        }),
     ]
 }
 
@@ -210,6 +214,13 @@ fn rust_constants() -> BTreeMap<&'static str, i64> {
         ("HM_MESH_MAP_SIZE", i64::from(MESH_MAP_SIZE)),
         ("HM_MAX_GW_ROUTES", i64::from(MAX_GW_ROUTES)),
         ("HM_MAX_GW_CONNTRACK", i64::from(MAX_GW_CONNTRACK)),
+        ("HM_PROBE_MAGIC", i64::from(PROBE_MAGIC)),
+        ("HM_PROBE_ASK", i64::from(PROBE_ASK)),
+        ("HM_PROBE_ACK", i64::from(PROBE_ACK)),
+        // A C enum holds it as an int.
+        ("HM_PROBE_ADDR", i64::from(u32::from(PROBE_ADDR) as i32)),
+        ("HM_PROBE_PORT", i64::from(PROBE_PORT)),
+        ("HM_MAX_GW_PROBES", i64::from(MAX_GW_PROBES)),
         ("HM_ROLE_MEMBER", i64::from(ROLE_MEMBER)),
         ("HM_ROLE_GATEWAY", i64::from(ROLE_GATEWAY)),
         ("HM_EP_UP", i64::from(EP_UP)),

@@ -61,6 +61,7 @@ pub enum HmMap {
     Members,
     PeerEndpoints,
     GwCt,
+    GwProbes,
     /// probes/netns_cookie.c's own map: loaded alone, never pinned.
     NetnsCookie,
 }
@@ -310,6 +311,7 @@ pub const MAPS: [MapDef; HmMap::COUNT] = [
         0,
         None,
     ),
+    row(M::GwProbes, "HM_GW_PROBES", BPF_MAP_TYPE_ARRAY, 4, size_of::<GwProbe>(), MAX_GW_PROBES, 0, None),
     MapDef { pinned: false, ..row(M::NetnsCookie, "HM_NETNS_COOKIE", BPF_MAP_TYPE_LRU_HASH, 8, 8, 64, 0, None) },
 ];
 
@@ -323,7 +325,7 @@ const _: () = {
 };
 
 impl HmMap {
-    pub const COUNT: usize = 22;
+    pub const COUNT: usize = 23;
 
     /// Every map, in the table's order.
     pub const ALL: [HmMap; HmMap::COUNT] = {

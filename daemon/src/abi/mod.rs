@@ -6,12 +6,14 @@
 
 #[cfg(test)]
 pub(crate) mod btf;
+mod gateway;
 #[cfg(test)]
 mod layout_tests;
 mod maps;
 mod mesh;
 mod objects;
 
+pub use gateway::*;
 pub use maps::{Capacity, HmMap, MapDef, MAPS};
 pub use mesh::{MeshKey, MeshValue};
 pub use objects::{ObjectDef, ProbeObject, OBJECTS};
@@ -299,55 +301,10 @@ pub struct SockKey {
 pub const AF_INET: u8 = 2;
 pub const AF_INET6: u8 = 10;
 
-/// `HM_GW_CONFIG[0]`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
-pub struct GwConfig {
-    pub vni: u32,
-    pub role: u32,
-    /// Members: this site's gateway (underlay), as 16 bytes.
-    pub gateway: [u8; 16],
-    /// This host's underlay address (`local_ip`): the tunnel source.
-    pub local: [u8; 16],
-    /// Learned return paths expire when idle this long.
-    pub tcp_timeout_s: u32,
-    pub udp_timeout_s: u32,
-}
-
 /// A timeout as the probes' u32 seconds (saturating).
 pub fn secs(d: std::time::Duration) -> u32 {
     d.as_secs().min(u64::from(u32::MAX)) as u32
 }
-
-pub const ROLE_MEMBER: u32 = 1;
-pub const ROLE_GATEWAY: u32 = 2;
-
-/// An LPM trie key: IPv4 /n is /(96 + n) of the mapped address.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, FromBytes, IntoBytes, Immutable, KnownLayout)]
-pub struct LpmKey {
-    pub prefixlen: u32,
-    pub addr: [u8; 16],
-}
-
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, FromBytes, IntoBytes, Immutable, KnownLayout)]
-pub struct Endpoint {
-    pub addr: [u8; 16],
-    pub flags: u32,
-}
-
-pub const EP_UP: u32 = 1 << 0;
-
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
-pub struct GwCtValue {
-    pub member: [u8; 16],
-    pub last_seen_ns: u64,
-}
-
-pub const MAX_GW_ROUTES: u32 = 16384;
-pub const MAX_GW_CONNTRACK: u32 = 131072;
 
 /// Map capacities the probes declare (`HM_MAX_*` in the header); the
 /// defaults of the `[daemon]` size keys (config/capacity.rs), which the

@@ -22,6 +22,7 @@ pub(crate) mod host;
 pub(crate) mod ifaces;
 pub mod netlink;
 pub(crate) mod nft;
+pub(crate) mod probe_wire;
 pub(crate) mod sidecar;
 pub(crate) mod sockopt;
 pub(crate) mod sysctl;

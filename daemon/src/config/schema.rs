@@ -127,12 +127,15 @@ pub(super) struct RawGateway {
     pub role: S<String>,
     pub local_ip: S<String>,
     pub gateway_ip: Option<S<String>>,
+    pub gateway_ips: Option<S<Vec<S<String>>>>,
     pub vni: S<i64>,
     pub udp_port: Option<S<i64>>,
     /// hostmesh extensions: peer health probes between gateways.
     pub probe_interval: Option<S<String>>,
     pub probe_loss: Option<S<i64>>,
     pub probe_port: Option<S<i64>>,
+    pub probe_rise: Option<S<i64>>,
+    pub preempt: Option<S<bool>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -140,6 +143,7 @@ pub(super) struct RawGateway {
 pub(super) struct RawPeer {
     pub name: S<String>,
     pub endpoint: Option<S<String>>,
+    pub endpoints: Option<S<Vec<S<String>>>>,
     pub cidrs: Vec<S<String>>,
 }
 

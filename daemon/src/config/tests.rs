@@ -143,7 +143,13 @@ fn defaults() {
         "[gateway]\nrole = \"member\"\nlocal_ip = \"192.0.2.21\"\ngateway_ip = \"192.0.2.1\"\nvni = 7\n",
     ))
     .unwrap();
-    assert_eq!(g.gateway.unwrap().udp_port, 4789);
+    let g = g.gateway.unwrap();
+    assert_eq!(g.udp_port, 4789);
+    assert_eq!(g.gateway_ips, ["192.0.2.1".parse::<std::net::IpAddr>().unwrap()], "gateway_ip is a list of one");
+    assert_eq!(
+        (g.probe_interval, g.probe_loss, g.probe_rise, g.preempt),
+        (std::time::Duration::from_secs(1), 3, 2, false)
+    );
     assert_eq!(DaemonSettings::default().connect_time_lb, CtlbMode::Tcp);
     assert_eq!(DaemonSettings::default().resync_interval, DEFAULT_RESYNC_INTERVAL);
 }
@@ -359,7 +365,39 @@ fn names_weights_enums_and_durations() {
     );
     assert_eq!(
         one_error("[gateway]\nrole = \"member\"\nlocal_ip = \"192.0.2.21\"\nvni = 1\n"),
-        "t.toml:2:8: [gateway]: a member needs `gateway_ip`, the underlay address of this site's gateway"
+        "t.toml:2:8: [gateway]: a member needs `gateway_ips` (or `gateway_ip`), the underlay addresses of this site's gateways"
+    );
+    let member =
+        |g: &str| one_error(&format!("[gateway]\nrole = \"member\"\nlocal_ip = \"192.0.2.21\"\nvni = 1\n{g}\n"));
+    assert_eq!(
+        member("gateway_ip = \"192.0.2.1\"\ngateway_ips = [\"192.0.2.2\"]"),
+        "t.toml:6:15: [gateway]: give `gateway_ips` or `gateway_ip`, not both"
+    );
+    assert_eq!(member("gateway_ips = []"), "t.toml:5:15: [gateway]: `gateway_ips` is empty; list at least one address");
+    assert_eq!(
+        member("gateway_ips = [\"192.0.2.1\", \"192.0.2.1\"]"),
+        "t.toml:5:29: [gateway]: 192.0.2.1 is listed twice in `gateway_ips`"
+    );
+    assert_eq!(
+        member("gateway_ips = [\"192.0.2.1\", \"2001:db8::1\"]"),
+        "t.toml:5:29: [gateway]: `gateway_ips` mixes IPv4 and IPv6 (192.0.2.1 and 2001:db8::1); a site's gateways share one family"
+    );
+    let nine: Vec<String> = (1..=9).map(|i| format!("\"192.0.2.{i}\"")).collect();
+    assert_eq!(
+        member(&format!("gateway_ips = [{}]", nine.join(", "))),
+        "t.toml:5:15: [gateway]: `gateway_ips` lists 9 addresses; at most 8 are probed"
+    );
+    assert_eq!(
+        member("gateway_ips = [\"192.0.2.21\"]"),
+        "t.toml:5:15: [gateway]: gateway 192.0.2.21 is this member's own local_ip"
+    );
+    assert_eq!(
+        member("gateway_ip = \"192.0.2.1\"\nprobe_rise = 0"),
+        "t.toml:6:14: [gateway]: probe_rise 0 is out of range; use 1 to 1000"
+    );
+    assert_eq!(
+        one_error("[[peer]]\nname = \"b\"\nendpoint = \"192.0.2.1\"\nendpoints = [\"192.0.2.2\"]\ncidrs = []\n"),
+        "t.toml:4:13: peer \"b\": give `endpoints` or `endpoint`, not both"
     );
     assert_eq!(
         one_error("[gateway]\nrole = \"gateway\"\nlocal_ip = \"192.0.2.1\"\nvni = 16777216\n"),

@@ -294,7 +294,9 @@ pub(crate) enum GatewayRole {
 pub(crate) struct Gateway {
     pub role: GatewayRole,
     pub local_ip: IpAddr,
-    pub gateway_ip: Option<IpAddr>,
+    /// A member's gateways, in order of preference (`gateway_ips`, or
+    /// `gateway_ip` as a list of one); empty on a gateway.
+    pub gateway_ips: Vec<IpAddr>,
     pub vni: u32,
     pub udp_port: u16,
     /// How often a gateway probes each peer.
@@ -303,17 +305,28 @@ pub(crate) struct Gateway {
     pub probe_loss: u32,
     /// The UDP port gateways probe each other on.
     pub probe_port: u16,
+    /// A gateway that is down is up again after this many probes in a row
+    /// are answered.
+    pub probe_rise: u32,
+    /// Whether a recovered gateway earlier in its list takes the traffic
+    /// back from the one it moved to.
+    pub preempt: bool,
     pub origin: Origin,
 }
 
 pub(crate) const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
-pub(crate) const DEFAULT_PROBE_LOSS: u32 = 5;
+pub(crate) const DEFAULT_PROBE_LOSS: u32 = 3;
+pub(crate) const DEFAULT_PROBE_RISE: u32 = 2;
 pub(crate) const DEFAULT_PROBE_PORT: u16 = 4790;
+/// Gateways a member may list, and endpoints a peer may: each is probed.
+pub(crate) const MAX_GATEWAYS_PER_SITE: usize = 8;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct Peer {
     pub name: String,
-    pub endpoint: Option<IpAddr>,
+    /// The peer site's gateways, in order of preference (`endpoints`, or
+    /// `endpoint` as a list of one); empty on a member's peer.
+    pub endpoints: Vec<IpAddr>,
     pub cidrs: Vec<IpNet>,
     pub origin: Origin,
 }

@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | `ConfigWatch` | `config_watch.rs` | the config store and the configuration in force |
 //! | `SyncRunner` | `sync_runner.rs` | the reconciler, the generation, the last sync's outcome |
-//! | `PeerProbing` | `peers.rs` | the peer prober and the peer states last told |
+//! | `PeerProbing` | `peers.rs` | the gateway prober, the judgements last told and saved |
 //! | `BackendHealthState` | `backend_health.rs` | the backend checker and the saved states |
 //! | `Leaving` | `leaving.rs` | flows and affinity of backends that left |
 //! | `DriftWatch` | `drift.rs` | host interfaces' indexes, drift seen since the last sync |
@@ -176,7 +176,15 @@ pub(crate) fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
         backends,
         originals,
         sidecars: Box::new(LiveSidecars::new(&paths.bpffs)),
-        prober: Box::new(LiveProber),
+        prober: {
+            let bpffs = paths.bpffs.clone();
+            Box::new(LiveProber {
+                open: std::sync::Arc::new(move |s: &crate::peer_health::Settings| {
+                    crate::backends::probe_wire::LiveWire::open(s, &bpffs)
+                        .map(|w| Box::new(w) as Box<dyn crate::peer_health::Wire>)
+                }),
+            })
+        },
         notifier: Notifier::from_env(),
         features,
         stopping,
@@ -197,7 +205,7 @@ impl Daemon {
             runner: sync_runner::SyncRunner::new(
                 Reconciler::new(parts.backends, parts.originals).with_stop_flag(parts.stopping),
             ),
-            peers: peers::PeerProbing::new(parts.prober),
+            peers: peers::PeerProbing::new(parts.prober, &paths.state_dir),
             backend_health: backend_health::BackendHealthState::restore(&paths.state_dir, &log),
             leaving: Default::default(),
             drift: Default::default(),

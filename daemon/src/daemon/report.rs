@@ -2,11 +2,12 @@
 //! STATUS=.
 
 use crate::config::{ConfigError, FileState, Gateway, GatewayRole, Loaded, Peer, TcAttachPref};
+use crate::model::Via;
 use crate::model::{
     gateway, Desired, Hook, KernelFeatures, MeshPath, Object, Program, RouteKey, RouteSpec, TcAttach, NATIN,
     RT_TABLE_MAIN,
 };
-use crate::peer_health::{PeerProbe, PeerStatus};
+use crate::peer_health::{Choice, PeerProbe};
 use crate::reconcile::{StepError, SyncOutcome};
 use crate::sidecars::{self, Registration};
 use crate::state::*;
@@ -228,7 +229,8 @@ fn mesh_objects(
     out
 }
 
-/// The tunnel, each peer (up or down, since when, on a gateway) and each
+/// The tunnel (on a member, with its site's gateways), each peer (on a
+/// gateway: every endpoint, which carries traffic and since when) and each
 /// member.
 fn gateway_objects(
     loaded: &Loaded,
@@ -238,7 +240,13 @@ fn gateway_objects(
     index: &ErrorIndex,
 ) -> Vec<ObjectStatus> {
     let role = if g.role == GatewayRole::Gateway { "gateway" } else { "member" };
-    let gw = g.gateway_ip.map(|ip| format!(", gateway {ip}")).unwrap_or_default();
+    let lists = health.map(|h| h.report()).unwrap_or_default();
+    let gw = match (g.gateway_ips.as_slice(), lists.get(&Via::Site)) {
+        ([], _) => String::new(),
+        (_, Some(c)) => format!(", gateways {}", gateway_list(c)),
+        ([one], None) => format!(", gateway {one}"),
+        (many, None) => format!(", gateways {}", many.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")),
+    };
     let mut tun = object(
         ObjectKind::Gateway,
         gateway::TUN,
@@ -250,10 +258,15 @@ fn gateway_objects(
         tun.errors.push(e);
         tun.state = ObjectState::Error;
     }
+    if let Some(c) = lists.get(&Via::Site) {
+        tun.since = Some(c.active_since);
+        if c.active.is_none() && tun.state == ObjectState::Applied {
+            tun.state = ObjectState::Down;
+        }
+    }
     let mut out = vec![tun];
-    let peers = health.map(|h| h.report()).unwrap_or_default();
     for p in &loaded.config.peers {
-        out.push(peer_object(p, g, d, peers.get(&p.name), index));
+        out.push(peer_object(p, g, d, lists.get(&Via::Peer(p.name.clone())), index));
     }
     for m in &loaded.config.members {
         let errors = index.for_owners(&[Object::Member(&m.name), Object::Gateway]);
@@ -268,32 +281,43 @@ fn gateway_objects(
 }
 
 /// A peer: how it is reached, and on a gateway whether it answers.
-fn peer_object(p: &Peer, g: &Gateway, d: &Desired, health: Option<&PeerStatus>, index: &ErrorIndex) -> ObjectStatus {
+fn peer_object(p: &Peer, g: &Gateway, d: &Desired, health: Option<&Choice>, index: &ErrorIndex) -> ObjectStatus {
     let errors = index.for_owners(&[Object::Peer(&p.name), Object::Gateway]);
-    let via = match (g.role, p.endpoint) {
-        (GatewayRole::Member, _) => {
-            format!("via gateway {}", g.gateway_ip.map(|ip| ip.to_string()).unwrap_or_default())
+    let via = match (g.role, p.endpoints.as_slice(), health) {
+        (GatewayRole::Member, _, _) => "via this site's gateway".to_string(),
+        (GatewayRole::Gateway, [], _) => "no endpoint: not applied".to_string(),
+        (GatewayRole::Gateway, _, Some(c)) => format!("via peer gateways {}", gateway_list(c)),
+        (GatewayRole::Gateway, eps, None) => {
+            format!("via peer gateway {}", eps.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))
         }
-        (GatewayRole::Gateway, Some(ep)) => format!("via peer gateway {ep}"),
-        (GatewayRole::Gateway, None) => "no endpoint: not applied".to_string(),
     };
     let detail = format!("{} {via}{}", cidr_list(&p.cidrs), route_mtus(d, &p.cidrs));
     let mut o = object(ObjectKind::Peer, &p.name, Some(p.origin.to_string()), detail, errors);
-    if let Some(st) = health {
-        o.since = Some(st.since);
+    if let Some(c) = health {
+        o.since = Some(c.active_since);
         if o.state == ObjectState::Applied {
-            o.state = if st.up { ObjectState::Up } else { ObjectState::Down };
+            o.state = if c.active.is_some() { ObjectState::Up } else { ObjectState::Down };
         }
-        if !st.up {
-            o.detail = format!(
-                "{} via peer gateway {}: {} probes unanswered; routes unreachable",
-                cidr_list(&p.cidrs),
-                st.endpoint,
-                st.missed
-            );
+        if c.active.is_none() {
+            o.detail = format!("{} via peer gateways {}: routes unreachable", cidr_list(&p.cidrs), gateway_list(c));
         }
     }
     o
+}
+
+/// A list of gateways as probes judge them: each one's state, and which
+/// carries traffic ("198.51.100.7 in use, 198.51.100.8 down: 3 probes
+/// unanswered").
+fn gateway_list(c: &Choice) -> String {
+    c.targets
+        .iter()
+        .map(|t| match (c.active == Some(t.addr), t.up) {
+            (true, _) => format!("{} in use", t.addr),
+            (false, true) => format!("{} up", t.addr),
+            (false, false) => format!("{} down: {} probes unanswered", t.addr, t.missed),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn cidr_list(cidrs: &[ipnet::IpNet]) -> String {

@@ -16,7 +16,7 @@ impl Daemon {
         self.runner.generation += 1;
         let config = std::sync::Arc::clone(self.config.config());
         self.peers.track(&config, &self.events, &self.log);
-        self.runner.reconciler.set_peers_down(self.peers.down());
+        self.runner.reconciler.set_gateways(self.peers.chosen());
         let states = self.backend_health.track(&config, &self.events, &self.log);
         let serving = crate::health::serving_config(&config, &states);
         let result = self.runner.sync(&serving, full);
@@ -26,6 +26,7 @@ impl Daemon {
         }
         drop(serving);
         self.backend_health.save(&states, &self.paths.state_dir, &self.log);
+        self.peers.save(&self.log);
         let ran = self.runner.record(
             result,
             full,

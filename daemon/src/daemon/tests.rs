@@ -11,16 +11,17 @@ use super::*;
 use crate::backends::fake::FakeKernel;
 use crate::backends::fake_sidecars::FakeSidecars;
 use crate::metrics::Metrics;
+use crate::model::Via;
 use crate::model::{RouteKey, RouteSpec};
-use crate::peer_health::{PeerProbe, PeerStatus, Settings};
+use crate::peer_health::{Choice, PeerProbe, Settings};
 
-/// Each peer's state, as the test sets it.
-type PeerStates = Arc<Mutex<BTreeMap<String, PeerStatus>>>;
+/// Each list's state, as the test sets it.
+type PeerStates = Arc<Mutex<BTreeMap<Via, Choice>>>;
 
 struct FakeProbe(PeerStates);
 
 impl PeerProbe for FakeProbe {
-    fn report(&self) -> BTreeMap<String, PeerStatus> {
+    fn report(&self) -> BTreeMap<Via, Choice> {
         self.0.lock().unwrap().clone()
     }
     fn error(&self) -> Option<String> {
@@ -28,14 +29,21 @@ impl PeerProbe for FakeProbe {
     }
 }
 
-/// Starts "probing" by marking every peer up, as the live prober does.
+/// Starts "probing" as the live prober does: from the saved judgements of
+/// the same lists, every gateway up otherwise.
 struct FakeProber(PeerStates);
 
 impl PeerProber for FakeProber {
-    fn start(&mut self, settings: Settings, _changed: Box<dyn Fn() -> bool + Send>) -> Box<dyn PeerProbe> {
-        let mut peers = self.0.lock().unwrap();
-        for (name, endpoint) in settings.peers {
-            peers.insert(name, PeerStatus { endpoint, up: true, since: 0, missed: 0 });
+    fn start(
+        &mut self,
+        settings: Settings,
+        mut saved: BTreeMap<Via, Choice>,
+        _changed: Box<dyn Fn() -> bool + Send>,
+    ) -> Box<dyn PeerProbe> {
+        let mut lists = self.0.lock().unwrap();
+        for (via, addrs) in settings.lists {
+            let c = Choice::resume(&addrs, saved.remove(&via), 0);
+            lists.insert(via, c);
         }
         Box::new(FakeProbe(Arc::clone(&self.0)))
     }
@@ -144,7 +152,12 @@ impl Running {
     }
 
     fn set_peer(&self, name: &str, up: bool) {
-        self.peers.lock().unwrap().get_mut(name).expect("a probed peer").up = up;
+        let mut lists = self.peers.lock().unwrap();
+        let c = lists.get_mut(&Via::Peer(name.to_string())).expect("a probed peer");
+        for t in &mut c.targets {
+            t.up = up;
+        }
+        c.active = if up { c.targets.first().map(|t| t.addr) } else { None };
     }
 
     fn send(&self, e: Event) {
@@ -197,7 +210,8 @@ fn a_peer_that_goes_down_in_a_burst_of_file_events_is_logged_and_counted_once() 
     d.log.wait_for("msg=\"sync done\"", 2);
     d.stop();
     let log = d.log.text();
-    assert_eq!(d.log.count("msg=\"peer gateway down"), 1, "{log}");
+    assert_eq!(d.log.count("msg=\"gateway down"), 1, "{log}");
+    assert_eq!(d.log.count("msg=\"traffic moved to another gateway\""), 1, "{log}");
     assert_eq!(d.log.count("msg=\"sync done\""), 2, "the burst cost one sync:\n{log}");
     assert_eq!(d.metrics.peer_transitions("site-b"), 1, "hostmesh_gateway_peer_transitions_total");
     let route = RouteKey { table: 254, dst: "10.20.0.0/16".parse().unwrap() };

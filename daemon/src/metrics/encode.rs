@@ -104,6 +104,22 @@ impl prometheus_client::collector::Collector for Collector {
             snap.peers
                 .keys()
                 .map(|p| (vec![("peer", p.clone())], events.peer_transitions.get(p).copied().unwrap_or(0))),
+        )?;
+        counters(
+            &mut enc,
+            "hostmesh_gateway_failovers",
+            "Times traffic moved to another gateway of a list: path \"site\" is a member's own site, \"peer/NAME\" \
+             a peer's endpoints (a move back counts).",
+            events.failovers.iter().map(|(path, n)| (vec![("path", path.clone())], *n)),
+        )?;
+        gauges(
+            &mut enc,
+            "hostmesh_gateway_active",
+            "1 for the gateway that carries a path's traffic (gateway=\"none\" and 0 when every one is down).",
+            events.gateway_in_use.iter().map(|(path, gw)| {
+                let label = gw.map_or_else(|| "none".to_string(), |ip| ip.to_string());
+                (vec![("path", path.clone()), ("gateway", label)], i64::from(gw.is_some()))
+            }),
         )
     }
 }

@@ -39,6 +39,10 @@ struct Events {
     /// Up/down changes of each gateway peer, and its last state.
     peer_transitions: BTreeMap<String, u64>,
     peer_up: BTreeMap<String, bool>,
+    /// Moves of traffic to another gateway, and the gateway in use, by
+    /// list of gateways (`Via::label`).
+    failovers: BTreeMap<String, u64>,
+    gateway_in_use: BTreeMap<String, Option<std::net::IpAddr>>,
 }
 
 #[derive(Debug)]
@@ -99,6 +103,13 @@ impl Metrics {
         if was != up {
             *events.peer_transitions.entry(peer.to_string()).or_default() += 1;
         }
+    }
+
+    /// The gateway a list uses now, and the moves it made since last told.
+    pub(crate) fn gateway_choice(&self, via: &crate::model::Via, in_use: Option<std::net::IpAddr>, moves: u64) {
+        let mut events = self.events();
+        *events.failovers.entry(via.label()).or_default() += moves;
+        events.gateway_in_use.insert(via.label(), in_use);
     }
 
     /// How many times `peer` went up or down (tests).

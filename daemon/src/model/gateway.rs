@@ -17,7 +17,7 @@ use crate::abi::{self, addr16, Endpoint, GwConfig, LpmKey, Pod};
 use crate::config::{Config, Gateway, GatewayRole};
 
 use super::state::*;
-use super::HostFacts;
+use super::{HostFacts, Via};
 
 pub(crate) const TUN: &str = "hm-tun0";
 pub(crate) const TUN_MAC: [u8; 6] = [0x02, 0x68, 0x6d, 0x00, 0x01, 0x00];
@@ -73,7 +73,7 @@ pub(crate) fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
     let cfg = GwConfig {
         vni: g.vni,
         role,
-        gateway: g.gateway_ip.map(addr16).unwrap_or_default(),
+        gateway: site_gateway(g, facts).map(addr16).unwrap_or_default(),
         local: addr16(g.local_ip),
         tcp_timeout_s: abi::secs(config.daemon.conntrack_tcp_timeout),
         udp_timeout_s: abi::secs(config.daemon.conntrack_udp_timeout),
@@ -96,12 +96,19 @@ pub(crate) fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
     }
 }
 
-/// A member routes every peer CIDR to its gateway.
+/// The gateway of its site a member sends through: the probes' choice
+/// among `gateway_ips` (the first when unprobed); `None` on a gateway, or
+/// when every one of the member's gateways is down.
+fn site_gateway(g: &Gateway, facts: &HostFacts) -> Option<IpAddr> {
+    facts.gateway_in_use(&Via::Site, &g.gateway_ips)
+}
+
+/// A member routes every peer CIDR to the gateway of its site in use; with
+/// every gateway down, its routes are `unreachable` so traffic fails at once.
 fn member(config: &Config, g: &Gateway, facts: &HostFacts, out: &mut Desired) {
-    let gateway_ip = g.gateway_ip.expect("validation requires gateway_ip on a member");
-    let mtu = route_mtu(facts, gateway_ip, &mut out.warnings);
+    let mtu = site_gateway(g, facts).map(|gw| route_mtu(facts, gw, &mut out.warnings));
     for p in &config.peers {
-        if p.endpoint.is_some() {
+        if !p.endpoints.is_empty() {
             out.warnings.push(format!(
                 "peer \"{}\": endpoint is for gateways; a member sends everything to its gateway",
                 p.name
@@ -111,7 +118,7 @@ fn member(config: &Config, g: &Gateway, facts: &HostFacts, out: &mut Desired) {
             want(
                 &mut out.routes,
                 RouteKey { table: RT_TABLE_MAIN, dst: *cidr },
-                via_tunnel(cidr, mtu),
+                mtu.map_or(RouteSpec::Unreachable, |mtu| via_tunnel(cidr, mtu)),
                 &format!("peer/{}", p.name),
             );
         }
@@ -121,14 +128,17 @@ fn member(config: &Config, g: &Gateway, facts: &HostFacts, out: &mut Desired) {
     }
 }
 
-/// A gateway routes each peer's CIDRs to that peer's endpoint and each
-/// member's CIDRs to that member; a peer that is down gets `unreachable`
-/// routes so its traffic fails at once.
+/// A gateway routes each peer's CIDRs to the peer's endpoint in use and
+/// each member's CIDRs to that member; a peer whose every endpoint is down
+/// gets `unreachable` routes so its traffic fails at once. Every endpoint
+/// of a peer is known as the peer's (HM_PEER_ENDPOINTS), whichever carries
+/// its traffic: after a failover on the other side, packets arrive from
+/// another of them.
 fn gateway(config: &Config, g: &Gateway, facts: &HostFacts, out: &mut Desired) {
     let family = |ip: IpAddr| if ip.is_ipv4() { "IPv4" } else { "IPv6" };
     for p in &config.peers {
         let owner = Object::Peer(&p.name).into_owner();
-        let Some(endpoint) = p.endpoint else {
+        let Some(&endpoint) = p.endpoints.first() else {
             out.warnings.push(format!(
                 "peer \"{}\" has no endpoint; a gateway needs the remote gateway's address: not applied",
                 p.name
@@ -145,14 +155,19 @@ fn gateway(config: &Config, g: &Gateway, facts: &HostFacts, out: &mut Desired) {
             ));
             continue;
         }
-        let up = !facts.peers_down.contains(&p.name);
-        let ep = Endpoint { addr: addr16(endpoint), flags: 0 };
-        want(
-            &mut out.map_entries,
-            MapEntryKey { map: BpfMap::PeerEndpoints, key: ep.to_bytes().into() },
-            1u32.to_bytes(),
-            &owner,
-        );
+        for ep in &p.endpoints {
+            let ep = Endpoint { addr: addr16(*ep), flags: 0 };
+            want(
+                &mut out.map_entries,
+                MapEntryKey { map: BpfMap::PeerEndpoints, key: ep.to_bytes().into() },
+                1u32.to_bytes(),
+                &owner,
+            );
+        }
+        let in_use = facts.gateway_in_use(&Via::Peer(p.name.clone()), &p.endpoints);
+        let up = in_use.is_some();
+        // A peer that is down stays in the trie, marked down.
+        let endpoint = in_use.unwrap_or(endpoint);
         let mtu = route_mtu(facts, endpoint, &mut out.warnings);
         for cidr in &p.cidrs {
             let value = Endpoint { addr: addr16(endpoint), flags: if up { abi::EP_UP } else { 0 } };
@@ -215,8 +230,8 @@ pub(crate) fn route_mtu(facts: &HostFacts, underlay: IpAddr, warnings: &mut Vec<
 /// The underlay addresses whose MTU compile needs.
 pub(crate) fn underlay_addresses(config: &Config) -> Vec<IpAddr> {
     let Some(g) = &config.gateway else { return Vec::new() };
-    let mut out: Vec<IpAddr> = g.gateway_ip.into_iter().collect();
-    out.extend(config.peers.iter().filter_map(|p| p.endpoint));
+    let mut out: Vec<IpAddr> = g.gateway_ips.clone();
+    out.extend(config.peers.iter().flat_map(|p| p.endpoints.iter().copied()));
     out.extend(config.members.iter().map(|m| m.endpoint));
     out.sort();
     out.dedup();

@@ -47,8 +47,10 @@ pub struct HostFacts {
     pub sk_lookup_unavailable: Option<String>,
     /// The MTU of the path to each underlay address gateway peers use.
     pub underlay_mtu: std::collections::BTreeMap<std::net::IpAddr, u32>,
-    /// Peers that stopped answering their probes.
-    pub peers_down: BTreeSet<String>,
+    /// The gateway the probes chose for each list of gateways (a
+    /// member's own site, each peer): `None` when every one is down. A
+    /// list missing here is unprobed: its first gateway carries traffic.
+    pub gateways: std::collections::BTreeMap<Via, Option<std::net::IpAddr>>,
     /// What the kernel lacks (probed at start).
     pub features: KernelFeatures,
     /// The route to each backend of a service clients on other machines
@@ -57,6 +59,45 @@ pub struct HostFacts {
     pub backend_routes: std::collections::BTreeMap<std::net::IpAddr, BackendRoute>,
     /// Every interface's addresses (read when a service has a node port).
     pub addresses: std::collections::BTreeMap<String, BTreeSet<std::net::IpAddr>>,
+}
+
+/// A list of gateways traffic goes through: on a member, its own site's
+/// (`gateway_ips`); on a gateway, a peer site's (`endpoints`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Via {
+    Site,
+    Peer(String),
+}
+
+impl Via {
+    /// The metrics' `path` label: "site", or "peer/NAME".
+    pub fn label(&self) -> String {
+        match self {
+            Via::Site => "site".to_string(),
+            Via::Peer(name) => format!("peer/{name}"),
+        }
+    }
+}
+
+impl std::fmt::Display for Via {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Via::Site => f.write_str("this site"),
+            Via::Peer(name) => write!(f, "peer \"{name}\""),
+        }
+    }
+}
+
+impl HostFacts {
+    /// The gateway of `list` (in order of preference) that carries the
+    /// traffic of `via`: the probes' choice, or the first when unprobed;
+    /// `None` when every one is down.
+    pub fn gateway_in_use(&self, via: &Via, list: &[std::net::IpAddr]) -> Option<std::net::IpAddr> {
+        match self.gateways.get(via) {
+            Some(chosen) => chosen.filter(|ip| list.contains(ip)),
+            None => list.first().copied(),
+        }
+    }
 }
 
 /// What `ip route get BACKEND` says, as far as flows from the network care.

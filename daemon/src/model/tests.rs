@@ -19,7 +19,7 @@ fn facts() -> HostFacts {
         cgroup2_root: Some(PathBuf::from("/sys/fs/cgroup")),
         sk_lookup_unavailable: None,
         underlay_mtu: Default::default(),
-        peers_down: Default::default(),
+        gateways: Default::default(),
         features: KernelFeatures::complete(),
         backend_routes: [
             (
@@ -379,12 +379,63 @@ fn a_gateway_fills_the_peer_and_member_tries_and_withdraws_a_down_peer() {
     assert_eq!(d.sysctls["net/ipv4/conf/hm-tun0/forwarding"].spec, "1");
 
     let mut down = facts_with_mtu("198.51.100.2", 1500);
-    down.peers_down.insert("site-b".into());
+    down.gateways.insert(crate::model::Via::Peer("site-b".into()), None);
     let d = compile(&c, &down, &Prior::default());
     assert_eq!(route(&d, "10.20.0.0/16"), RouteSpec::Unreachable);
     let entry = entries(&d, BpfMap::Peers)[&abi::LpmKey::of(&cidr).to_bytes()].clone();
     assert_eq!(entry, abi::Endpoint { flags: 0, ..peer }.to_bytes(), "the trie keeps the peer, marked down");
     assert!(matches!(route(&d, "10.10.1.0/24"), RouteSpec::Via { .. }), "members are not affected");
+}
+
+#[test]
+fn a_gateway_routes_a_peer_through_the_endpoint_its_probes_chose_and_knows_every_endpoint() {
+    use crate::model::Via;
+    let text = GATEWAY.replace("endpoint = \"198.51.100.2\"", "endpoints = [\"198.51.100.2\", \"198.51.100.3\"]");
+    let c = config(&text);
+    let mut f = facts_with_mtu("198.51.100.2", 1500);
+    f.underlay_mtu.insert("198.51.100.3".parse().unwrap(), 1400);
+    let cidr: ipnet::IpNet = "10.20.0.0/16".parse().unwrap();
+    let ep = |ip: &str, flags| abi::Endpoint { addr: abi::addr16(ip.parse().unwrap()), flags }.to_bytes();
+    // Unprobed: the first.
+    let d = compile(&c, &f, &Prior::default());
+    assert_eq!(entries(&d, BpfMap::Peers)[&abi::LpmKey::of(&cidr).to_bytes()], ep("198.51.100.2", abi::EP_UP));
+    assert!(matches!(route(&d, "10.20.0.0/16"), RouteSpec::Via { mtu: Some(1450), .. }));
+    // The probes moved it to the second: the trie and the route MTU follow;
+    // both endpoints stay known as the peer's (replies may come from either).
+    f.gateways.insert(Via::Peer("site-b".into()), Some("198.51.100.3".parse().unwrap()));
+    let d = compile(&c, &f, &Prior::default());
+    assert_eq!(entries(&d, BpfMap::Peers)[&abi::LpmKey::of(&cidr).to_bytes()], ep("198.51.100.3", abi::EP_UP));
+    assert!(matches!(route(&d, "10.20.0.0/16"), RouteSpec::Via { mtu: Some(1350), .. }));
+    let known = entries(&d, BpfMap::PeerEndpoints);
+    assert!(known.contains_key(&ep("198.51.100.2", 0)) && known.contains_key(&ep("198.51.100.3", 0)));
+    // A choice that is no longer in the list (an edit raced the prober)
+    // is no choice: the peer is down until the prober judges the new list.
+    f.gateways.insert(Via::Peer("site-b".into()), Some("198.51.100.9".parse().unwrap()));
+    let d = compile(&c, &f, &Prior::default());
+    assert_eq!(route(&d, "10.20.0.0/16"), RouteSpec::Unreachable);
+}
+
+#[test]
+fn a_member_sends_through_the_gateway_its_probes_chose_and_fails_fast_when_none_answers() {
+    use crate::model::Via;
+    let text = MEMBER.replace("gateway_ip = \"192.0.2.1\"", "gateway_ips = [\"192.0.2.1\", \"192.0.2.2\"]");
+    let c = config(&text);
+    let mut f = facts_with_mtu("192.0.2.1", 1500);
+    f.underlay_mtu.insert("192.0.2.2".parse().unwrap(), 9000);
+    let gw_config = |d: &Desired| {
+        let v = &d.map_entries[&MapEntryKey { map: BpfMap::GwConfig, key: 0u32.to_bytes().into() }].spec;
+        <abi::GwConfig as zerocopy::FromBytes>::read_from_bytes(v.as_bytes().unwrap()).unwrap()
+    };
+    let d = compile(&c, &f, &Prior::default());
+    assert_eq!(gw_config(&d).gateway, abi::addr16("192.0.2.1".parse().unwrap()));
+    f.gateways.insert(Via::Site, Some("192.0.2.2".parse().unwrap()));
+    let d = compile(&c, &f, &Prior::default());
+    assert_eq!(gw_config(&d).gateway, abi::addr16("192.0.2.2".parse().unwrap()));
+    assert!(matches!(route(&d, "10.20.0.0/16"), RouteSpec::Via { mtu: Some(8950), .. }));
+    f.gateways.insert(Via::Site, None);
+    let d = compile(&c, &f, &Prior::default());
+    assert_eq!(route(&d, "10.20.0.0/16"), RouteSpec::Unreachable);
+    assert_eq!(route(&d, "fd20::/48"), RouteSpec::Unreachable);
 }
 
 #[test]
@@ -404,7 +455,7 @@ fn a_gateway_skips_endpoints_of_the_other_family_than_local_ip() {
 fn role_mismatched_entries_are_warned_about() {
     let mut c = config(MEMBER);
     c.members = config(GATEWAY).members;
-    c.peers[0].endpoint = Some("198.51.100.2".parse().unwrap());
+    c.peers[0].endpoints = vec!["198.51.100.2".parse().unwrap()];
     let d = compile(&c, &facts_with_mtu("192.0.2.1", 1500), &Prior::default());
     assert_eq!(
         d.warnings,

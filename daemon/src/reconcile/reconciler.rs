@@ -4,7 +4,8 @@
 //! failure) re-reads the kernel, adopting what is there and repairing
 //! drift.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::backends::{BackendError, Backends, BpfSettings};
 use crate::config::{Config, MeshBackend};
 use crate::model::incremental::{recompile, Compiled, Touched};
-use crate::model::{compile_unless_stopped, gateway, Desired, HostFacts, Observed, Prior};
+use crate::model::{compile_unless_stopped, gateway, Desired, HostFacts, Observed, Prior, Via};
 
 use super::apply::{apply, Applied, StepError};
 use super::observe::{observe, observe_sysctls};
@@ -35,8 +36,8 @@ pub(crate) struct Reconciler {
     /// The last compile: what `desired()` reports, and what an edit of a
     /// few services patches (`model::incremental`).
     compiled: Option<Compiled>,
-    /// Peers the health probes found down (runtime state, not config).
-    peers_down: BTreeSet<String>,
+    /// The gateways the probes chose (runtime state, not config).
+    gateways: BTreeMap<Via, Option<IpAddr>>,
     /// Raised when the daemon is told to stop: a sync stops between steps.
     stopping: Arc<AtomicBool>,
 }
@@ -93,7 +94,7 @@ impl Reconciler {
             originals,
             last_applied: None,
             compiled: None,
-            peers_down: BTreeSet::new(),
+            gateways: BTreeMap::new(),
             stopping: Default::default(),
         }
     }
@@ -104,8 +105,8 @@ impl Reconciler {
         self
     }
 
-    pub(crate) fn set_peers_down(&mut self, down: BTreeSet<String>) {
-        self.peers_down = down;
+    pub(crate) fn set_gateways(&mut self, chosen: BTreeMap<Via, Option<IpAddr>>) {
+        self.gateways = chosen;
     }
 
     /// The desired state of the last sync (`None` before the first).
@@ -204,7 +205,7 @@ impl Reconciler {
         if config.services.iter().any(|s| s.node_port.is_some()) {
             facts.addresses = self.backends.host.addresses()?;
         }
-        facts.peers_down = self.peers_down.clone();
+        facts.gateways = self.gateways.clone();
         Ok(facts)
     }
 

@@ -15,6 +15,7 @@ struct Probes {
     port: Option<u16>,
     interval: Option<Duration>,
     loss: Option<u32>,
+    rise: Option<u32>,
 }
 
 impl Check<'_, '_> {
@@ -22,7 +23,7 @@ impl Check<'_, '_> {
         let before = self.errors.len();
         let role =
             self.choice(CTX, "role", &g.role, &[("member", GatewayRole::Member), ("gateway", GatewayRole::Gateway)]);
-        let (local_ip, gateway_ip) = self.gateway_addresses(&g, role);
+        let (local_ip, gateway_ips) = self.gateway_addresses(&g, role);
         let vni = match *g.vni.get_ref() {
             v @ 1..=MAX_VNI => Some(v as u32),
             v => {
@@ -41,43 +42,107 @@ impl Check<'_, '_> {
         Some(Gateway {
             role: role?,
             local_ip: local_ip?,
-            gateway_ip,
+            gateway_ips,
             vni: vni?,
             udp_port: udp_port?,
             probe_interval: probes.interval?,
             probe_loss: probes.loss?,
             probe_port: probes.port?,
+            probe_rise: probes.rise?,
+            preempt: g.preempt.as_ref().is_some_and(|v| *v.get_ref()),
             origin,
         })
     }
 
-    /// `local_ip`, and `gateway_ip` (a member's, of the same family).
-    fn gateway_addresses(&mut self, g: &RawGateway, role: Option<GatewayRole>) -> (Option<IpAddr>, Option<IpAddr>) {
+    /// `local_ip`, and a member's gateways (`gateway_ip` or `gateway_ips`,
+    /// of local_ip's family).
+    fn gateway_addresses(&mut self, g: &RawGateway, role: Option<GatewayRole>) -> (Option<IpAddr>, Vec<IpAddr>) {
         let local_ip = self.unicast(CTX, "local_ip", &g.local_ip);
-        let gateway_ip = g.gateway_ip.as_ref().and_then(|v| self.unicast(CTX, "gateway_ip", v));
-        match (role, &g.gateway_ip) {
+        let given = g.gateway_ip.as_ref().map(|v| v.span()).or_else(|| g.gateway_ips.as_ref().map(|v| v.span()));
+        let gateway_ips =
+            self.address_list(CTX, ("gateway_ip", &g.gateway_ip), ("gateway_ips", &g.gateway_ips)).unwrap_or_default();
+        match (role, given.clone()) {
             (Some(GatewayRole::Member), None) => self.fail(
                 &g.role.span(),
-                "gateway_ip",
-                format!("{CTX}: a member needs `gateway_ip`, the underlay address of this site's gateway"),
+                "gateway_ips",
+                format!("{CTX}: a member needs `gateway_ips` (or `gateway_ip`), the underlay addresses of this site's gateways"),
             ),
-            (Some(GatewayRole::Gateway), Some(v)) => self.fail(
-                &v.span(),
-                "gateway_ip",
-                format!("{CTX}: `gateway_ip` is only for role = \"member\"; a gateway routes to its peers' endpoints"),
+            (Some(GatewayRole::Gateway), Some(span)) => self.fail(
+                &span,
+                "gateway_ips",
+                format!("{CTX}: `gateway_ips` and `gateway_ip` are only for role = \"member\"; a gateway routes to its peers' endpoints"),
             ),
             _ => {}
         }
-        if let (Some(local), Some(gw)) = (local_ip, gateway_ip) {
-            if local.is_ipv4() != gw.is_ipv4() {
+        if let Some(local) = local_ip {
+            if let Some(gw) = gateway_ips.iter().find(|gw| gw.is_ipv4() != local.is_ipv4()) {
                 self.fail(
-                    &g.gateway_ip.as_ref().map(|v| v.span()).unwrap_or_default(),
-                    "gateway_ip",
-                    format!("{CTX}: gateway_ip {gw} and local_ip {local} are not the same address family"),
+                    &given.clone().unwrap_or_default(),
+                    "gateway_ips",
+                    format!("{CTX}: gateway {gw} and local_ip {local} are not the same address family"),
+                );
+            }
+            if gateway_ips.contains(&local) {
+                self.fail(
+                    &given.clone().unwrap_or_default(),
+                    "gateway_ips",
+                    format!("{CTX}: gateway {local} is this member's own local_ip"),
                 );
             }
         }
-        (local_ip, gateway_ip)
+        (local_ip, gateway_ips)
+    }
+
+    /// A list of gateway addresses in order of preference, given as one
+    /// address (`single`) or a list (`list`), never both: unicast, no
+    /// repeats, one family, at most MAX_GATEWAYS_PER_SITE. `None` when
+    /// neither is given or an entry is wrong (the error is recorded).
+    fn address_list(
+        &mut self,
+        ctx: &str,
+        (one_key, one): (&str, &Option<S<String>>),
+        (list_key, list): (&str, &Option<S<Vec<S<String>>>>),
+    ) -> Option<Vec<IpAddr>> {
+        let items: Vec<(&str, &S<String>)> = match (one, list) {
+            (None, None) => return None,
+            (Some(_), Some(l)) => {
+                self.fail(&l.span(), list_key, format!("{ctx}: give `{list_key}` or `{one_key}`, not both"));
+                return None;
+            }
+            (Some(v), None) => vec![(one_key, v)],
+            (None, Some(l)) => l.get_ref().iter().map(|v| (list_key, v)).collect(),
+        };
+        let before = self.errors.len();
+        if let Some(l) = list {
+            let n = l.get_ref().len();
+            if n == 0 {
+                self.fail(&l.span(), list_key, format!("{ctx}: `{list_key}` is empty; list at least one address"));
+            } else if n > MAX_GATEWAYS_PER_SITE {
+                self.fail(
+                    &l.span(),
+                    list_key,
+                    format!("{ctx}: `{list_key}` lists {n} addresses; at most {MAX_GATEWAYS_PER_SITE} are probed"),
+                );
+            }
+        }
+        let mut out: Vec<IpAddr> = Vec::new();
+        for (key, v) in items {
+            let Some(ip) = self.unicast(ctx, key, v) else { continue };
+            if out.contains(&ip) {
+                self.fail(&v.span(), key, format!("{ctx}: {ip} is listed twice in `{key}`"));
+            } else if out.first().is_some_and(|first| first.is_ipv4() != ip.is_ipv4()) {
+                self.fail(
+                    &v.span(),
+                    key,
+                    format!(
+                        "{ctx}: `{key}` mixes IPv4 and IPv6 ({} and {ip}); a site's gateways share one family",
+                        out[0]
+                    ),
+                );
+            }
+            out.push(ip);
+        }
+        (self.errors.len() == before).then_some(out)
     }
 
     /// The peer probes: port (not the tunnel's), interval, loss.
@@ -93,18 +158,8 @@ impl Check<'_, '_> {
                 self.duration_within(CTX, "probe_interval", v, range, "is out of range; use 50ms to 1h")
             }
         };
-        let loss = match &g.probe_loss {
-            None => Some(DEFAULT_PROBE_LOSS),
-            Some(v) if (1..=1000).contains(v.get_ref()) => Some(*v.get_ref() as u32),
-            Some(v) => {
-                self.fail(
-                    &v.span(),
-                    "probe_loss",
-                    format!("{CTX}: probe_loss {} is out of range; use 1 to 1000", v.get_ref()),
-                );
-                None
-            }
-        };
+        let loss = self.probe_count("probe_loss", &g.probe_loss, DEFAULT_PROBE_LOSS);
+        let rise = self.probe_count("probe_rise", &g.probe_rise, DEFAULT_PROBE_RISE);
         if let (Some(a), Some(b)) = (udp_port, port) {
             if a == b {
                 let span = g.probe_port.as_ref().map(|v| v.span()).unwrap_or_else(|| g.role.span());
@@ -115,19 +170,32 @@ impl Check<'_, '_> {
                 );
             }
         }
-        Probes { port, interval, loss }
+        Probes { port, interval, loss, rise }
+    }
+
+    /// A count of probes in a row (`probe_loss`, `probe_rise`): 1 to 1000.
+    fn probe_count(&mut self, key: &str, v: &Option<S<i64>>, default: u32) -> Option<u32> {
+        match v {
+            None => Some(default),
+            Some(v) if (1..=1000).contains(v.get_ref()) => Some(*v.get_ref() as u32),
+            Some(v) => {
+                self.fail(&v.span(), key, format!("{CTX}: {key} {} is out of range; use 1 to 1000", v.get_ref()));
+                None
+            }
+        }
     }
 
     pub(super) fn peer(&mut self, p: RawPeer) -> Option<Peer> {
         let before = self.errors.len();
         let name = self.name("peer", &p.name);
         let ctx = format!("peer \"{}\"", p.name.get_ref());
-        let endpoint = p.endpoint.as_ref().and_then(|e| self.unicast(&ctx, "endpoint", e));
+        let endpoints =
+            self.address_list(&ctx, ("endpoint", &p.endpoint), ("endpoints", &p.endpoints)).unwrap_or_default();
         let cidrs = self.cidrs(&ctx, &p.cidrs);
         if self.errors.len() > before {
             return None;
         }
-        Some(Peer { name: name?, endpoint, cidrs, origin: Origin::at(self.src, &p.name.span()) })
+        Some(Peer { name: name?, endpoints, cidrs, origin: Origin::at(self.src, &p.name.span()) })
     }
 
     pub(super) fn member(&mut self, m: RawMember) -> Option<Member> {

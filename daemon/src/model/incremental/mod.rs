@@ -167,7 +167,7 @@ fn same_facts(a: &HostFacts, b: &HostFacts, config: &Config) -> bool {
         && a.cgroup2_root == b.cgroup2_root
         && a.sk_lookup_unavailable == b.sk_lookup_unavailable
         && a.underlay_mtu == b.underlay_mtu
-        && a.peers_down == b.peers_down
+        && a.gateways == b.gateways
         && a.backend_routes == b.backend_routes
         && a.addresses == b.addresses
         && a.features == b.features
