@@ -48,9 +48,11 @@ fn a_restarted_daemon_adopts_pinned_state_without_recreating_it() {
 #[test]
 fn a_restart_keeps_the_mesh_and_gateway_programs_and_maps() {
     let net = crate::topology::Topology::new("");
-    // The peer never answers: probed once a minute, it stays up (as a
-    // start assumes) through the test, so its routes do not change.
-    net.host.write("extras.toml", &crate::topology::mesh_and_peer("probe_interval = \"60s\""));
+    // The peer never answers: it may miss 1000 probes before it is down,
+    // so it stays up (as a start assumes) through the test and its routes
+    // do not change. (A missed probe is followed by the next at once, so
+    // a long interval alone no longer keeps it up.)
+    net.host.write("extras.toml", &crate::topology::mesh_and_peer("probe_interval = \"60s\"\nprobe_loss = 1000"));
     let mut d = net.host.start_ready();
     let ids = attached_ids(&net.host);
     for p in ["hm_mesh@netns", "hm_tun_in@tc-ingress@hm-tun0", "hm_tun_out@tc-egress@hm-tun0"] {
