@@ -16,7 +16,7 @@ const PROMETHEUS: &str = "127.0.0.1:9090";
 const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 
 /// Every family of the metric set (the README's "Metrics" table).
-const FAMILIES: [&str; 18] = [
+const FAMILIES: [&str; 20] = [
     "hostmesh_build_info",
     "hostmesh_services",
     "hostmesh_backends",
@@ -35,6 +35,8 @@ const FAMILIES: [&str; 18] = [
     "hostmesh_mesh_listener_registered",
     "hostmesh_gateway_peer_up",
     "hostmesh_gateway_peer_transitions_total",
+    "hostmesh_gateway_failovers_total",
+    "hostmesh_gateway_active",
 ];
 
 fn addr(s: &str) -> SocketAddr {
@@ -126,7 +128,7 @@ fn packaged_expressions() -> Vec<String> {
     let rules = std::fs::read_to_string(format!("{REPO}/packaging/prometheus/hostmesh.rules.yml")).unwrap();
     let rule_exprs: Vec<String> =
         rules.lines().filter_map(|l| l.trim().strip_prefix("expr:")).map(|e| e.trim().to_string()).collect();
-    assert_eq!(rule_exprs.len(), 6, "{rules}");
+    assert_eq!(rule_exprs.len(), 7, "{rules}");
     exprs.extend(rule_exprs);
     exprs
 }

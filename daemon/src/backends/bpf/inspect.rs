@@ -127,6 +127,11 @@ impl Inspector {
         Ok(self.lookup::<Endpoint>(HmMap::Peers, &key.to_bytes())?.map(|e| (ip_from16(e.addr), e.flags & EP_UP != 0)))
     }
 
+    /// HM_GW_CONFIG[0], if the gateway programs are loaded.
+    pub(crate) fn gateway_config(&self) -> io::Result<Option<GwConfig>> {
+        self.lookup(HmMap::GwConfig, &0u32.to_ne_bytes())
+    }
+
     /// The traffic counters of (service id, backend), summed over CPUs.
     pub(crate) fn counters(&self, svc_id: u32, backend: SocketAddr) -> io::Result<BackendStats> {
         let Some(fd) = self.map(HmMap::BackendStats)? else { return Ok(BackendStats::default()) };

@@ -11,13 +11,13 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use super::target::Target;
 use super::view::*;
-use crate::abi::{BackendStats, HmConfig, SvcKey, CFG_CTLB_TCP, CFG_CTLB_UDP, SVC_F_LOCAL};
+use crate::abi::{BackendStats, GwConfig, HmConfig, SvcKey, CFG_CTLB_TCP, CFG_CTLB_UDP, ROLE_MEMBER, SVC_F_LOCAL};
 use crate::backends::bpf::attached::AttachedProgram;
 use crate::backends::bpf::inspect::ServiceEntry;
 use crate::backends::netlink::RouteTo;
-use crate::config::{Config, Protocol};
+use crate::config::{Config, GatewayRole, Protocol};
 use crate::model::flow_hash::flow_hash;
-use crate::state::{ObjectKind, Status};
+use crate::state::{ObjectKind, ObjectState, Status};
 
 /// The kernel lookups explain needs (`backends::bpf::inspect::Inspector`).
 pub(crate) trait KernelView {
@@ -28,6 +28,8 @@ pub(crate) trait KernelView {
     fn host_address(&self, ip: IpAddr) -> io::Result<bool>;
     fn mesh(&self, vip: IpAddr, port: u16, proto: u8) -> io::Result<Option<(u16, u16)>>;
     fn peer(&self, addr: IpAddr) -> io::Result<Option<(IpAddr, bool)>>;
+    /// HM_GW_CONFIG[0]: on a member, the gateway of its site in use.
+    fn gateway_config(&self) -> io::Result<Option<GwConfig>>;
     fn counters(&self, svc_id: u32, backend: SocketAddr) -> io::Result<BackendStats>;
     /// Every program hostmesh has attached.
     fn attached(&self) -> io::Result<Vec<AttachedProgram>>;
@@ -125,7 +127,7 @@ pub(crate) fn explain(t: Target, from: Option<(IpAddr, Option<u16>)>, src: &Sour
         if let Some(from) = from {
             e.from = Some(predict(from, t.addr, port, proto, &svc, PathKind::Veth, src)?);
         }
-    } else if let Some((endpoint, up)) = src.kernel.peer(t.addr)? {
+    } else if let Some((endpoint, up)) = tunnel_to(t.addr, src)? {
         gateway(&mut e, t.addr, endpoint, up, src);
         // Every source's packets go to the peer's tunnel endpoint.
         let udp = src.config.gateway.as_ref().map_or(4789, |g| g.udp_port);
@@ -370,16 +372,50 @@ fn predict(
     Ok(Prediction { source, backend: svc.slots[slot], by: "hash".into() })
 }
 
+/// Where the tunnel takes packets to `addr`, and whether that gateway
+/// answers: on a gateway, the peer's endpoint in use (HM_PEERS); on a
+/// member, for an address of a peer's CIDRs, its site's gateway in use
+/// (HM_GW_CONFIG), down when the status says every one of them is.
+fn tunnel_to(addr: IpAddr, src: &Sources<'_>) -> io::Result<Option<(IpAddr, bool)>> {
+    if let Some(found) = src.kernel.peer(addr)? {
+        return Ok(Some(found));
+    }
+    let member = src.config.gateway.as_ref().is_some_and(|g| g.role == GatewayRole::Member);
+    if !member || !src.config.peers.iter().any(|p| p.cidrs.iter().any(|c| c.contains(&addr))) {
+        return Ok(None);
+    }
+    let Some(cfg) = src.kernel.gateway_config()?.filter(|c| c.role == ROLE_MEMBER) else { return Ok(None) };
+    let down = src
+        .status
+        .is_some_and(|s| s.objects.iter().any(|o| o.kind == ObjectKind::Gateway && o.state == ObjectState::Down));
+    Ok(Some((crate::abi::ip_from16(cfg.gateway), !down)))
+}
+
 fn gateway(e: &mut Explanation, addr: IpAddr, endpoint: IpAddr, up: bool, src: &Sources<'_>) {
-    let peer = src.config.peers.iter().find(|p| p.cidrs.iter().any(|c| c.contains(&addr))).map(|p| p.name.clone());
+    let peer = src.config.peers.iter().find(|p| p.cidrs.iter().any(|c| c.contains(&addr)));
+    let member = src.config.gateway.as_ref().filter(|g| g.role == GatewayRole::Member);
+    // The list the gateway in use was chosen from, when there is a choice.
+    let list = member.map_or_else(|| peer.map(|p| p.endpoints.clone()).unwrap_or_default(), |g| g.gateway_ips.clone());
+    let of = if list.len() > 1 {
+        format!(" (in use of {})", list.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))
+    } else {
+        String::new()
+    };
+    let whose = if member.is_some() { "this site's gateway " } else { "" };
     e.path = PathKind::Gateway;
     e.sentences.push(format!(
-        "{} is behind gateway peer {}: packets to it go over the VXLAN tunnel hm-tun0 to {endpoint}, which {}.",
+        "{} is behind gateway peer {}: packets to it go over the VXLAN tunnel hm-tun0 to {whose}{endpoint}{of}, \
+         which {}.",
         e.target,
-        peer.as_ref().map_or("(not in the config)".to_string(), |p| format!("\"{p}\"")),
+        peer.map_or("(not in the config)".to_string(), |p| format!("\"{}\"", p.name)),
         if up { "answers its probes" } else { "does not answer its probes now: traffic to it fails fast" }
     ));
-    e.kernel.push(format!("{}[{addr}] = endpoint {endpoint} ({})", HmMap::Peers, if up { "up" } else { "down" }));
+    let peer = peer.map(|p| p.name.clone());
+    if member.is_some() {
+        e.kernel.push(format!("{}[0].gateway = {endpoint}", HmMap::GwConfig));
+    } else {
+        e.kernel.push(format!("{}[{addr}] = endpoint {endpoint} ({})", HmMap::Peers, if up { "up" } else { "down" }));
+    }
     e.gateway = Some(GatewayView { peer, endpoint, up });
 }
 

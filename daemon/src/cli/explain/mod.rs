@@ -41,6 +41,9 @@ impl KernelView for Inspector {
     fn peer(&self, addr: IpAddr) -> io::Result<Option<(IpAddr, bool)>> {
         Inspector::peer(self, addr)
     }
+    fn gateway_config(&self) -> io::Result<Option<crate::abi::GwConfig>> {
+        Inspector::gateway_config(self)
+    }
     fn counters(&self, svc_id: u32, backend: SocketAddr) -> io::Result<BackendStats> {
         Inspector::counters(self, svc_id, backend)
     }

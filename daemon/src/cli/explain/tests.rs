@@ -18,6 +18,7 @@ struct FakeKernel {
     services: HashMap<SvcKey, ServiceEntry>,
     mesh: Option<(u16, u16)>,
     peer: Option<(IpAddr, bool)>,
+    gateway: Option<GwConfig>,
     affinity: Option<(SocketAddr, u64)>,
     attached: Vec<AttachedProgram>,
     /// Where node ports answer.
@@ -42,6 +43,9 @@ impl KernelView for FakeKernel {
     }
     fn peer(&self, _: IpAddr) -> io::Result<Option<(IpAddr, bool)>> {
         Ok(self.peer)
+    }
+    fn gateway_config(&self) -> io::Result<Option<GwConfig>> {
+        Ok(self.gateway)
     }
     fn counters(&self, _: u32, _: SocketAddr) -> io::Result<BackendStats> {
         Ok(BackendStats { ctlb_connections: 3, ..Default::default() })
@@ -72,7 +76,7 @@ backends = ["192.168.10.11:5353"]
 [gateway]
 role = "member"
 local_ip = "192.0.2.21"
-gateway_ip = "192.0.2.1"
+gateway_ips = ["192.0.2.1", "192.0.2.2"]
 vni = 1
 
 [[peer]]
@@ -122,6 +126,18 @@ fn each_kind_of_address_gets_its_path() {
     let e = run(&k, "10.20.1.5", Some(("192.168.10.1".parse().unwrap(), None)));
     assert_eq!((e.path, e.gateway.unwrap().peer.as_deref()), (PathKind::Gateway, Some("site-b")));
     assert_eq!(e.from.unwrap().backend, Some(a("192.0.2.1:4789")), "the tunnel endpoint");
+    // On a member HM_PEERS is empty: its site's gateway in use is named.
+    k.peer = None;
+    k.gateway =
+        Some(GwConfig { role: ROLE_MEMBER, gateway: addr16("192.0.2.2".parse().unwrap()), ..Default::default() });
+    let e = run(&k, "10.20.1.5", None);
+    assert_eq!((e.path, e.gateway.as_ref().unwrap().endpoint), (PathKind::Gateway, "192.0.2.2".parse().unwrap()));
+    assert!(
+        e.sentences[0].contains("to this site's gateway 192.0.2.2 (in use of 192.0.2.1, 192.0.2.2), which answers"),
+        "{:?}",
+        e.sentences
+    );
+    k.gateway = None;
     k.mesh = Some((0, 15001));
     let e = run(&k, "10.96.0.10:80", Some(("192.168.10.1".parse().unwrap(), Some(1))));
     assert_eq!(e.path, PathKind::Mesh, "a mesh entry wins over the service");
