@@ -275,6 +275,22 @@ fn ipv6_workloads_cross_the_ipv4_underlay_both_ways() {
     assert_eq!(counter(&sites, "bare"), 0, "unencapsulated site traffic on the WAN");
 }
 
+/// Whether A's gateway holds an answer to a probe it sent through the
+/// tunnel to `target` (HM_GW_PROBES, written by its hm_tun_in).
+fn answered_in_the_tunnel(sites: &Sites, target: &str) -> bool {
+    use hostmesh::abi::{addr16, GwProbe, HmMap, Pod, PROBE_ACK};
+    use hostmesh::backends::bpf::sys;
+    use std::os::fd::AsFd;
+    let pin = sites.ga.opts.bpffs.join("maps").join(HmMap::GwProbes.name());
+    let Ok(fd) = sys::obj_get(&pin) else { return false };
+    let target = addr16(target.parse().expect("an address"));
+    sys::map_dump(fd.as_fd(), 4, std::mem::size_of::<GwProbe>())
+        .expect("dump HM_GW_PROBES")
+        .iter()
+        .filter_map(|(_, v)| GwProbe::from_bytes(v))
+        .any(|p| p.kind == PROBE_ACK.to_be() && p.target == target)
+}
+
 #[test]
 fn an_ipv6_underlay_carries_both_families_and_its_peers_are_probed() {
     let sites = Sites::start_with(&UNDERLAY_V6, "", "");
@@ -295,6 +311,13 @@ fn an_ipv6_underlay_carries_both_families_and_its_peers_are_probed() {
     assert!(vxlan(&sites, "out") >= 20, "VXLAN out: {}", vxlan(&sites, "out"));
     assert!(vxlan(&sites, "in") >= 20, "VXLAN in: {}", vxlan(&sites, "in"));
     assert_eq!(counter(&sites, "bare"), 0, "unencapsulated site traffic on the WAN");
+    // The probes cross the tunnel over IPv6, answered by B's gateway's
+    // data plane (the older daemons' probes are answered too, by the
+    // daemon: this shows the tunnel's are).
+    wait_soon("an answer of B's data plane in A's gateway's HM_GW_PROBES", || {
+        answered_in_the_tunnel(&sites, UNDERLAY_V6.gb_wan)
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
     // The probes run over IPv6 too: cut and restore.
     sites.ga.ns.ip(&["link", "set", "wan", "down"]);
     wait_soon("site-b down", || peer_state(&sites.ga, "site-b").as_deref() == Some("down"))
