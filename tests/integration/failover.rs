@@ -16,7 +16,7 @@ use hm_testkit::{scaled, wait_soon, Daemon, Netns, Servers};
 use nix::sys::signal::Signal;
 
 use crate::fixtures::*;
-use crate::sites::{bound_in, tcp_exchange};
+use crate::sites::{connect_from, tcp_exchange};
 
 const ECHO_PORT: u16 = 8080;
 const PROBES: &str = "probe_interval = \"200ms\"\nprobe_loss = 3\nprobe_rise = 2";
@@ -101,17 +101,10 @@ struct Conn {
 
 impl Conn {
     fn open(p: &Pairs) -> Conn {
-        let src = SocketAddr::new(MA_WORKLOAD.parse().unwrap(), 0);
-        let fd = bound_in(&p.hosts[MA].ns, nix::sys::socket::SockType::Stream, src).expect("socket");
-        let stream = TcpStream::from(fd);
-        let dst: SocketAddr = format!("{MB_WORKLOAD}:{ECHO_PORT}").parse().unwrap();
-        nix::sys::socket::connect(
-            std::os::fd::AsRawFd::as_raw_fd(&stream),
-            &nix::sys::socket::SockaddrStorage::from(dst),
-        )
-        .unwrap_or_else(|e| panic!("connect: {e}\n{}", p.logs()));
         // Long enough for the retransmissions that cross a failover.
-        stream.set_read_timeout(Some(scaled(Duration::from_secs(15)))).unwrap();
+        let timeout = scaled(Duration::from_secs(15));
+        let stream = connect_from(&p.hosts[MA].ns, MA_WORKLOAD, &format!("{MB_WORKLOAD}:{ECHO_PORT}"), timeout)
+            .unwrap_or_else(|e| panic!("connect: {e}\n{}", p.logs()));
         let mut reader = BufReader::new(stream.try_clone().unwrap());
         let mut greeting = String::new();
         reader.read_line(&mut greeting).expect("greeting");

@@ -77,7 +77,7 @@ impl Sites {
 }
 
 /// A socket of `kind` bound to `src` (port 0), created in `ns`.
-pub fn bound_in(ns: &Netns, kind: SockType, src: SocketAddr) -> std::io::Result<OwnedFd> {
+fn bound_in(ns: &Netns, kind: SockType, src: SocketAddr) -> std::io::Result<OwnedFd> {
     ns.run(move || {
         let family = if src.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
         let fd = socket::socket(family, kind, SockFlag::SOCK_CLOEXEC, None)?;
@@ -100,14 +100,7 @@ pub struct TcpExchange {
 /// From `src` in `ns`, connects to `dst`, reads the greeting and sends
 /// `writes` writes of `size` bytes, checking they come back intact.
 pub fn tcp_exchange(ns: &Netns, src: &str, dst: &str, writes: usize, size: usize) -> std::io::Result<TcpExchange> {
-    let fd = bound_in(ns, SockType::Stream, SocketAddr::new(src.parse().expect("source"), 0))?;
-    let dst: SocketAddr = dst.parse().expect("destination");
-    let timeout = hm_testkit::scaled(Duration::from_secs(2));
-    let stream = TcpStream::from(fd);
-    stream.set_write_timeout(Some(timeout))?;
-    // A blocking connect(2) honours SO_SNDTIMEO.
-    socket::connect(std::os::fd::AsRawFd::as_raw_fd(&stream), &SockaddrStorage::from(dst))?;
-    stream.set_read_timeout(Some(timeout))?;
+    let stream = connect_from(ns, src, dst, hm_testkit::scaled(Duration::from_secs(2)))?;
     let mss = socket::getsockopt(&stream, socket::sockopt::TcpMaxSeg)? as usize;
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut seen_as = String::new();
@@ -126,6 +119,19 @@ pub fn tcp_exchange(ns: &Netns, src: &str, dst: &str, writes: usize, size: usize
     }
     let seen_as = seen_as.split_whitespace().next().unwrap_or_default().to_string();
     Ok(TcpExchange { seen_as, echoed, mss })
+}
+
+/// A TCP connection from `src` in `ns` to `dst`, connecting within
+/// `timeout` and reading with it.
+pub fn connect_from(ns: &Netns, src: &str, dst: &str, timeout: Duration) -> std::io::Result<TcpStream> {
+    let fd = bound_in(ns, SockType::Stream, SocketAddr::new(src.parse().expect("source"), 0))?;
+    let dst: SocketAddr = dst.parse().expect("destination");
+    let stream = TcpStream::from(fd);
+    stream.set_write_timeout(Some(timeout))?;
+    // A blocking connect(2) honours SO_SNDTIMEO.
+    socket::connect(std::os::fd::AsRawFd::as_raw_fd(&stream), &SockaddrStorage::from(dst))?;
+    stream.set_read_timeout(Some(timeout))?;
+    Ok(stream)
 }
 
 /// From `src` in `ns`, one UDP datagram to `dst`; returns the answer (the

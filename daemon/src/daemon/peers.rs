@@ -101,10 +101,7 @@ impl PeerProbing {
             return;
         }
         let saved = Saved { lists: report.iter().map(|(v, c)| (v.clone(), c.clone())).collect() };
-        let written = crate::state::write_atomic_with(&self.state_dir.join(SAVED_FILE), |w| {
-            serde_json::to_writer(w, &saved).map_err(io::Error::other)
-        });
-        match written {
+        match crate::state::save_json(&self.state_dir.join(SAVED_FILE), &saved) {
             Ok(()) => self.saved = report,
             Err(e) => warn!(log, "gateway probes not saved; a restart probes afresh"; "error" => e.to_string()),
         }
@@ -166,13 +163,6 @@ fn log_changes(log: &Logger, via: &Via, before: &Choice, now: &Choice) {
 
 /// The judgements a previous run saved (none if it saved nothing).
 fn load(state_dir: &Path) -> io::Result<BTreeMap<Via, Choice>> {
-    let path = state_dir.join(SAVED_FILE);
-    let bytes = match crate::state::read_state_file(&path, MAX_SAVED_BYTES) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
-        Err(e) => return Err(e),
-    };
-    let saved: Saved =
-        serde_json::from_slice(&bytes).map_err(|e| io::Error::other(format!("{}: {e}", path.display())))?;
-    Ok(saved.lists.into_iter().collect())
+    let saved: Option<Saved> = crate::state::read_saved_json(&state_dir.join(SAVED_FILE), MAX_SAVED_BYTES)?;
+    Ok(saved.map(|s| s.lists.into_iter().collect()).unwrap_or_default())
 }

@@ -22,22 +22,13 @@ struct Saved {
 /// The saved states, if any; an unreadable or corrupt file is an error
 /// the caller logs (and starts without).
 pub(crate) fn load(state_dir: &Path) -> io::Result<BTreeMap<BackendKey, BackendHealth>> {
-    let path = state_dir.join(SAVED_FILE);
-    let bytes = match crate::state::read_state_file(&path, MAX_SAVED_BYTES) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
-        Err(e) => return Err(e),
-    };
-    let saved: Saved =
-        serde_json::from_slice(&bytes).map_err(|e| io::Error::other(format!("{}: {e}", path.display())))?;
-    Ok(saved.backends.into_iter().collect())
+    let saved: Option<Saved> = crate::state::read_saved_json(&state_dir.join(SAVED_FILE), MAX_SAVED_BYTES)?;
+    Ok(saved.map(|s| s.backends.into_iter().collect()).unwrap_or_default())
 }
 
 pub(crate) fn save(state_dir: &Path, states: &BTreeMap<BackendKey, BackendHealth>) -> io::Result<()> {
     let saved = Saved { backends: states.iter().map(|(k, v)| (k.clone(), v.clone())).collect() };
-    crate::state::write_atomic_with(&state_dir.join(SAVED_FILE), |w| {
-        serde_json::to_writer(w, &saved).map_err(io::Error::other)
-    })
+    crate::state::save_json(&state_dir.join(SAVED_FILE), &saved)
 }
 
 #[cfg(test)]

@@ -74,6 +74,23 @@ pub fn read_state_file(path: &Path, max: u64) -> io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// A JSON file hostmesh saved in the state dir, read as `read_state_file`
+/// reads (at most `max` bytes); `None` when there is none. A file that is
+/// not such JSON is an error naming it.
+pub fn read_saved_json<T: serde::de::DeserializeOwned>(path: &Path, max: u64) -> io::Result<Option<T>> {
+    let bytes = match read_state_file(path, max) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    serde_json::from_slice(&bytes).map(Some).map_err(|e| io::Error::other(format!("{}: {e}", path.display())))
+}
+
+/// Saves `value` as JSON at `path` (`write_atomic_with`).
+pub fn save_json<T: serde::Serialize>(path: &Path, value: &T) -> io::Result<()> {
+    write_atomic_with(path, |w| serde_json::to_writer(w, value).map_err(io::Error::other))
+}
+
 /// Writes `bytes` to `path` via a new temporary file (random name, created
 /// exclusively, so no planted link is followed) and a rename, so readers
 /// never see a partial file.
