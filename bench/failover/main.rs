@@ -2,7 +2,9 @@
 //! use of site A dies (its links down, as a dead host), with hostmesh's own
 //! failover (defaults, and fast probes) beside keepalived moving VRRP
 //! addresses between the same two gateway hosts (`advert_int 1`, and its
-//! fastest setting that holds). Every trial builds the sites afresh
+//! fastest setting that holds); and, under the same load, a SIGKILL and
+//! restart of the daemon of the gateway in use, which must move no traffic
+//! anywhere. Every trial builds the sites afresh
 //! (hm_testkit::gateway_pairs); the ways take turns, trial by trial, in one
 //! run. Writes its section of bench/RESULTS.md.
 //!
@@ -28,10 +30,7 @@ use topology::{Trial, Way};
 fn ways(vrrp_fast: &'static str) -> [(String, Way); 4] {
     [
         ("hostmesh, defaults (probes every 1 s, 3 lost)".into(), Way::Hostmesh("")),
-        (
-            "hostmesh, fast (probes every 200 ms, 3 lost)".into(),
-            Way::Hostmesh("probe_interval = \"200ms\"\nprobe_loss = 3"),
-        ),
+        ("hostmesh, fast (probes every 200 ms, 3 lost)".into(), Way::Hostmesh(FAST)),
         ("keepalived, advert_int 1".into(), Way::Keepalived("1")),
         (format!("keepalived, advert_int {vrrp_fast} (VRRP v3)"), Way::Keepalived(vrrp_fast)),
     ]
@@ -61,6 +60,7 @@ fn main() {
     let ways = ways(vrrp_fast);
     eprintln!("hostmesh ({}), {} trials of each way", o.hostmesh.display(), o.reps);
     let mut rows: Vec<Vec<Outcome>> = vec![Vec::new(); ways.len()];
+    let mut restarts: Vec<(Outcome, usize)> = Vec::new();
     for trial in 0..o.reps {
         for (i, (label, way)) in ways.iter().enumerate() {
             let t = Trial::build(*way, &o.hostmesh);
@@ -87,8 +87,10 @@ fn main() {
             drop(t);
             assert!(!interrupted(), "interrupted; cleaning up");
         }
+        restarts.push(restart(trial, &o));
+        assert!(!interrupted(), "interrupted; cleaning up");
     }
-    let text = report(&o, &ways, &rows);
+    let text = report(&o, &ways, &rows, &restarts);
     print!("{text}");
     hm_bench::results::write_section(&o.out, "failover", &text).expect("write bench/RESULTS.md");
 }
@@ -97,7 +99,32 @@ fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
 
-fn report(o: &Options, ways: &[(String, Way)], rows: &[Vec<Outcome>]) -> String {
+/// The probes whose down time is shorter than a restart: a daemon restart
+/// must move no traffic even with these.
+const FAST: &str = "probe_interval = \"200ms\"\nprobe_loss = 3";
+
+/// One restart of the daemon of the gateway in use (SIGKILL, started
+/// again at once) under the same load, with fast probes: the outcome, and
+/// how many times any host moved traffic meanwhile.
+fn restart(trial: usize, o: &Options) -> (Outcome, usize) {
+    let t = Trial::build(Way::Hostmesh(FAST), &o.hostmesh);
+    let moves = t.moves();
+    let out = measure::failover(&t.hosts[0], before(trial), Duration::from_secs(5), || {
+        t.restart_daemon_of_first_gateway_of_a()
+    });
+    let moved = t.moves() - moves;
+    eprintln!(
+        "trial {}: daemon restart: {moved} failovers, {} failed and {} stalled of {} attempts, stream {}",
+        trial + 1,
+        out.failed,
+        out.stalled,
+        out.attempts,
+        if out.stream_survived { "survived" } else { "BROKEN" }
+    );
+    (out, moved)
+}
+
+fn report(o: &Options, ways: &[(String, Way)], rows: &[Vec<Outcome>], restarts: &[(Outcome, usize)]) -> String {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let keepalived = std::process::Command::new("keepalived")
         .arg("--version")
@@ -119,7 +146,9 @@ fn report(o: &Options, ways: &[(String, Way)], rows: &[Vec<Outcome>]) -> String 
          gateways list both of A, each judging by its own probes. **keepalived**: A's gateways run Debian's \
          keepalived (VRRP only, both instances in a sync group) moving a LAN and a WAN address together; A's \
          member sends to the LAN address and B's gateways to the WAN address. {} trials of each way, in turns; \
-         the sites are built afresh for every trial.\n",
+         the sites are built afresh for every trial. Each trial also kills the daemon of site A's gateway in use \
+         (SIGKILL) under the same load with 200 ms probes, starts it again at once, and counts the moves of \
+         traffic to another gateway on every host (the restart's own goal).\n",
         kernel.trim(),
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         measure::PERIOD.as_millis(),
@@ -173,5 +202,18 @@ fn report(o: &Options, ways: &[(String, Way)], rows: &[Vec<Outcome>]) -> String 
         verdict(worst(fast) <= 1.0)
     );
     let _ = writeln!(s, "- the established TCP connection survives every hostmesh failover — {}", verdict(survived));
+    let moved: usize = restarts.iter().map(|(_, m)| m).sum();
+    let _ = writeln!(
+        s,
+        "- failovers caused by a daemon restart: 0 — {moved} in {} restarts of the daemon of the gateway in use \
+         (SIGKILL, started again at once, probes every 200 ms, 3 lost; {} failed and {} stalled attempts, the \
+         connection survived {} of {}) — {}",
+        restarts.len(),
+        restarts.iter().map(|(o, _)| o.failed).sum::<usize>(),
+        restarts.iter().map(|(o, _)| o.stalled).sum::<usize>(),
+        restarts.iter().filter(|(o, _)| o.stream_survived).count(),
+        restarts.len(),
+        verdict(moved == 0)
+    );
     s
 }

@@ -83,9 +83,28 @@ pub fn attempt(ma: &Netns) -> std::io::Result<()> {
     in_ns(&Arc::new(ma.file()), attempt_here).join().expect("attempt thread")
 }
 
-/// Runs the load for `before`, calls `kill`, runs it for `after` more,
-/// and waits for the attempts still under way.
-pub fn failover(ma: &Netns, before: Duration, after: Duration, kill: impl FnOnce()) -> Outcome {
+/// Runs the load for `before`, starts `fault` on a thread of its own (the
+/// load goes on while it runs), runs the load for `after` more, and waits
+/// for the fault and the attempts still under way.
+pub fn failover(ma: &Netns, before: Duration, after: Duration, fault: impl FnOnce() + Send) -> Outcome {
+    std::thread::scope(|scope| {
+        let mut fault = Some(fault);
+        load(
+            ma,
+            before + after,
+            || {
+                if let Some(f) = fault.take() {
+                    scope.spawn(f);
+                }
+            },
+            before,
+        )
+    })
+}
+
+/// The load of `failover` for `total`, calling `at_fault` once `before` has
+/// passed.
+fn load(ma: &Netns, total: Duration, mut at_fault: impl FnMut(), before: Duration) -> Outcome {
     let netns = Arc::new(ma.file());
     let stop = Arc::new(AtomicBool::new(false));
     let stream = {
@@ -116,11 +135,10 @@ pub fn failover(ma: &Netns, before: Duration, after: Duration, kill: impl FnOnce
     let results: Arc<Mutex<Vec<Attempt>>> = Arc::default();
     let start = Instant::now();
     let mut handles = Vec::new();
-    let mut kill = Some(kill);
     let mut i: u32 = 0;
-    while start.elapsed() < before + after {
-        if kill.is_some() && start.elapsed() >= before {
-            (kill.take().expect("once"))();
+    while start.elapsed() < total {
+        if start.elapsed() >= before {
+            at_fault();
         }
         let at = PERIOD * i;
         if let Some(wait) = at.checked_sub(start.elapsed()) {

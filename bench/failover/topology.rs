@@ -14,6 +14,7 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use hm_testkit::gateway_pairs::{self as pairs, GB, MA, MB, MB_WORKLOAD, VNI, VXLAN_PORT};
@@ -36,7 +37,9 @@ pub enum Way {
 pub struct Trial {
     _echo: Servers,
     _keepalived: Vec<Keepalived>,
-    _daemons: Vec<Daemon>,
+    /// In host order; a restart replaces one.
+    daemons: Mutex<Vec<Daemon>>,
+    opts: Vec<DaemonOptions>,
     _dirs: Vec<TempDir>,
     /// ma, ga1, ga2, gb1, gb2, mb.
     pub hosts: Vec<Netns>,
@@ -64,21 +67,24 @@ impl Trial {
             }
         };
         let mut dirs = Vec::new();
+        let mut opts: Vec<Option<DaemonOptions>> = (0..6).map(|_| None).collect();
         let mut started: Vec<Option<Daemon>> = (0..6).map(|_| None).collect();
         // Gateways first, so members find theirs answering from the start.
         for i in [1, 2, 3, 4, 0, 5] {
             let dir = TempDir::new("hm-bench-fo");
-            let opts = DaemonOptions::in_dir(hostmesh.to_str().expect("a UTF-8 path"), &dir);
-            opts.write_config("gateway.toml", &configs[i]);
-            let d = Daemon::start(&hosts[i], &opts);
+            let o = DaemonOptions::in_dir(hostmesh.to_str().expect("a UTF-8 path"), &dir);
+            o.write_config("gateway.toml", &configs[i]);
+            let d = Daemon::start(&hosts[i], &o);
             d.wait_ready(Duration::from_secs(60));
             started[i] = Some(d);
+            opts[i] = Some(o);
             dirs.push(dir);
         }
-        let daemons = started.into_iter().map(|d| d.expect("started")).collect();
+        let daemons = Mutex::new(started.into_iter().map(|d| d.expect("started")).collect());
+        let opts = opts.into_iter().map(|o| o.expect("started")).collect();
         let at = |ip: &str| SocketAddr::new(ip.parse().unwrap(), ECHO_PORT);
         let echo = Servers::echo(&hosts[5], &[at(MB_WORKLOAD)]);
-        let t = Trial { _echo: echo, _keepalived: keepalived, _daemons: daemons, _dirs: dirs, hosts, _switch: switch };
+        let t = Trial { _echo: echo, _keepalived: keepalived, daemons, opts, _dirs: dirs, hosts, _switch: switch };
         if let Way::Keepalived(_) = way {
             t.wait("site A's first gateway holds both VRRP addresses", || {
                 let lan = t.hosts[1].ip(&["-brief", "addr", "show", "lan"]);
@@ -108,6 +114,23 @@ impl Trial {
         let has =
             |host: usize, dev: &str, vip: &str| self.hosts[host].ip(&["-brief", "addr", "show", dev]).contains(vip);
         has(1, "lan", LAN_VIP) && has(1, "wan", WAN_VIP) && !has(2, "lan", LAN_VIP) && !has(2, "wan", WAN_VIP)
+    }
+
+    /// Lines of every daemon's log saying traffic moved to another gateway.
+    pub fn moves(&self) -> usize {
+        let daemons = self.daemons.lock().expect("daemons");
+        daemons.iter().map(|d| d.log_text().matches("traffic moved to another gateway").count()).sum()
+    }
+
+    /// SIGKILL to the daemon of site A's first gateway (the one in use), and
+    /// a new one started as soon as it is gone.
+    pub fn restart_daemon_of_first_gateway_of_a(&self) {
+        let mut daemons = self.daemons.lock().expect("daemons");
+        daemons[1].signal(nix::sys::signal::Signal::SIGKILL);
+        assert!(daemons[1].exited_within(Duration::from_secs(5)).is_some(), "SIGKILL ends the daemon");
+        let d = Daemon::start(&self.hosts[1], &self.opts[1]);
+        d.wait_ready(Duration::from_secs(60));
+        daemons[1] = d;
     }
 
     /// Site A's first gateway dies, as far as the network can tell.
