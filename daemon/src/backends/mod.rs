@@ -112,6 +112,19 @@ pub trait BpfBackend {
     fn map_entries(&mut self) -> Result<BTreeMap<MapEntryKey, MapValue>>;
     fn put_map_entry(&mut self, key: &MapEntryKey, value: &[u8]) -> Result<()>;
     fn delete_map_entry(&mut self, key: &MapEntryKey) -> Result<()>;
+    /// Creates or replaces each entry, in order, as `put_map_entry` on
+    /// each would, in as few system calls as the kernel allows. Every
+    /// entry is tried; returns those that failed, by index, with their
+    /// errors.
+    fn put_map_entries(&mut self, entries: &[(&MapEntryKey, &[u8])]) -> Vec<(usize, BackendError)> {
+        let put = |(i, (k, v)): (usize, &(&MapEntryKey, &[u8]))| self.put_map_entry(k, v).err().map(|e| (i, e));
+        entries.iter().enumerate().filter_map(put).collect()
+    }
+    /// `delete_map_entry` of each key, in order, as `put_map_entries`.
+    fn delete_map_entries(&mut self, keys: &[&MapEntryKey]) -> Vec<(usize, BackendError)> {
+        let delete = |(i, k): (usize, &&MapEntryKey)| self.delete_map_entry(k).err().map(|e| (i, e));
+        keys.iter().enumerate().filter_map(delete).collect()
+    }
     fn attachments(&mut self) -> Result<BTreeMap<Attachment, AttachStatus>>;
     /// Every hook hostmesh has a program at, without judging (or loading)
     /// the program: what teardown detaches.

@@ -36,10 +36,12 @@ pub enum Feature {
     SockDestroy,
     /// `bpf_ktime_get_coarse_ns()`.
     CoarseClock,
+    /// BPF_MAP_UPDATE_BATCH and BPF_MAP_DELETE_BATCH.
+    MapBatch,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 9] = [
+    pub const ALL: [Feature; 10] = [
         Feature::Tcx,
         Feature::NetnsCookieSockopt,
         Feature::SetRetval,
@@ -49,6 +51,7 @@ impl Feature {
         Feature::TunnelSource,
         Feature::SockDestroy,
         Feature::CoarseClock,
+        Feature::MapBatch,
     ];
 
     pub fn name(self) -> &'static str {
@@ -62,6 +65,7 @@ impl Feature {
             Feature::TunnelSource => "tunnel_source",
             Feature::SockDestroy => "sock_destroy",
             Feature::CoarseClock => "coarse_clock",
+            Feature::MapBatch => "map_batch",
         }
     }
 
@@ -81,6 +85,7 @@ impl Feature {
             Feature::TunnelSource => "a tunnel source address in bpf_skb_set_tunnel_key()",
             Feature::SockDestroy => "destroying sockets with sock_diag (CONFIG_INET_DIAG_DESTROY)",
             Feature::CoarseClock => "bpf_ktime_get_coarse_ns() in BPF programs",
+            Feature::MapBatch => "batched map updates and deletes (BPF_MAP_UPDATE_BATCH, BPF_MAP_DELETE_BATCH)",
         }
     }
 
@@ -96,6 +101,7 @@ impl Feature {
             Feature::TunnelSource => "6.0",
             Feature::SockDestroy => "4.5",
             Feature::CoarseClock => "5.11",
+            Feature::MapBatch => "5.6",
         }
     }
 
@@ -129,6 +135,10 @@ impl Feature {
             Feature::CoarseClock => {
                 "the veth path and the translation at the host's interfaces read the precise clock for each packet's \
                  flow time (a clocksource read, costly under some hypervisors' clocks, instead of the last tick's)"
+            }
+            Feature::MapBatch => {
+                "map entries are written and deleted one system call each: a start or an edit of many services takes \
+                 longer"
             }
         }
     }

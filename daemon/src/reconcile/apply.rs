@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use serde::Serialize;
 
 use crate::backends::{Backends, Result};
-use crate::model::Owners;
+use crate::model::{MapEntryKey, Owners};
 
 use super::originals::SysctlOriginals;
 use super::plan::{PlannedStep, Step};
@@ -50,7 +50,9 @@ pub(super) fn apply(
     let mut broken: BTreeMap<String, String> = BTreeMap::new();
     let mut skipped = 0usize;
     let mut skipped_owners = Owners::new();
-    for planned in steps {
+    let mut at = 0;
+    while let Some(planned) = steps.get(at) {
+        at += 1;
         if stopping.load(Ordering::Relaxed) {
             out.stopped = true;
             break;
@@ -79,6 +81,12 @@ pub(super) fn apply(
                 continue;
             }
         }
+        let run = map_run(&steps[at - 1..]);
+        if run > 0 {
+            out.errors.extend(apply_map_run(b, &steps[at - 1..at - 1 + run]));
+            at += run - 1;
+            continue;
+        }
         if let Err(e) = apply_one(b, &planned.step, originals) {
             if let (false, Some(link)) = (matches!(planned.step, Step::ReplaceRoute(..)), &planned.link) {
                 broken.entry(link.clone()).or_insert_with(|| planned.step.to_string());
@@ -104,6 +112,67 @@ pub(super) fn apply(
     out
 }
 
+/// Map entries written or deleted in one go at most (their values are
+/// built for it: a Maglev chunk, the largest, is 1 KiB).
+const MAP_RUN: usize = 1024;
+
+/// How many steps from the first of `steps` are one run of map writes
+/// (or deletes) to one map, which the backend carries out together (in
+/// batches where the kernel has them); 0 when the first is no map step.
+fn map_run(steps: &[PlannedStep]) -> usize {
+    let same = |a: &Step, b: &Step| match (a, b) {
+        (Step::PutMapEntry(x, _), Step::PutMapEntry(y, _)) | (Step::DeleteMapEntry(x), Step::DeleteMapEntry(y)) => {
+            x.map == y.map
+        }
+        _ => false,
+    };
+    let Some(first) = steps.first() else { return 0 };
+    if !matches!(first.step, Step::PutMapEntry(..) | Step::DeleteMapEntry(_)) || first.link.is_some() {
+        return 0;
+    }
+    steps.iter().take(MAP_RUN).take_while(|s| s.link.is_none() && same(&first.step, &s.step)).count()
+}
+
+/// Carries out a run of `map_run`: every entry is tried, each failure is
+/// its own step's error.
+fn apply_map_run(b: &mut Backends, run: &[PlannedStep]) -> Vec<StepError> {
+    // (step index in the run, error)
+    let mut failed: Vec<(usize, String)> = Vec::new();
+    match &run[0].step {
+        Step::DeleteMapEntry(_) => {
+            let keys: Vec<&MapEntryKey> =
+                run.iter().filter_map(|s| if let Step::DeleteMapEntry(k) = &s.step { Some(k) } else { None }).collect();
+            failed.extend(b.bpf.delete_map_entries(&keys).into_iter().map(|(i, e)| (i, e.to_string())));
+        }
+        _ => {
+            // (step index, key, bytes): a Maglev chunk is built here.
+            let mut entries = Vec::with_capacity(run.len());
+            for (i, s) in run.iter().enumerate() {
+                let Step::PutMapEntry(k, v) = &s.step else { continue };
+                match v.bytes() {
+                    Some(bytes) => entries.push((i, k, bytes)),
+                    // The plan writes desired values only; a read-back one is a bug.
+                    None => failed.push((i, no_bytes(k).to_string())),
+                }
+            }
+            let puts: Vec<(&MapEntryKey, &[u8])> = entries.iter().map(|(_, k, v)| (*k, v.as_ref())).collect();
+            let put = b.bpf.put_map_entries(&puts);
+            failed.extend(put.into_iter().map(|(j, e)| (entries[j].0, e.to_string())));
+        }
+    }
+    failed.sort_by_key(|(i, _)| *i);
+    let error =
+        |(i, error): (usize, String)| StepError { step: run[i].step.to_string(), owners: run[i].owners.clone(), error };
+    failed.into_iter().map(error).collect()
+}
+
+fn no_bytes(k: &MapEntryKey) -> crate::backends::BackendError {
+    crate::backends::BackendError::Bpf {
+        op: format!("update {}", k.map.name()),
+        detail: "a value read back from the kernel holds no bytes to write".to_string(),
+    }
+}
+
 fn apply_one(b: &mut Backends, step: &Step, originals: &mut SysctlOriginals) -> Result<()> {
     match step {
         Step::DeleteLink(name) => b.net.delete_link(name),
@@ -121,10 +190,7 @@ fn apply_one(b: &mut Backends, step: &Step, originals: &mut SysctlOriginals) -> 
         Step::PutMapEntry(k, v) => match v.bytes() {
             Some(bytes) => b.bpf.put_map_entry(k, &bytes),
             // The plan writes desired values only; a read-back one is a bug.
-            None => Err(crate::backends::BackendError::Bpf {
-                op: format!("update {}", k.map.name()),
-                detail: "a value read back from the kernel holds no bytes to write".to_string(),
-            }),
+            None => Err(no_bytes(k)),
         },
         Step::Attach(a) => b.bpf.attach(a),
         Step::ReplaceNftTable(rules) => b.nft.replace_mesh_table(rules),

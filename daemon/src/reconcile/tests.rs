@@ -188,6 +188,29 @@ fn a_failed_step_is_charged_to_its_owner_and_forces_a_full_resync() {
 }
 
 #[test]
+fn a_failed_entry_in_a_run_of_map_writes_is_charged_to_its_owner_and_the_rest_of_the_run_is_written() {
+    let services = |k: &FakeKernel| k.state().maps.keys().filter(|e| e.map == BpfMap::Services).count();
+    let clean = kernel();
+    reconciler(&clean).sync(&config(&format!("{WEB}{API}")), false).unwrap();
+    let all = services(&clean);
+    assert!(all >= 2, "one entry per service at least: {all}");
+
+    let k = kernel();
+    let mut r = reconciler(&k);
+    k.state().fail_next = Some("put_map_entry HM_SERVICES".into());
+    let out = r.sync(&config(&format!("{WEB}{API}")), false).unwrap();
+    assert_eq!(out.errors.len(), 1, "{:?}", out.errors);
+    assert_eq!(out.errors[0].step, "update HM_SERVICES entry");
+    assert_eq!(out.errors[0].owners.len(), 1, "one service's entry: {:?}", out.errors[0].owners);
+    assert_eq!(services(&k), all - 1, "the run's other entries are written");
+
+    let next = r.sync(&config(&format!("{WEB}{API}")), false).unwrap();
+    assert!(next.full && next.errors.is_empty());
+    assert_eq!(next.steps, ["update HM_SERVICES entry"]);
+    assert_eq!(services(&k), all);
+}
+
+#[test]
 fn a_link_in_the_way_is_recreated_with_everything_on_it() {
     let k = kernel();
     let mut r = reconciler(&k);

@@ -18,6 +18,7 @@
 mod affinity;
 pub mod asm;
 pub(crate) mod attached;
+mod batch;
 mod conntrack;
 pub(crate) mod features;
 mod flows_drop;
@@ -37,9 +38,10 @@ mod tc;
 pub(crate) mod traffic;
 
 use std::collections::BTreeMap;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 
+use self::batch::{Batching, Written};
 use self::hooks::Hooks;
 use self::load::Loader;
 use self::pins::PinDir;
@@ -50,6 +52,11 @@ use crate::model::*;
 pub(crate) struct PinnedBpf {
     maps: Loader,
     hooks: Hooks,
+    /// How map entries are written: in batches where the kernel has the
+    /// batch commands (`Feature::MapBatch`), but not to the maps whose
+    /// type refused them.
+    batching: Batching,
+    batch_refused: std::collections::BTreeSet<BpfMap>,
 }
 
 fn bpf_err(op: impl Into<String>, detail: impl ToString) -> BackendError {
@@ -84,8 +91,40 @@ pub fn raise_memlock_limit() {
 impl PinnedBpf {
     pub(crate) fn new(dir: &Path, features: KernelFeatures) -> Self {
         let pins = PinDir::new(dir);
+        let batching = if features.has(Feature::MapBatch) { Batching::Batched } else { Batching::OneAtATime };
         let maps = Loader::new(pins.clone(), features);
-        PinnedBpf { hooks: Hooks::new(pins, &maps), maps }
+        PinnedBpf { hooks: Hooks::new(pins, &maps), maps, batching, batch_refused: Default::default() }
+    }
+
+    /// Writes or deletes the entries of `keys`, a run of one map each
+    /// (split where the map changes), with `write`; failures by index in
+    /// `keys`.
+    fn in_runs(
+        &mut self,
+        keys: &[&MapEntryKey],
+        op: &str,
+        mut write: impl FnMut(&crate::abi::MapDef, BorrowedFd<'_>, std::ops::Range<usize>, Batching) -> Written,
+    ) -> Vec<(usize, BackendError)> {
+        let mut failed = Vec::new();
+        let mut from = 0;
+        for run in keys.chunk_by(|a, b| a.map == b.map) {
+            let (map, range) = (run[0].map, from..from + run.len());
+            from += run.len();
+            let how = if self.batch_refused.contains(&map) { Batching::OneAtATime } else { self.batching };
+            let written = match self.maps.map_fd(map.map()) {
+                Ok(fd) => write(map.map().def(), fd.as_fd(), range.clone(), how),
+                Err(e) => {
+                    failed.extend(range.map(|i| (i, bpf_err(format!("{op} {}", map.name()), &e))));
+                    continue;
+                }
+            };
+            if written.batch_refused {
+                self.batch_refused.insert(map);
+            }
+            let op = |e: std::io::Error| bpf_err(format!("{op} {}", map.name()), e);
+            failed.extend(written.failed.into_iter().map(|(i, e)| (range.start + i, op(e))));
+        }
+        failed
     }
 
     /// Removes hostmesh's clsact filters (and the qdiscs it added, when
@@ -156,6 +195,27 @@ impl BpfBackend for PinnedBpf {
             sys::map_delete(fd.as_fd(), &key.key)
         };
         result.map_err(|e| bpf_err(format!("delete from {}", def.name), e))
+    }
+
+    fn put_map_entries(&mut self, entries: &[(&MapEntryKey, &[u8])]) -> Vec<(usize, BackendError)> {
+        let keys: Vec<&MapEntryKey> = entries.iter().map(|e| e.0).collect();
+        self.in_runs(&keys, "update", |_, fd, range, how| {
+            let run: Vec<(&[u8], &[u8])> = entries[range].iter().map(|(k, v)| (&k.key[..], *v)).collect();
+            batch::update(fd, &run, how)
+        })
+    }
+
+    fn delete_map_entries(&mut self, keys: &[&MapEntryKey]) -> Vec<(usize, BackendError)> {
+        self.in_runs(keys, "delete from", |def, fd, range, how| {
+            let run: Vec<&[u8]> = keys[range].iter().map(|k| &k.key[..]).collect();
+            if is_array(def) {
+                // An array's entry is deleted by zeroing it.
+                let zeros = vec![0u8; def.value_size as usize];
+                batch::update(fd, &run.iter().map(|k| (*k, &zeros[..])).collect::<Vec<_>>(), how)
+            } else {
+                batch::delete(fd, &run, how)
+            }
+        })
     }
 
     fn attachments(&mut self) -> Result<BTreeMap<Attachment, AttachStatus>> {

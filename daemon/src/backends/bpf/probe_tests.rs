@@ -595,4 +595,5 @@ fn pseudo6_of(s: std::net::Ipv6Addr, d: std::net::Ipv6Addr, next: u8, len: usize
     b.chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum()
 }
 
+mod batch_tests;
 mod external_tests;

@@ -18,13 +18,13 @@ use aya_obj::generated::{bpf_attr, bpf_link_info, bpf_map_info, bpf_prog_info, B
 
 /// A zeroed `bpf_attr`: the kernel requires every byte a command does not
 /// use to be zero.
-fn attr() -> bpf_attr {
+pub(super) fn attr() -> bpf_attr {
     // SAFETY: bpf_attr is a union of integer-only structs; all zeroes is a
     // valid value of each.
     unsafe { zeroed() }
 }
 
-fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<i64> {
+pub(super) fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<i64> {
     // SAFETY: attr is a whole, zero-initialised bpf_attr, and every pointer
     // set in it outlives the call.
     let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd as libc::c_long, attr as *mut bpf_attr, size_of::<bpf_attr>()) };
@@ -62,8 +62,7 @@ pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
     bpf(BPF_OBJ_GET, &mut a).map(fd_from)
 }
 
-/// A map of no name, held only by the returned fd (tests).
-#[cfg(test)]
+/// A map of no name, held only by the returned fd (the batch probe, tests).
 pub fn map_create(map_type: u32, key_size: u32, value_size: u32, max_entries: u32) -> io::Result<OwnedFd> {
     let mut a = attr();
     a.__bindgen_anon_1.map_type = map_type;
