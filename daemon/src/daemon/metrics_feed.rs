@@ -39,14 +39,16 @@ impl MetricsFeed {
         self.listening.follow(config.daemon.metrics_listen, log, |addr| self.metrics.serve(addr));
     }
 
-    /// Hands the endpoint `status` and the configuration (nothing while it
-    /// is off); the scrape thread builds its snapshot from them.
-    pub(super) fn publish(&mut self, config: &Arc<Config>, status: Status, want: Option<&Desired>, generation: u64) {
+    /// Hands the endpoint `status` (a copy: the services' rows, which the
+    /// endpoint does not use, are not in it yet) and the configuration
+    /// (nothing while it is off); the scrape thread builds its snapshot
+    /// from them.
+    pub(super) fn publish(&mut self, config: &Arc<Config>, status: &Status, want: Option<&Desired>, generation: u64) {
         if !self.listening.serving() {
             return;
         }
-        let maps = self.map_rows(config, &status, want, generation);
-        self.metrics.publish(Published::new(config, status, maps));
+        let maps = self.map_rows(config, status, want, generation);
+        self.metrics.publish(Published::new(config, status.clone(), maps));
     }
 
     /// Every map's capacity; the entries of those the daemon writes (from

@@ -15,9 +15,10 @@
 //! | `SidecarWatch` | `sidecar_watch.rs` | the sidecar registrar |
 //! | `MetricsFeed` | `metrics_feed.rs` | the counters and the endpoint |
 //! | `ServiceHealthFeed` | `service_health_feed.rs` | the service health endpoint |
+//! | `StatusWriter` | `status_write.rs` | the status file's writer thread and the status it will write next |
 //!
 //! `Daemon` joins them: `sync.rs` runs one sync through each in turn,
-//! `status_write.rs` writes what they report. `run` builds the live
+//! `status_write.rs` builds what they report and hands it to the writer. `run` builds the live
 //! backends and threads; the loop takes them as `Parts`, so unit tests
 //! (`tests.rs`) drive it on fakes.
 
@@ -124,6 +125,7 @@ pub(super) struct Daemon {
     sidecars: sidecar_watch::SidecarWatch,
     metrics: metrics_feed::MetricsFeed,
     service_health: service_health_feed::ServiceHealthFeed,
+    status_writer: status_write::StatusWriter,
 }
 
 pub(crate) fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
@@ -213,6 +215,7 @@ impl Daemon {
             sidecars: sidecar_watch::SidecarWatch::new(parts.sidecars),
             metrics: metrics_feed::MetricsFeed::new(crate::metrics::Metrics::new(traffic)),
             service_health: Default::default(),
+            status_writer: status_write::StatusWriter::start(paths.state_dir.clone(), log.clone()),
             paths,
             log,
         }
@@ -227,6 +230,7 @@ impl Daemon {
     fn stop(&mut self) -> Result<(), RunError> {
         self.notifier.stopping();
         info!(self.log, "stopping; programs, maps, routes and links stay in place"; "generation" => self.runner.generation);
+        self.status_writer.flush();
         if let Ok(mut status) = Status::read(&self.paths.state_dir) {
             status.stopped = true;
             status.updated_at = crate::clock::now_unix();

@@ -105,23 +105,55 @@ fn object(kind: ObjectKind, name: &str, origin: Option<String>, detail: String, 
     }
 }
 
-/// Per-object status: every configured object, plus the shared
-/// connect-time programs and bpfnat veth when they are in use.
+/// Per-object status: every configured object but the services (whose
+/// rows `ServiceRows` renders off the sync loop, to go at the index
+/// returned), plus the shared connect-time programs and bpfnat veth when
+/// they are in use.
 pub(crate) fn objects(
     loaded: &Loaded,
     outcome: &SyncOutcome,
     d: &Desired,
     registrations: &std::collections::BTreeMap<crate::abi::SockKey, Registration>,
     health: Option<&dyn PeerProbe>,
-) -> Vec<ObjectStatus> {
+) -> (Vec<ObjectStatus>, usize) {
     let index = ErrorIndex::new(&outcome.errors);
     let mut out = shared_objects(d, &index);
-    out.extend(service_objects(loaded, d, &index));
+    let services_at = out.len();
     out.extend(mesh_objects(loaded, d, registrations, &index));
     if let Some(g) = &loaded.config.gateway {
         out.extend(gateway_objects(loaded, g, d, health, &index));
     }
-    out
+    (out, services_at)
+}
+
+/// The services' rows of the status, rendered on the status writer's
+/// thread (100,000 of them take tens of milliseconds) from what a sync
+/// leaves: the configuration loaded, the sync's errors, and the two facts
+/// of its desired state a row shows.
+pub(crate) struct ServiceRows {
+    config: std::sync::Arc<crate::config::Config>,
+    veth: bool,
+    connect_time: crate::config::CtlbMode,
+    errors: Vec<StepError>,
+}
+
+impl ServiceRows {
+    pub(crate) fn of(loaded: &Loaded, outcome: &SyncOutcome, d: &Desired) -> Self {
+        Self::new(std::sync::Arc::clone(&loaded.config), d.links.contains_key(NATIN), d.connect_time, &outcome.errors)
+    }
+
+    pub(crate) fn new(
+        config: std::sync::Arc<crate::config::Config>,
+        veth: bool,
+        connect_time: crate::config::CtlbMode,
+        errors: &[StepError],
+    ) -> Self {
+        ServiceRows { config, veth, connect_time, errors: errors.to_vec() }
+    }
+
+    pub(crate) fn render(&self) -> Vec<ObjectStatus> {
+        service_objects(&self.config, self.veth, self.connect_time, &ErrorIndex::new(&self.errors))
+    }
 }
 
 /// The connect-time programs (on their cgroup) and the bpfnat veth, when
@@ -172,15 +204,19 @@ fn bracketed(ip: std::net::IpAddr) -> String {
     }
 }
 
-fn service_objects(loaded: &Loaded, d: &Desired, index: &ErrorIndex) -> Vec<ObjectStatus> {
-    let veth = d.links.contains_key(NATIN);
-    let mut out = Vec::new();
-    for s in &loaded.config.services {
+fn service_objects(
+    config: &crate::config::Config,
+    veth: bool,
+    connect_time: crate::config::CtlbMode,
+    index: &ErrorIndex,
+) -> Vec<ObjectStatus> {
+    let mut out = Vec::with_capacity(config.services.len());
+    for s in &config.services {
         let mut owners = vec![Object::Service(&s.name), Object::Services];
         if veth {
             owners.push(Object::Bpfnat);
         }
-        let path = if d.connect_time.handles(s.protocol) { "connect-time" } else { "bpfnat veth" };
+        let path = if connect_time.handles(s.protocol) { "connect-time" } else { "bpfnat veth" };
         let backends: Vec<String> = s
             .backends
             .iter()

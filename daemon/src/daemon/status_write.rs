@@ -1,32 +1,135 @@
 //! The status file `hostmesh status` reads, written from what each owner
 //! reports, and handed on to the metrics endpoint.
+//!
+//! The sync loop builds the status from its owners (cheap: counts, files,
+//! the shared objects, meshes and peers) and hands it to the metrics
+//! endpoint; the services' rows (one per service) are rendered and the
+//! file written by the status writer, a thread of its own. A status newer than one still waiting replaces it: the file
+//! always ends up with the latest, and an edit never waits behind the
+//! status of the last one.
 
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
 use std::time::Instant;
 
-use slog::warn;
+use slog::{warn, Logger};
 
 use super::{report, Daemon};
 use crate::state::{Status, STATUS_VERSION};
 
-impl Daemon {
-    /// Writes the status file from the last sync and the sidecar
-    /// registrations; returns the one-line STATUS=.
-    pub(super) fn write_status(&mut self) -> String {
-        let started = Instant::now();
-        let status = self.status();
-        if let Err(e) = status.write(&self.paths.state_dir) {
-            warn!(self.log, "cannot write the status file"; "path" => Status::path(&self.paths.state_dir).display().to_string(), "error" => e.to_string());
+/// One status to write: all but the services' rows, which go at `at`.
+struct Job {
+    status: Status,
+    services: Option<(report::ServiceRows, usize)>,
+    /// When the sync loop asked for it.
+    asked: Instant,
+}
+
+#[derive(Default)]
+struct Queue {
+    next: Option<Job>,
+    writing: bool,
+    quit: bool,
+}
+
+/// The status writer's thread and its queue of (at most) one status.
+pub(super) struct StatusWriter {
+    shared: Arc<(Mutex<Queue>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl StatusWriter {
+    pub(super) fn start(state_dir: PathBuf, log: Logger) -> Self {
+        let shared: Arc<(Mutex<Queue>, Condvar)> = Arc::default();
+        let theirs = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("hm-status".into())
+            .spawn(move || write_loop(&theirs, &state_dir, &log))
+            .expect("spawn the status writer thread");
+        StatusWriter { shared, thread: Some(thread) }
+    }
+
+    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.shared.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues `job`, replacing one not begun yet.
+    fn submit(&self, job: Job) {
+        self.queue().next = Some(job);
+        self.shared.1.notify_all();
+    }
+
+    /// Returns once every status queued so far is written.
+    pub(super) fn flush(&self) {
+        let mut q = self.queue();
+        while q.next.is_some() || q.writing {
+            q = self.shared.1.wait(q).unwrap_or_else(PoisonError::into_inner);
         }
+    }
+}
+
+impl Drop for StatusWriter {
+    fn drop(&mut self) {
+        self.flush();
+        self.queue().quit = true;
+        self.shared.1.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn write_loop(shared: &(Mutex<Queue>, Condvar), state_dir: &std::path::Path, log: &Logger) {
+    let (lock, ready) = shared;
+    loop {
+        let job = {
+            let mut q = lock.lock().unwrap_or_else(PoisonError::into_inner);
+            loop {
+                if let Some(job) = q.next.take() {
+                    q.writing = true;
+                    break job;
+                }
+                if q.quit {
+                    return;
+                }
+                q = ready.wait(q).unwrap_or_else(PoisonError::into_inner);
+            }
+        };
+        write(job, state_dir, log);
+        lock.lock().unwrap_or_else(PoisonError::into_inner).writing = false;
+        ready.notify_all();
+    }
+}
+
+fn write(job: Job, state_dir: &std::path::Path, log: &Logger) {
+    let Job { mut status, services, asked } = job;
+    if let Some((rows, at)) = services {
+        let rows = rows.render();
+        status.objects.splice(at..at, rows);
+    }
+    if let Err(e) = status.write(state_dir) {
+        warn!(log, "cannot write the status file"; "path" => Status::path(state_dir).display().to_string(), "error" => e.to_string());
+    }
+    // bench/scale reads this (HOSTMESH_DEBUG=1): from the sync loop's
+    // asking to the file written.
+    slog::debug!(log, "status written"; "duration_ms" => asked.elapsed().as_millis() as u64);
+}
+
+impl Daemon {
+    /// Builds the status from the last sync and the owners' reports and
+    /// queues it for the status writer; returns the one-line STATUS=.
+    pub(super) fn write_status(&mut self) -> String {
+        let asked = Instant::now();
+        let (status, services) = self.status();
         let line = report::status_line(&status);
-        let config = std::sync::Arc::clone(self.config.config());
-        self.metrics.publish(&config, status, self.runner.reconciler.desired(), self.runner.generation);
-        // bench/scale reads this (HOSTMESH_DEBUG=1): the status of every
-        // object is part of an edit's cost.
-        slog::debug!(self.log, "status written"; "duration_ms" => started.elapsed().as_millis() as u64);
+        let config = Arc::clone(self.config.config());
+        self.metrics.publish(&config, &status, self.runner.reconciler.desired(), self.runner.generation);
+        self.status_writer.submit(Job { status, services, asked });
         line
     }
 
-    fn status(&self) -> Status {
+    fn status(&self) -> (Status, Option<(report::ServiceRows, usize)>) {
         let loaded = &self.config.loaded;
         let outcome = self.runner.last_outcome.as_ref();
         // The desired state of that sync (the reconciler keeps it).
@@ -35,7 +138,12 @@ impl Daemon {
         let backends = crate::health::report(&loaded.config, self.backend_health.applied());
         let mut counts = report::counts(loaded, desired, peers, &self.sweeper.last);
         counts.backends_down = backends.iter().filter(|b| b.state == crate::state::BackendState::Down).count();
-        Status {
+        let objects = outcome.zip(desired).map(|(o, d)| {
+            let (objects, at) = report::objects(loaded, o, d, self.sidecars.report(), peers);
+            (objects, (report::ServiceRows::of(loaded, o, d), at))
+        });
+        let (objects, services) = objects.map_or((Vec::new(), None), |(objects, rows)| (objects, Some(rows)));
+        let status = Status {
             version: STATUS_VERSION,
             pid: std::process::id(),
             started_at: self.started_at,
@@ -54,10 +162,7 @@ impl Daemon {
                 .iter()
                 .map(|s| crate::state::SkippedEntry { path: s.path.clone(), reason: s.reason.clone() })
                 .collect(),
-            objects: outcome
-                .zip(desired)
-                .map(|(o, d)| report::objects(loaded, o, d, self.sidecars.report(), peers))
-                .unwrap_or_default(),
+            objects,
             warnings: desired
                 .map(|d| d.warnings.clone())
                 .unwrap_or_default()
@@ -68,6 +173,94 @@ impl Daemon {
                 .collect(),
             kernel: Some(report::kernel(&self.features, loaded.config.daemon.tc_attach)),
             backends,
+        };
+        (status, services)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{Counts, ObjectKind, ObjectState, ObjectStatus, SyncSummary};
+
+    fn status(generation: u64, objects: &[&str]) -> Status {
+        Status {
+            version: STATUS_VERSION,
+            pid: 1,
+            started_at: 0,
+            updated_at: 0,
+            config_dir: "/etc/hostmesh".into(),
+            bpffs: "/sys/fs/bpf/hostmesh".into(),
+            generation,
+            resync_interval_ms: 30_000,
+            ready: true,
+            stopped: false,
+            last_sync: SyncSummary::default(),
+            counts: Counts::default(),
+            files: vec![],
+            skipped: vec![],
+            objects: objects
+                .iter()
+                .map(|name| ObjectStatus {
+                    kind: ObjectKind::Mesh,
+                    name: name.to_string(),
+                    origin: None,
+                    state: ObjectState::Applied,
+                    detail: String::new(),
+                    errors: vec![],
+                    since: None,
+                })
+                .collect(),
+            warnings: vec![],
+            kernel: None,
+            backends: vec![],
         }
+    }
+
+    fn writer() -> (StatusWriter, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        (StatusWriter::start(dir.path().to_path_buf(), Logger::root(slog::Discard, slog::o!())), dir)
+    }
+
+    #[test]
+    fn the_file_ends_with_the_last_status_asked_for_and_flush_waits_for_it() {
+        let (w, dir) = writer();
+        for generation in 1..=200 {
+            w.submit(Job { status: status(generation, &[]), services: None, asked: Instant::now() });
+        }
+        w.flush();
+        assert_eq!(Status::read(dir.path()).unwrap().generation, 200);
+        {
+            let q = w.queue();
+            assert!(q.next.is_none() && !q.writing, "flush returned with a status still to write");
+        }
+        // Dropping the writer writes what is queued first.
+        w.submit(Job { status: status(201, &[]), services: None, asked: Instant::now() });
+        drop(w);
+        assert_eq!(Status::read(dir.path()).unwrap().generation, 201);
+    }
+
+    #[test]
+    fn the_services_rows_are_rendered_on_the_writers_thread_at_their_place() {
+        let config = crate::config::from_text(
+            "[[service]]\nname = \"web\"\nvip = \"10.96.0.10\"\nport = 80\nbackends = [\"192.168.1.1:80\"]\n\
+             [[service]]\nname = \"api\"\nvip = \"10.96.0.20\"\nport = 443\n",
+        );
+        let error = crate::reconcile::StepError {
+            step: "update HM_SERVICES entry".into(),
+            owners: ["service/api"].into(),
+            error: "bpf: update HM_SERVICES: Argument list too long".into(),
+        };
+        let rows = report::ServiceRows::new(Arc::new(config), false, crate::config::CtlbMode::Tcp, &[error]);
+        let (w, dir) = writer();
+        w.submit(Job { status: status(3, &["before", "after"]), services: Some((rows, 1)), asked: Instant::now() });
+        w.flush();
+        let written = Status::read(dir.path()).unwrap();
+        let names: Vec<&str> = written.objects.iter().map(|o| o.name.as_str()).collect();
+        assert_eq!(names, ["before", "web", "api", "after"]);
+        assert_eq!(written.objects[1].detail, "10.96.0.10:80/tcp -> 192.168.1.1:80 (connect-time)");
+        assert_eq!(written.objects[1].state, ObjectState::Applied);
+        assert_eq!(written.objects[2].state, ObjectState::Error);
+        assert!(written.objects[2].errors[0].contains("Argument list too long"), "{:?}", written.objects[2].errors);
     }
 }

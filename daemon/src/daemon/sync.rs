@@ -53,7 +53,14 @@ impl Daemon {
         match ran {
             Ran::Done { first_ready } => {
                 // READY=1 after every completed sync: the first tells
-                // systemd we started; later ones end a RELOADING=1.
+                // systemd we started; later ones end a RELOADING=1. After
+                // a full sync (the start, a reload) the status file shows
+                // it first, so `systemctl start` or `reload` followed by
+                // `hostmesh status` sees what it did; an edit's status
+                // follows it on the writer's thread.
+                if full {
+                    self.status_writer.flush();
+                }
                 self.notifier.ready(&line);
                 if first_ready {
                     info!(self.log, "ready"; "status" => line);
