@@ -43,6 +43,10 @@ pub(crate) fn build(backends: &[Entry], size: u32) -> Vec<u32> {
     if backends.is_empty() {
         return Vec::new();
     }
+    if backends.len() == 1 {
+        // Every slot is the one backend's (what the walk below gives).
+        return vec![0; size as usize];
+    }
     let m = size as u64;
     // Walk backends in a canonical order so config order does not matter.
     let mut order: Vec<usize> = (0..backends.len()).collect();
@@ -163,6 +167,14 @@ mod tests {
             // Adding one to n is the same change seen the other way.
             let added = moved(&t_fewer, &fewer, &t_all, &all);
             assert!(added <= bound, "add 1 to {n}: moved {added:.4} > {bound:.4}");
+        }
+    }
+
+    #[test]
+    fn one_backend_takes_every_slot() {
+        for weight in [1, 7] {
+            let one = [Entry { addr: "10.1.0.1:8080".parse().unwrap(), weight }];
+            assert_eq!(build(&one, 251), vec![0; 251]);
         }
     }
 
