@@ -52,9 +52,15 @@ fn batch_attr(fd: BorrowedFd<'_>, keys: &[u8], values: Option<&[u8]>, count: usi
 fn batch_result(result: io::Result<i64>, a: &bpf_attr, count: usize) -> Result<(), BatchStop> {
     match result {
         Ok(_) => Ok(()),
-        // SAFETY: the kernel writes back the batch view it was given: the
-        // entries it carried out.
-        Err(error) => Err(BatchStop { done: (unsafe { a.batch.count } as usize).min(count), error }),
+        Err(error) => {
+            // SAFETY: the batch view is the one given, which the kernel
+            // writes back with the entries it carried out, when it began.
+            let count_back = unsafe { a.batch.count } as usize;
+            // A command refused before any entry (a map type without it)
+            // leaves the count as it was: nothing was done.
+            let done = if count_back >= count { 0 } else { count_back };
+            Err(BatchStop { done, error })
+        }
     }
 }
 
@@ -184,12 +190,13 @@ fn run_batches(
         };
         let stopped_at = at + stop.done;
         match alone(stopped_at) {
-            // The entry goes in alone: the command itself was refused (a
-            // kernel or map type without it) when nothing of the batch was
-            // done and the kernel said "not supported"; the rest go one at
-            // a time.
-            Ok(()) if stop.done == 0 && not_supported(&stop.error) => {
-                written.batch_refused = true;
+            // The entry goes in alone, but the batch did nothing: the
+            // command itself failed (a kernel or map type without it; a
+            // missing key, which stops a batch delete, aside): the rest go
+            // one at a time, and this map's next writes too when the
+            // kernel said it lacks the command.
+            Ok(()) if stop.done == 0 && stop.error.raw_os_error() != Some(libc::ENOENT) => {
+                written.batch_refused = not_supported(&stop.error);
                 return one_at_a_time(stopped_at + 1, n, alone, written);
             }
             // Done by now (a delete of a key that is not there, which
@@ -308,6 +315,28 @@ mod tests {
         );
         assert!(w.failed.is_empty() && !w.batch_refused);
         assert_eq!(*calls.borrow(), ["batch 0", "alone 0", "batch 1"]);
+    }
+
+    #[test]
+    fn a_command_refused_without_a_count_written_back_gets_every_entry_one_at_a_time() {
+        // Kernels answer a map type without batches before touching the
+        // count: it reads back as the count sent.
+        let calls = RefCell::new(Vec::new());
+        let written = RefCell::new(Vec::new());
+        let alone = |i: usize| {
+            calls.borrow_mut().push(format!("alone {i}"));
+            written.borrow_mut().push(i);
+            Ok(())
+        };
+        let w = run_batches(3, alone, |at| {
+            calls.borrow_mut().push(format!("batch {at}"));
+            let mut a = attr();
+            a.batch.count = (3 - at) as u32;
+            (3 - at, batch_result(Err(err(524)), &a, 3 - at))
+        });
+        assert!(w.batch_refused && w.failed.is_empty());
+        assert_eq!(*calls.borrow(), ["batch 0", "alone 0", "alone 1", "alone 2"]);
+        assert_eq!(*written.borrow(), [0, 1, 2], "no entry skipped");
     }
 
     #[test]
