@@ -218,8 +218,13 @@ fn plan_additions(
             steps.push(Step::ReplaceNeighbour(k.clone(), w.spec.clone()), &w.owners);
         }
     }
+    // Both maps are sorted by key: one walk side by side, not a lookup
+    // per entry (565,545 entries at 100,000 services).
+    let mut kernel = have.map_entries.iter().peekable();
     for (k, w) in &want.map_entries {
-        if have.map_entries.get(k) != Some(&w.spec) {
+        while kernel.next_if(|(h, _)| *h < k).is_some() {}
+        let current = kernel.peek().filter(|(h, _)| *h == k).map(|(_, v)| *v);
+        if current != Some(&w.spec) {
             steps.push(Step::PutMapEntry(k.clone(), w.spec.clone()), &w.owners);
         }
     }
@@ -270,8 +275,13 @@ fn plan_removals(steps: &mut Steps, have: &Observed, want: &Desired, sysctl_orig
         steps.push(Step::DeleteNftTable, &none);
     }
     // Reverse order: a service goes before the table and backends it uses.
-    for k in have.map_entries.keys().rev().filter(|k| !want.map_entries.contains_key(*k)) {
-        steps.push(Step::DeleteMapEntry(k.clone()), &none);
+    // Both sorted: one walk side by side, as for the puts.
+    let mut wanted = want.map_entries.keys().rev().peekable();
+    for k in have.map_entries.keys().rev() {
+        while wanted.next_if(|w| *w > k).is_some() {}
+        if wanted.peek() != Some(&k) {
+            steps.push(Step::DeleteMapEntry(k.clone()), &none);
+        }
     }
     for k in have.neighbours.keys().filter(|k| !want.neighbours.contains_key(*k)) {
         steps.push(Step::DeleteNeighbour(k.clone()), &none);

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::backends::{BackendError, Backends, BpfSettings};
 use crate::config::{Config, MeshBackend};
-use crate::model::incremental::{recompile, Compiled, Touched};
+use crate::model::incremental::{self, recompile, Compiled, Touched};
 use crate::model::{compile_unless_stopped, gateway, Desired, HostFacts, Observed, Prior, Via};
 
 use super::apply::{apply, Applied, StepError};
@@ -24,6 +24,9 @@ use super::plan::plan;
 /// touched, or a compile of everything.
 enum Want {
     Patched(Box<Compiled>, Touched),
+    /// A full sync's: the last compile, nothing it was made from having
+    /// changed.
+    Kept(Box<Compiled>),
     Compiled(Desired),
 }
 
@@ -140,8 +143,10 @@ impl Reconciler {
         let mut mark = started;
         let facts = self.host_facts(config)?;
         let (want, observed) = self.want(config, &facts, full, &mut phases, &mut mark)?;
+        let kept = matches!(want, Want::Kept(_));
         let (compiled, touched) = match want {
             Want::Patched(c, touched) => (*c, Some(touched)),
+            Want::Kept(c) => (*c, None),
             Want::Compiled(_) if self.stopping.load(Ordering::Relaxed) => {
                 // A partial compile is never planned, let alone applied.
                 return Ok(SyncOutcome {
@@ -182,7 +187,7 @@ impl Reconciler {
         phases.record = lap(&mut mark);
         Ok(SyncOutcome {
             full,
-            patched: touched.is_some(),
+            patched: touched.is_some() || kept,
             step_count,
             steps: described,
             errors,
@@ -232,20 +237,36 @@ impl Reconciler {
             };
             return Ok((want, None));
         }
+        // A full sync starts from the kernel: the baseline is not needed.
+        // Nor is the last compile unless nothing it was made from changed
+        // (a SIGHUP or periodic resync of the same configuration): then it
+        // is what a compile would give, and the sync costs the kernel's
+        // dump and a diff. Holding an old compile beside a new one doubled
+        // a resync's memory (100,000 services).
+        self.last_applied = None;
+        let kept = self.compiled.take().and_then(|c| incremental::keep(c, config, facts));
         phases.compile += lap(mark);
         let mut have = observe(&mut self.backends)?;
         phases.observe = lap(mark);
-        // A full sync starts from the kernel: the last compile and baseline
-        // are not needed, and holding them beside the new ones doubled a
-        // resync's memory (100,000 services).
-        self.compiled = None;
-        self.last_applied = None;
-        let want = compile_unless_stopped(config, facts, &Prior::from_entries(have.map_entries.iter()), &self.stopping);
-        let paths: BTreeSet<String> = want.sysctls.keys().chain(self.originals.values().keys()).cloned().collect();
+        let want = match kept {
+            Some(c) => Want::Kept(Box::new(c)),
+            None => Want::Compiled(compile_unless_stopped(
+                config,
+                facts,
+                &Prior::from_entries(have.map_entries.iter()),
+                &self.stopping,
+            )),
+        };
+        let desired = match &want {
+            Want::Kept(c) => &c.desired,
+            Want::Compiled(d) => d,
+            Want::Patched(..) => unreachable!("a full sync does not patch"),
+        };
+        let paths: BTreeSet<String> = desired.sysctls.keys().chain(self.originals.values().keys()).cloned().collect();
         phases.compile += lap(mark);
         observe_sysctls(&mut self.backends, &paths, &mut have)?;
         phases.observe += lap(mark);
-        Ok((Want::Compiled(want), Some(have)))
+        Ok((want, Some(have)))
     }
 
     /// Keeps what was applied as the next sync's baseline (when all of it

@@ -211,6 +211,30 @@ fn a_failed_entry_in_a_run_of_map_writes_is_charged_to_its_owner_and_the_rest_of
 }
 
 #[test]
+fn a_full_resync_of_the_same_configuration_keeps_the_last_compile_and_still_repairs_the_kernel() {
+    let k = kernel();
+    let mut r = reconciler(&k);
+    let both = config(&format!("{WEB}{API}"));
+    r.sync(&both, false).unwrap();
+    let services = |k: &FakeKernel| k.state().maps.keys().filter(|e| e.map == BpfMap::Services).count();
+    let all = services(&k);
+    // Someone deletes an entry by hand.
+    let gone = k.state().maps.keys().find(|e| e.map == BpfMap::Services).cloned().unwrap();
+    k.state().maps.remove(&gone);
+
+    // The same text loaded again: an equal configuration, not the same Arc.
+    let out = r.sync(&config(&format!("{WEB}{API}")), true).unwrap();
+    assert!(out.full && out.patched, "nothing changed: the last compile is kept");
+    assert_eq!(out.steps, ["update HM_SERVICES entry"], "the kernel is still read and repaired");
+    assert_eq!(services(&k), all);
+
+    // A changed service: a full sync compiles again.
+    let out = r.sync(&config(&format!("{WEB}{}", API.replace("443", "8443"))), true).unwrap();
+    assert!(out.full && !out.patched && out.errors.is_empty());
+    assert!(k.state().maps.keys().filter(|e| e.map == BpfMap::Services).count() >= all);
+}
+
+#[test]
 fn a_link_in_the_way_is_recreated_with_everything_on_it() {
     let k = kernel();
     let mut r = reconciler(&k);

@@ -271,6 +271,19 @@ pub(crate) fn recompile(mut prev: Compiled, config: &Arc<Config>, facts: &HostFa
 
 /// Whether everything but `[[service]]` entries is as `prev` compiled it
 /// (and that compile was clean, with services before and after).
+/// The last compile, kept for `config` and `facts` when nothing it was
+/// compiled from changed (what a full compile would give; a full sync
+/// then reads the kernel again without compiling), or None.
+pub(crate) fn keep(mut prev: Compiled, config: &Arc<Config>, facts: &HostFacts) -> Option<Compiled> {
+    let same = Arc::ptr_eq(&prev.config, config) || prev.config.services == config.services;
+    if !(same && only_services_changed(&prev, config, facts)) {
+        return None;
+    }
+    prev.config = Arc::clone(config);
+    prev.facts = facts.clone();
+    Some(prev)
+}
+
 fn only_services_changed(prev: &Compiled, config: &Config, facts: &HostFacts) -> bool {
     let old = &prev.config;
     prev.desired.warnings.is_empty()
