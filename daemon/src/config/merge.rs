@@ -9,7 +9,12 @@
 //! becomes invalid keeps its last good version in force, and the config in
 //! force is always consistent.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::quality::RandomState;
+
+/// The registry's maps: hashed with foldhash (seeded per process), several
+/// times cheaper than SipHash on 100,000 names and addresses per load.
+type HashMap<K, V> = std::collections::HashMap<K, V, RandomState>;
+type HashSet<T> = std::collections::HashSet<T, RandomState>;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
@@ -373,10 +378,10 @@ fn merge_with<'a>(files: &'a [(PathBuf, Vec<&'a FileConfig>)], limits: Limits) -
         .fold((0, 0), |(s, m), f| (s + f.services.len(), m + f.meshes.len()));
     let mut registry = Registry {
         limits,
-        names: HashMap::with_capacity(services + meshes),
-        services: HashMap::with_capacity(services),
-        meshes: HashMap::with_capacity(meshes),
-        backends: HashSet::with_capacity(services),
+        names: HashMap::with_capacity_and_hasher(services + meshes, RandomState::default()),
+        services: HashMap::with_capacity_and_hasher(services, RandomState::default()),
+        meshes: HashMap::with_capacity_and_hasher(meshes, RandomState::default()),
+        backends: HashSet::with_capacity_and_hasher(services, RandomState::default()),
         ..Registry::default()
     };
     let mut config = Config::default();

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -343,7 +344,7 @@ pub(crate) struct Member {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct FileConfig {
     pub daemon: Option<DaemonSettings>,
-    pub services: Vec<Service>,
+    pub services: Vec<Arc<Service>>,
     pub meshes: Vec<Mesh>,
     pub gateway: Option<Gateway>,
     pub peers: Vec<Peer>,
@@ -354,7 +355,7 @@ pub(crate) struct FileConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub(crate) struct Config {
     pub daemon: DaemonSettings,
-    pub services: Vec<Service>,
+    pub services: Vec<Arc<Service>>,
     pub meshes: Vec<Mesh>,
     pub gateway: Option<Gateway>,
     pub peers: Vec<Peer>,

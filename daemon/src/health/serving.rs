@@ -40,14 +40,16 @@ pub(crate) fn serving<'c>(config: &'c Config, states: &BTreeMap<BackendKey, Back
         }
     };
     let affected = |s: &Service| s.backends.iter().any(|b| !serves(s, b));
-    if !config.services.iter().any(affected) {
+    if !config.services.iter().any(|s| affected(s)) {
         return Cow::Borrowed(config);
     }
+    // The services are shared: only those whose serving set differs from
+    // their configured one are copied.
     let mut out = config.clone();
     for s in &mut out.services {
-        if s.health_check.is_some() || s.backends.iter().any(|b| b.weight == 0) {
+        if affected(s) {
             let kept = s.backends.iter().filter(|b| serves(s, b)).cloned().collect();
-            s.backends = kept;
+            std::sync::Arc::make_mut(s).backends = kept;
         }
     }
     Cow::Owned(out)

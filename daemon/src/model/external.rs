@@ -33,7 +33,7 @@ pub(crate) fn backend_addresses(config: &Config) -> Vec<IpAddr> {
 }
 
 pub(super) fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
-    let services: Vec<&Service> = config.services.iter().filter(|s| s.serves_network()).collect();
+    let services: Vec<&Service> = config.services.iter().filter(|s| s.serves_network()).map(|s| &**s).collect();
     if services.is_empty() {
         return;
     }

@@ -160,7 +160,7 @@ pub(crate) fn compile_unless_stopped(
     let reach = config
         .services
         .iter()
-        .any(crate::config::Service::serves_network)
+        .any(|s| s.serves_network())
         .then(|| reach::Reach::new(bpfnat::host_interfaces(config, facts, &mut Vec::new())));
     services::compile(config, facts, prior, reach.as_ref(), &mut out, stopping);
     bpfnat::compile(config, facts, &mut out);

@@ -40,7 +40,7 @@ pub(super) fn compile(
     let cfg = HmConfig {
         netns_cookie: facts.netns_cookie,
         flags: ctlb_flags(out.connect_time)
-            | if config.services.iter().any(Service::serves_network) { abi::CFG_EXTERNAL } else { 0 },
+            | if config.services.iter().any(|s| s.serves_network()) { abi::CFG_EXTERNAL } else { 0 },
         tcp_timeout_s: abi::secs(d.conntrack_tcp_timeout),
         udp_timeout_s: abi::secs(d.conntrack_udp_timeout),
         snat_port_min: d.snat_port_range.first,
@@ -97,7 +97,7 @@ fn assign_ids(
     warnings: &mut Vec<String>,
 ) -> Option<(BTreeMap<SvcKey, u32>, BTreeMap<SocketAddr, u32>)> {
     let d = &config.daemon;
-    let keys: BTreeSet<SvcKey> = config.services.iter().map(key_of).collect();
+    let keys: BTreeSet<SvcKey> = config.services.iter().map(|s| key_of(s)).collect();
     let backends: BTreeSet<SocketAddr> =
         config.services.iter().flat_map(|s| s.backends.iter().map(|b| b.addr)).collect();
     match (

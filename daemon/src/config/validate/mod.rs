@@ -148,7 +148,8 @@ impl Check<'_, '_> {
         // Collected into new vectors: collecting in place would keep the
         // raw tables' allocation (~670 bytes per service, 67 MB for a file
         // of 100,000) for as long as the file is in force.
-        let services = fresh(raw.service.into_iter().filter_map(|s| self.service(s.into_inner())));
+        let services =
+            fresh(raw.service.into_iter().filter_map(|s| self.service(s.into_inner())).map(std::sync::Arc::new));
         let meshes = fresh(raw.mesh.into_iter().filter_map(|m| self.mesh(m.into_inner())));
         let gateway = raw.gateway.and_then(|g| {
             let origin = Origin::at(self.src, &g.span());

@@ -303,26 +303,30 @@ fn only_services_changed(prev: &Compiled, config: &Config, facts: &HostFacts) ->
 /// entries in HM_SNAT and the host interfaces' programs and sysctls hang
 /// on every such service and on the routes to their backends.
 fn serves_network(config: &Config) -> bool {
-    config.services.iter().any(Service::serves_network)
+    config.services.iter().any(|s| s.serves_network())
 }
 
 /// The services whose old version goes (`gone`) and whose new version
 /// comes (`came`): removed, added, and changed ones in both.
-fn changed_services<'c>(old: &Config, config: &'c Config) -> (Vec<Service>, Vec<&'c Service>) {
-    fn by_name(c: &Config) -> HashMap<&str, usize> {
+fn changed_services<'c>(old: &Config, config: &'c Config) -> (Vec<Arc<Service>>, Vec<&'c Service>) {
+    type ByName<'a> = HashMap<&'a str, usize, foldhash::quality::RandomState>;
+    fn by_name(c: &Config) -> ByName<'_> {
         c.services.iter().enumerate().map(|(i, s)| (s.name.as_str(), i)).collect()
     }
     let (old_names, new_names) = (by_name(old), by_name(config));
+    // A service shared by both (an unchanged file's) is the same one.
+    let same = |a: &Arc<Service>, b: &Arc<Service>| Arc::ptr_eq(a, b) || same_service(a, b);
     let gone = old
         .services
         .iter()
-        .filter(|s| new_names.get(s.name.as_str()).is_none_or(|&i| !same_service(s, &config.services[i])))
+        .filter(|s| new_names.get(s.name.as_str()).is_none_or(|&i| !same(s, &config.services[i])))
         .cloned()
         .collect();
     let came = config
         .services
         .iter()
-        .filter(|s| old_names.get(s.name.as_str()).is_none_or(|&i| !same_service(&old.services[i], s)))
+        .filter(|s| old_names.get(s.name.as_str()).is_none_or(|&i| !same(&old.services[i], s)))
+        .map(|s| &**s)
         .collect();
     (gone, came)
 }
@@ -330,7 +334,7 @@ fn changed_services<'c>(old: &Config, config: &'c Config) -> (Vec<Service>, Vec<
 /// Updates the counts a patch must stay within (IPv6 services, Maglev
 /// chunks); `None` when the change crosses a line a full compile decides
 /// (the veth path's IPv6 sysctls, a capacity).
-fn account(prev: &mut Compiled, config: &Config, gone: &[Service], came: &[&Service]) -> Option<()> {
+fn account(prev: &mut Compiled, config: &Config, gone: &[Arc<Service>], came: &[&Service]) -> Option<()> {
     let v6 = prev.v6_services + came.iter().filter(|s| s.vip.is_ipv6()).count()
         - gone.iter().filter(|s| s.vip.is_ipv6()).count();
     if (v6 > 0) != (prev.v6_services > 0) {
@@ -350,7 +354,7 @@ fn account(prev: &mut Compiled, config: &Config, gone: &[Service], came: &[&Serv
 
 /// Ids: a key or backend no longer used frees its id first; new ones then
 /// take the lowest free ids in order, as `ids::assign` does.
-fn reassign_ids(prev: &mut Compiled, d: &DaemonSettings, gone: &[Service], came: &[&Service]) -> Option<()> {
+fn reassign_ids(prev: &mut Compiled, d: &DaemonSettings, gone: &[Arc<Service>], came: &[&Service]) -> Option<()> {
     let came_keys: BTreeSet<SvcKey> = came.iter().map(|s| key_of(s)).collect();
     for s in gone {
         let k = key_of(s);
