@@ -169,14 +169,20 @@ impl BpfBackend for PinnedBpf {
         for map in BpfMap::ALL {
             let def = map.map().def();
             let fd = self.maps.map_fd(map.map())?;
+            // The kernel hands a hash map's entries in hash order; inserted
+            // in key order, the tree is built along its right edge, which
+            // stays in cache (400,000 Maglev chunks at 100,000 services).
+            let mut entries = Vec::new();
             sys::map_for_each(fd.as_fd(), def.key_size as usize, def.value_size as usize, |key, value| {
                 // An array always has every key; all-zero values are unset.
                 if is_array(def) && value.iter().all(|b| *b == 0) {
                     return;
                 }
-                out.insert(MapEntryKey { map, key: key.into() }, MapValue::read_back(map, value.to_vec()));
+                entries.push((MapEntryKey { map, key: key.into() }, MapValue::read_back(map, value.to_vec())));
             })
             .map_err(|e| bpf_err(format!("read map {}", def.name), e))?;
+            entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            out.extend(entries);
         }
         Ok(out)
     }

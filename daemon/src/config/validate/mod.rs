@@ -42,8 +42,7 @@ pub(crate) fn parse_file(src: &Source<'_>) -> Result<FileConfig, Vec<ConfigError
 /// any part has an error or two parts hold `[daemon]` or `[gateway]`.
 pub(super) fn parse_parts(src: &Source<'_>, parts: Vec<Range<usize>>) -> Option<FileConfig> {
     let mut file = FileConfig::default();
-    for range in parts {
-        let part = parse_whole(&src.part(range)).ok()?;
+    for part in parse_in_parallel(src, &parts)? {
         if (part.daemon.is_some() && file.daemon.is_some()) || (part.gateway.is_some() && file.gateway.is_some()) {
             return None;
         }
@@ -56,6 +55,37 @@ pub(super) fn parse_parts(src: &Source<'_>, parts: Vec<Range<usize>>) -> Option<
     }
     file.services.shrink_to_fit();
     Some(file)
+}
+
+/// Threads a large file's parts are parsed on, at most.
+const PARSE_THREADS: usize = 4;
+
+/// Each part parsed and validated on its own, the parts shared out in
+/// runs over up to `PARSE_THREADS` threads (one per CPU): in order, or
+/// `None` if any part has an error.
+fn parse_in_parallel(src: &Source<'_>, parts: &[Range<usize>]) -> Option<Vec<FileConfig>> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = cpus.min(PARSE_THREADS).min(parts.len()).max(1);
+    // Each part a source of its own (its positions the file's), made
+    // here: a source finds its lines once, on the thread that asks.
+    let mut sources = parts.iter().map(|r| src.part(r.clone()));
+    let per = parts.len().div_ceil(threads);
+    let runs: Vec<Vec<Source<'_>>> = (0..threads).map(|_| sources.by_ref().take(per).collect()).collect();
+    let parse_run =
+        |run: Vec<Source<'_>>| -> Option<Vec<FileConfig>> { run.iter().map(|p| parse_whole(p).ok()).collect() };
+    let parsed: Vec<Option<Vec<FileConfig>>> = if threads == 1 {
+        runs.into_iter().map(parse_run).collect()
+    } else {
+        std::thread::scope(|scope| {
+            let spawned: Vec<_> = runs.into_iter().map(|run| scope.spawn(move || parse_run(run))).collect();
+            spawned.into_iter().map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+        })
+    };
+    let mut out = Vec::with_capacity(parts.len());
+    for run in parsed {
+        out.extend(run?);
+    }
+    Some(out)
 }
 
 pub(super) fn parse_whole(src: &Source<'_>) -> Result<FileConfig, Vec<ConfigError>> {
