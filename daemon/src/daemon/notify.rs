@@ -7,17 +7,19 @@ use sd_notify::NotifyState;
 
 pub(crate) struct Notifier {
     enabled: bool,
+    /// RELOADING=1 was sent, and the READY=1 that ends it not yet.
+    reloading: bool,
 }
 
 impl Notifier {
     pub(crate) fn from_env() -> Self {
-        Notifier { enabled: std::env::var_os("NOTIFY_SOCKET").is_some() }
+        Notifier { enabled: std::env::var_os("NOTIFY_SOCKET").is_some(), reloading: false }
     }
 
     /// Says nothing (the daemon's unit tests).
     #[cfg(test)]
     pub(crate) fn off() -> Self {
-        Notifier { enabled: false }
+        Notifier { enabled: false, reloading: false }
     }
 
     fn send(&self, states: &[NotifyState<'_>]) {
@@ -28,8 +30,15 @@ impl Notifier {
         }
     }
 
-    pub(crate) fn ready(&self, status: &str) {
+    pub(crate) fn ready(&mut self, status: &str) {
+        self.reloading = false;
         self.send(&[NotifyState::Ready, NotifyState::Status(status)]);
+    }
+
+    /// Whether the next READY=1 ends a reload (`systemctl reload` waits
+    /// for it).
+    pub(crate) fn ends_reload(&self) -> bool {
+        self.reloading
     }
 
     pub(crate) fn status(&self, status: &str) {
@@ -37,7 +46,8 @@ impl Notifier {
     }
 
     /// `RELOADING=1` with the time of the reload, as systemd requires.
-    pub(crate) fn reloading(&self) {
+    pub(crate) fn reloading(&mut self) {
+        self.reloading = true;
         match NotifyState::monotonic_usec_now() {
             Ok(now) => self.send(&[NotifyState::Reloading, now]),
             Err(_) => self.send(&[NotifyState::Reloading]),
@@ -55,5 +65,22 @@ impl Notifier {
     /// How often to send WATCHDOG=1: half of WATCHDOG_USEC, when set for us.
     pub(crate) fn watchdog_interval(&self) -> Option<Duration> {
         sd_notify::watchdog_enabled().map(|d| d / 2).filter(|d| !d.is_zero())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ready_after_reloading_ends_the_reload_and_only_that_one() {
+        let mut n = Notifier::off();
+        assert!(!n.ends_reload(), "a start is no reload");
+        n.reloading();
+        assert!(n.ends_reload());
+        n.status("a failed sync says so, and the reload still waits");
+        assert!(n.ends_reload());
+        n.ready("done");
+        assert!(!n.ends_reload(), "a periodic resync's READY=1 ends nothing");
     }
 }

@@ -53,12 +53,13 @@ impl Daemon {
         match ran {
             Ran::Done { first_ready } => {
                 // READY=1 after every completed sync: the first tells
-                // systemd we started; later ones end a RELOADING=1. After
-                // a full sync (the start, a reload) the status file shows
-                // it first, so `systemctl start` or `reload` followed by
-                // `hostmesh status` sees what it did; an edit's status
-                // follows it on the writer's thread.
-                if full {
+                // systemd we started; later ones end a RELOADING=1. Before
+                // the READY=1 of the start or of a reload the status file
+                // shows the sync, so `systemctl start` or `reload`
+                // followed by `hostmesh status` sees what it did; an
+                // edit's or a periodic resync's status follows it on the
+                // writer's thread.
+                if first_ready || self.notifier.ends_reload() {
                     self.status_writer.flush();
                 }
                 self.notifier.ready(&line);

@@ -183,7 +183,7 @@ impl Reconciler {
         // Freed before the baseline is built: a cold start's plan (600,000
         // steps at 100,000 services) and baseline are not held at once.
         drop(steps);
-        let notes = self.record(compiled, touched.as_ref(), stopped, errors.is_empty());
+        let notes = self.record(compiled, touched.as_ref(), kept, stopped, errors.is_empty());
         phases.record = lap(&mut mark);
         Ok(SyncOutcome {
             full,
@@ -243,8 +243,10 @@ impl Reconciler {
         // is what a compile would give, and the sync costs the kernel's
         // dump and a diff. Holding an old compile beside a new one doubled
         // a resync's memory (100,000 services).
-        self.last_applied = None;
         let kept = self.compiled.take().and_then(|c| incremental::keep(c, config, facts));
+        if kept.is_none() {
+            self.last_applied = None;
+        }
         phases.compile += lap(mark);
         let mut have = observe(&mut self.backends)?;
         phases.observe = lap(mark);
@@ -272,15 +274,27 @@ impl Reconciler {
     /// Keeps what was applied as the next sync's baseline (when all of it
     /// was), and the compile for the next patch; finishes a map resize once
     /// this build's programs run. Returns the BPF backend's notes.
-    fn record(&mut self, compiled: Compiled, touched: Option<&Touched>, stopped: bool, clean: bool) -> Vec<String> {
+    fn record(
+        &mut self,
+        compiled: Compiled,
+        touched: Option<&Touched>,
+        kept: bool,
+        stopped: bool,
+        clean: bool,
+    ) -> Vec<String> {
         if stopped {
             // Part of the plan ran: the next start observes the kernel.
             self.last_applied = None;
         } else if clean {
             match (touched, self.last_applied.as_mut()) {
                 (Some(t), Some(last)) => t.apply_to(last, &compiled.desired),
+                // A kept compile's baseline, from the clean sync that
+                // applied it, is what the kernel holds again.
+                (None, Some(_)) if kept => {}
                 _ => self.last_applied = Some(compiled.desired.as_observed()),
             }
+        } else {
+            self.last_applied = None;
         }
         self.compiled = Some(compiled);
         let mut notes = self.backends.bpf.take_notes();
