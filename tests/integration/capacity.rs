@@ -132,7 +132,7 @@ fn wait_patched(t: &Topology, generation: u64, written: Instant, what: &str) -> 
 }
 
 #[test]
-fn at_100000_services_a_vip_answers_and_one_service_beside_them_comes_changes_and_goes() {
+fn at_100000_services_a_vip_answers_and_one_service_beside_them_comes_changes_and_goes_even_during_a_reload() {
     // No periodic resync: each sync the test waits for is its edit's.
     let t = Topology::new(
         "connect_time_lb = \"all\"\nservice_map_size = 131072\nbackend_map_size = 131072\nresync_interval = \"1h\"",
@@ -185,6 +185,31 @@ fn at_100000_services_a_vip_answers_and_one_service_beside_them_comes_changes_an
     assert!(answers.is_empty(), "a removed service still answered: {answers:?}");
     assert_eq!(errors.len(), 3, "{errors:?}");
     assert!(errors.iter().all(|e| e.contains("Connection refused")), "refused at once: {errors:?}");
+    // A reload, and an edit made as it runs: the edit's own sync lands
+    // before the reload's ends (its resync gives way to the edit, or runs
+    // after it when both came in one burst), not with it at its end.
+    let sync_lines = |text: &str| -> Vec<String> {
+        text.lines().filter(|l| l.contains("msg=\"sync done\"")).map(String::from).collect()
+    };
+    let log = d.log_text();
+    let (syncs_before, reloads) = (sync_lines(&log).len(), log.matches("reload requested").count());
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    hm_testkit::wait_soon("the reload requested", || d.log_text().matches("reload requested").count() > reloads)
+        .unwrap_or_else(|e| panic!("{e}"));
+    t.host.write("zz-added.toml", &one_service("192.168.10.11:8080"));
+    let since = || sync_lines(&d.log_text()).split_off(syncs_before);
+    hm_testkit::wait_soon("the reload's sync", || since().iter().any(|l| l.contains("full=true")))
+        .unwrap_or_else(|e| panic!("{e}: {:#?}", since()));
+    let syncs = since();
+    let edit = syncs.iter().position(|l| l.contains(&format!("services={} ", n + 9)) && l.contains("full=false"));
+    let reload = syncs.iter().position(|l| l.contains("full=true"));
+    assert!(
+        matches!((edit, reload), (Some(e), Some(r)) if e < r),
+        "the edit's own sync, then the reload's: {syncs:#?}"
+    );
+    let (answers, _, errors) = t.requests("tcp", "10.99.0.1", 80, 3);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(answers, [("b1".to_string(), 3)], "the service added during the reload answers");
     eprintln!(
         "{n} services: READY in {:.2} s; add {} ms, change {} ms, remove {} ms (file written → synced)",
         ready.as_secs_f64(),

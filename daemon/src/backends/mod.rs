@@ -110,6 +110,14 @@ pub trait BpfBackend {
     /// Every configuration map entry (`BpfMap`), as `MapValue::read_back`
     /// keeps it.
     fn map_entries(&mut self) -> Result<BTreeMap<MapEntryKey, MapValue>>;
+    /// `map_entries`, or `None` when `give_up` said so part way (checked
+    /// between maps and between batches of a map).
+    fn map_entries_until(&mut self, give_up: &dyn Fn() -> bool) -> Result<Option<BTreeMap<MapEntryKey, MapValue>>> {
+        if give_up() {
+            return Ok(None);
+        }
+        self.map_entries().map(Some)
+    }
     fn put_map_entry(&mut self, key: &MapEntryKey, value: &[u8]) -> Result<()>;
     fn delete_map_entry(&mut self, key: &MapEntryKey) -> Result<()>;
     /// Creates or replaces each entry, in order, as `put_map_entry` on

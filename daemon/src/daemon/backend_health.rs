@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::mpsc::Sender;
 
 use slog::{error, info, warn, Logger};
 
@@ -49,7 +48,7 @@ impl BackendHealthState {
     pub(super) fn track(
         &mut self,
         config: &Config,
-        events: &Sender<Event>,
+        events: &super::events::EventSender,
         log: &Logger,
     ) -> BTreeMap<BackendKey, BackendHealth> {
         let targets = health::targets(config);

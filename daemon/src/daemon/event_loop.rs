@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use slog::{info, warn};
 
 use super::drift::REPAIR_SETTLE;
+use super::sync::Sync;
 use super::{Daemon, Event, Events, RunError, CONNTRACK_SWEEP, RETRY_AFTER_FAILURE};
 
 /// How long the config dir must be quiet before a sync...
@@ -24,6 +25,9 @@ const DEBOUNCE_MAX: Duration = Duration::from_secs(1);
 const SIDECAR_CHECK: Duration = Duration::from_millis(250);
 /// How often the sysctls hostmesh set are read back.
 const SYSCTL_CHECK: Duration = Duration::from_secs(1);
+/// How many times in a row a resync gives way to changes; then it runs
+/// whole, so a steady stream of edits never keeps drift unrepaired.
+const GIVE_WAY_AT_MOST: u32 = 8;
 
 /// When the loop next does each of its jobs, and what is pending.
 struct Timers {
@@ -34,6 +38,8 @@ struct Timers {
     pending_incremental: bool,
     /// A SIGHUP arrived in the burst being settled: its sync is full.
     reload_pending: bool,
+    /// Times in a row the due resync gave way to a change (it stays due).
+    gave_way: u32,
     next_sidecars: Instant,
     next_sweep: Instant,
     next_sysctl_check: Instant,
@@ -48,6 +54,7 @@ impl Timers {
             next_full: now,
             pending_incremental: false,
             reload_pending: false,
+            gave_way: 0,
             next_sidecars: now,
             next_sweep: now + CONNTRACK_SWEEP,
             next_sysctl_check: now + SYSCTL_CHECK,
@@ -78,6 +85,7 @@ impl Daemon {
                 continue;
             }
             let deadline = self.keepalive(&mut t);
+            self.events.looking();
             let then = match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
                 Ok(event) => self.on_event(event, &mut t),
                 Err(RecvTimeoutError::Timeout) => Then::Go,
@@ -144,6 +152,7 @@ impl Daemon {
             if left.is_zero() {
                 break;
             }
+            self.events.looking();
             match rx.recv_timeout(DEBOUNCE_QUIET.min(left)) {
                 Ok(event) => {
                     if self.on_event(event, t) == Then::Stop {
@@ -164,14 +173,25 @@ impl Daemon {
     /// (the loop then looks again before it waits).
     fn due_work(&mut self, t: &mut Timers) -> Result<bool, RunError> {
         let now = Instant::now();
-        if now >= t.next_full {
-            let ok = self.sync(true);
+        // A change waiting goes before a resync that is due (one that gave
+        // way to it, or came due meanwhile): its sync costs what it
+        // changes, the resync a read of the whole kernel. Not before the
+        // first sync, which is the start.
+        let change_first = t.pending_incremental && self.runner.ready;
+        if now >= t.next_full && !change_first {
+            let ok = self.sync(if t.gave_way < GIVE_WAY_AT_MOST { Sync::Resync } else { Sync::Full });
             if let Some(why) = self.runner.start_failure.take() {
                 // READY means working: a first sync that could not build
                 // the dataplane is a failed start.
                 self.notifier.status(&why);
                 return Err(RunError::FirstSync(why));
             }
+            if self.runner.gave_way {
+                // Still due: the loop takes the change in first.
+                t.gave_way += 1;
+                return Ok(false);
+            }
+            t.gave_way = 0;
             t.next_full = Instant::now() + if ok { self.resync_interval() } else { RETRY_AFTER_FAILURE };
             t.pending_incremental = false;
             return Ok(true);
@@ -195,7 +215,7 @@ impl Daemon {
         }
         if t.pending_incremental {
             t.pending_incremental = false;
-            if !self.sync(false) {
+            if !self.sync(Sync::Incremental) {
                 t.next_full = Instant::now() + RETRY_AFTER_FAILURE;
             }
             return Ok(true);

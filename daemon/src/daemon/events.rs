@@ -4,7 +4,7 @@
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{SendError, Sender};
 use std::sync::Arc;
 use std::thread;
 
@@ -30,10 +30,51 @@ pub(crate) enum Event {
     Kernel(crate::backends::netlink::monitor::KernelChange),
 }
 
+impl Event {
+    /// The event asks for a sync that a resync in progress gives way to
+    /// (an edit, a peer or a backend that changed).
+    fn asks_for_sync(&self) -> bool {
+        matches!(self, Event::ConfigChanged | Event::PeersChanged | Event::BackendsChanged)
+    }
+}
+
+/// The loop's channel as the threads that wake it hold it. An event that
+/// asks for a sync also raises `waiting`, which a resync in progress
+/// checks to give way (`Reconciler::with_waiting_flag`), and which the
+/// loop lowers each time it looks at the channel.
+#[derive(Clone)]
+pub(crate) struct EventSender {
+    tx: Sender<Event>,
+    waiting: Arc<AtomicBool>,
+}
+
+impl EventSender {
+    pub(crate) fn new(tx: Sender<Event>) -> Self {
+        EventSender { tx, waiting: Arc::default() }
+    }
+
+    pub(crate) fn send(&self, event: Event) -> Result<(), SendError<Event>> {
+        if event.asks_for_sync() {
+            self.waiting.store(true, Ordering::Relaxed);
+        }
+        self.tx.send(event)
+    }
+
+    /// Raised while an event that asks for a sync waits for the loop.
+    pub(crate) fn waiting(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.waiting)
+    }
+
+    /// The loop is about to look at the channel: what waits, it sees.
+    pub(super) fn looking(&self) {
+        self.waiting.store(false, Ordering::Relaxed);
+    }
+}
+
 /// Signals become events; SIGTERM and SIGINT also raise `stopping`, which
 /// a sync in progress checks between steps, so a stop never waits for a
 /// long sync to end.
-pub(super) fn spawn_signal_thread(tx: Sender<Event>, stopping: Arc<AtomicBool>) -> std::io::Result<()> {
+pub(super) fn spawn_signal_thread(tx: EventSender, stopping: Arc<AtomicBool>) -> std::io::Result<()> {
     let mut signals = Signals::new([SIGHUP, SIGTERM, SIGINT])?;
     thread::Builder::new().name("signals".into()).spawn(move || {
         for sig in signals.forever() {
@@ -51,7 +92,7 @@ pub(super) fn spawn_signal_thread(tx: Sender<Event>, stopping: Arc<AtomicBool>) 
 
 /// Watches the config dir (not recursively: drop-ins live at its top).
 /// The returned watcher must be kept alive.
-pub(super) fn watch_config_dir(dir: &Path, tx: Sender<Event>) -> notify::Result<notify::RecommendedWatcher> {
+pub(super) fn watch_config_dir(dir: &Path, tx: EventSender) -> notify::Result<notify::RecommendedWatcher> {
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
         use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};
         let event = match res {

@@ -45,7 +45,7 @@ pub(crate) use events::Event;
 pub(crate) use notify::Notifier;
 
 use std::sync::atomic::AtomicBool;
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{channel, Receiver};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -104,7 +104,7 @@ pub(super) struct Parts {
     /// Raised on SIGTERM: a sync stops between steps.
     pub stopping: Arc<AtomicBool>,
     /// For threads started later (peer and backend health) to wake the loop.
-    pub events: Sender<Event>,
+    pub events: events::EventSender,
 }
 
 pub(super) struct Daemon {
@@ -114,7 +114,7 @@ pub(super) struct Daemon {
     started_at: u64,
     /// What the kernel offers (probed once, at start).
     features: KernelFeatures,
-    events: Sender<Event>,
+    events: events::EventSender,
     config: config_watch::ConfigWatch,
     runner: sync_runner::SyncRunner,
     peers: peers::PeerProbing,
@@ -155,6 +155,7 @@ pub(crate) fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
     };
 
     let (tx, rx) = channel();
+    let tx = events::EventSender::new(tx);
     // SIGTERM also raises this flag, which a sync checks between steps.
     let stopping = Arc::new(AtomicBool::new(false));
     events::spawn_signal_thread(tx.clone(), stopping.clone()).map_err(RunError::Signals)?;
@@ -198,6 +199,7 @@ pub(crate) fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
 impl Daemon {
     pub(super) fn new(paths: Paths, log: Logger, parts: Parts) -> Self {
         let traffic = crate::backends::bpf::traffic::TrafficReader::new(&paths.bpffs);
+        let waiting = parts.events.waiting();
         Daemon {
             notifier: parts.notifier,
             started_at: crate::clock::now_unix(),
@@ -205,7 +207,9 @@ impl Daemon {
             events: parts.events,
             config: config_watch::ConfigWatch::new(paths.config_dir.clone()),
             runner: sync_runner::SyncRunner::new(
-                Reconciler::new(parts.backends, parts.originals).with_stop_flag(parts.stopping),
+                Reconciler::new(parts.backends, parts.originals)
+                    .with_stop_flag(parts.stopping)
+                    .with_waiting_flag(waiting),
             ),
             peers: peers::PeerProbing::new(parts.prober, &paths.state_dir),
             backend_health: backend_health::BackendHealthState::restore(&paths.state_dir, &log),

@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::io;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::Sender;
 
 use serde::{Deserialize, Serialize};
 use slog::{info, warn, Logger};
@@ -65,7 +64,7 @@ impl PeerProbing {
     /// (Re)starts the prober when what it should probe changed; a change
     /// is announced on `events`. A new prober resumes the lists the old
     /// one judged (or, at the start, the ones saved by the last run).
-    pub(super) fn track(&mut self, config: &Config, events: &Sender<Event>, log: &Logger) {
+    pub(super) fn track(&mut self, config: &Config, events: &super::events::EventSender, log: &Logger) {
         let want = Settings::from_config(config);
         if self.running.as_ref().map(|(s, _)| s) == want.as_ref() {
             return;

@@ -4,14 +4,18 @@
 
 use slog::info;
 
+pub(super) use super::sync_runner::Sync;
 use super::sync_runner::{Ran, SyncRunner};
 use super::Daemon;
 
 impl Daemon {
     /// One sync. Returns false if it could not complete (the kernel could
     /// not be read, or it was told to stop), in which case it is retried
-    /// soon as a full resync.
-    pub(super) fn sync(&mut self, full: bool) -> bool {
+    /// soon as a full resync. A resync (`Sync::Resync`) may give way to
+    /// an event that asks for a sync: it returns false too, and the loop
+    /// runs it again after that sync (`gave_way` says which it was).
+    pub(super) fn sync(&mut self, how: Sync) -> bool {
+        let full = how != Sync::Incremental;
         self.config.read(full, &self.log, self.metrics.counters());
         self.runner.generation += 1;
         let config = std::sync::Arc::clone(self.config.config());
@@ -19,7 +23,7 @@ impl Daemon {
         self.runner.reconciler.set_gateways(self.peers.chosen());
         let states = self.backend_health.track(&config, &self.events, &self.log);
         let serving = crate::health::serving_config(&config, &states);
-        let result = self.runner.sync(&serving, full);
+        let result = self.runner.sync(&serving, how);
         if let Some(full) = SyncRunner::clean(&result) {
             let first = !self.runner.ready;
             self.leaving.after_clean_sync(&mut self.runner.reconciler, &serving, &config, first, full, &self.log);
@@ -35,7 +39,7 @@ impl Daemon {
             &self.log,
             self.metrics.counters(),
         );
-        if ran == Ran::Stopped || self.runner.start_failure.is_some() {
+        if matches!(ran, Ran::Stopped | Ran::GaveWay) || self.runner.start_failure.is_some() {
             return false;
         }
         self.drift.settle(&self.log);

@@ -25,6 +25,8 @@ pub(super) struct SyncRunner {
     pub(super) last_outcome: Option<SyncOutcome>,
     /// Why the first sync could not build the dataplane (the start fails).
     pub(super) start_failure: Option<String>,
+    /// The last sync was a resync that gave way to a change.
+    pub(super) gave_way: bool,
 }
 
 /// What a sync came to, for the loop.
@@ -38,6 +40,22 @@ pub(super) enum Ran {
     Failed,
     /// Told to stop part way: what was applied stays.
     Stopped,
+    /// A resync gave way to a sync an event asks for: nothing was done.
+    GaveWay,
+}
+
+/// Which sync the loop asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sync {
+    /// What changed (an edit, a backend or peer that changed): patched
+    /// where it can be.
+    Incremental,
+    /// Everything, from the kernel: the start, a reload, a retry, a
+    /// repair of drift.
+    Full,
+    /// A periodic resync, or a reload: full, but it gives way to an edit
+    /// that arrives while it reads the kernel (`Reconciler::sync_giving_way`).
+    Resync,
 }
 
 impl SyncRunner {
@@ -49,13 +67,14 @@ impl SyncRunner {
             last_summary: SyncSummary::default(),
             last_outcome: None,
             start_failure: None,
+            gave_way: false,
         }
     }
 
     /// Whether a sync's result is clean (no step error, not stopped):
     /// `Some(full)` if it is.
     pub(super) fn clean(result: &Result<SyncOutcome, BackendError>) -> Option<bool> {
-        result.as_ref().ok().filter(|o| !o.stopped && o.errors.is_empty()).map(|o| o.full)
+        result.as_ref().ok().filter(|o| !o.stopped && !o.gave_way && o.errors.is_empty()).map(|o| o.full)
     }
 
     /// Records a sync's result: counts and logs it, keeps its summary and
@@ -73,6 +92,12 @@ impl SyncRunner {
             // The status keeps describing the last complete sync.
             info!(log, "sync stopped early: stopping"; "generation" => self.generation);
             return Ran::Stopped;
+        }
+        self.gave_way = result.as_ref().is_ok_and(|o| o.gave_way);
+        if let Some(o) = result.as_ref().ok().filter(|o| o.gave_way) {
+            info!(log, "resync gave way to a change; it runs again after that change's sync";
+                "generation" => self.generation, "observe_ms" => o.phases.observe.as_millis() as u64);
+            return Ran::GaveWay;
         }
         match &result {
             Ok(o) => {
@@ -132,8 +157,12 @@ impl SyncRunner {
 
     /// Runs the reconciler on `serving` (the configuration with only the
     /// backends that take new connections).
-    pub(super) fn sync(&mut self, serving: &Arc<Config>, full: bool) -> Result<SyncOutcome, BackendError> {
-        self.reconciler.sync(serving, full)
+    pub(super) fn sync(&mut self, serving: &Arc<Config>, how: Sync) -> Result<SyncOutcome, BackendError> {
+        match how {
+            Sync::Incremental => self.reconciler.sync(serving, false),
+            Sync::Full => self.reconciler.sync(serving, true),
+            Sync::Resync => self.reconciler.sync_giving_way(serving),
+        }
     }
 }
 

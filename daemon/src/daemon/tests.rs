@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
-use std::sync::mpsc::{channel, Sender};
+use std::sync::mpsc::channel;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -103,7 +103,7 @@ struct Running {
     peers: PeerStates,
     log: LogBuf,
     metrics: Metrics,
-    events: Sender<Event>,
+    events: super::events::EventSender,
     thread: Option<std::thread::JoinHandle<Result<(), RunError>>>,
 }
 
@@ -131,6 +131,7 @@ impl Running {
         let logger =
             slog::Logger::root(slog::Fuse(crate::log::LogfmtDrain::new(log.clone(), slog::Level::Info)), slog::o!());
         let (tx, rx) = channel();
+        let tx = super::events::EventSender::new(tx);
         let parts = Parts {
             backends: kernel.backends(),
             originals: SysctlOriginals::default(),

@@ -1,23 +1,28 @@
-//! observe(): read back everything hostmesh owns from the kernel.
+//! observe_until(): read back everything hostmesh owns from the kernel.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::backends::{Backends, Result};
 use crate::model::Observed;
 
-/// Reads owned links, routes, neighbours, map entries and attachments.
-/// Sysctls are read separately: which ones matter depends on what is
-/// desired, see `observe_sysctls`.
-pub(crate) fn observe(b: &mut Backends) -> Result<Observed> {
-    Ok(Observed {
-        links: b.net.links()?,
+/// Reads owned links, routes, neighbours, map entries and attachments;
+/// `None` when `give_up` said so part way (the map entries, most of the
+/// reading, are read in parts, and it is asked between them). Sysctls are
+/// read separately: which ones matter depends on what is desired, see
+/// `observe_sysctls`.
+pub(crate) fn observe_until(b: &mut Backends, give_up: &dyn Fn() -> bool) -> Result<Option<Observed>> {
+    let links = b.net.links()?;
+    let neighbours = b.net.neighbours()?;
+    let Some(map_entries) = b.bpf.map_entries_until(give_up)? else { return Ok(None) };
+    Ok(Some(Observed {
+        links,
         sysctls: BTreeMap::new(),
-        neighbours: b.net.neighbours()?,
-        map_entries: b.bpf.map_entries()?,
+        neighbours,
+        map_entries,
         attachments: b.bpf.attachments()?,
         routes: b.net.routes()?,
         nft_table: b.nft.mesh_table()?,
-    })
+    }))
 }
 
 /// Reads the given sysctls; ones that do not exist are left out.

@@ -16,7 +16,7 @@ use crate::model::incremental::{self, recompile, Compiled, Touched};
 use crate::model::{compile_unless_stopped, gateway, Desired, HostFacts, Observed, Prior, Via};
 
 use super::apply::{apply, Applied, StepError};
-use super::observe::{observe, observe_sysctls};
+use super::observe::{observe_sysctls, observe_until};
 use super::originals::SysctlOriginals;
 use super::plan::plan;
 
@@ -28,6 +28,8 @@ enum Want {
     /// changed.
     Kept(Box<Compiled>),
     Compiled(Desired),
+    /// A resync that gave way to a sync an event asks for: nothing done.
+    GaveWay,
 }
 
 pub(crate) struct Reconciler {
@@ -43,6 +45,10 @@ pub(crate) struct Reconciler {
     gateways: BTreeMap<Via, Option<IpAddr>>,
     /// Raised when the daemon is told to stop: a sync stops between steps.
     stopping: Arc<AtomicBool>,
+    /// Raised while an event that asks for a sync (an edit, a backend or
+    /// a peer that changed) waits for the loop: a resync that may give
+    /// way to it does (`sync_giving_way`).
+    waiting: Arc<AtomicBool>,
 }
 
 /// How many of a sync's steps its outcome describes.
@@ -64,6 +70,10 @@ pub(crate) struct SyncOutcome {
     pub bpf_unavailable: Option<String>,
     /// The sync stopped early because the daemon is stopping.
     pub stopped: bool,
+    /// A resync gave way to a sync an event asks for, before planning:
+    /// nothing was done, and the kernel and the last compile are as they
+    /// were.
+    pub gave_way: bool,
     /// What the backends repaired or replaced on the way, for the log.
     pub notes: Vec<String>,
     pub duration: Duration,
@@ -99,7 +109,15 @@ impl Reconciler {
             compiled: None,
             gateways: BTreeMap::new(),
             stopping: Default::default(),
+            waiting: Default::default(),
         }
+    }
+
+    /// A resync that may give way checks `waiting` while it reads the
+    /// kernel, and gives way once it is raised.
+    pub(crate) fn with_waiting_flag(mut self, waiting: Arc<AtomicBool>) -> Self {
+        self.waiting = waiting;
+        self
     }
 
     /// A sync checks `stopping` between steps and ends early once it is set.
@@ -118,6 +136,20 @@ impl Reconciler {
     }
 
     pub(crate) fn sync(&mut self, config: &Arc<Config>, full: bool) -> Result<SyncOutcome, BackendError> {
+        self.sync_with(config, full, false)
+    }
+
+    /// A full sync that gives way, before it plans anything, to an event
+    /// that asks for a sync (`waiting`) when it is a resync of what the
+    /// last clean sync applied (nothing it compiles from changed): an edit
+    /// then waits for the loop's next look at its events, not for the
+    /// whole resync (a second at 100,000 services). The caller runs the
+    /// edit's sync, then this resync again.
+    pub(crate) fn sync_giving_way(&mut self, config: &Arc<Config>) -> Result<SyncOutcome, BackendError> {
+        self.sync_with(config, true, true)
+    }
+
+    fn sync_with(&mut self, config: &Arc<Config>, full: bool, may_give_way: bool) -> Result<SyncOutcome, BackendError> {
         let started = Instant::now();
         // New map capacities replace maps, and another TC mode moves every
         // TC hook: the kernel must be re-read.
@@ -131,37 +163,44 @@ impl Reconciler {
             }
         };
         let full = full || resized || self.last_applied.is_none();
-        let result = self.sync_inner(config, full, started);
+        let result = self.sync_inner(config, full, may_give_way, started);
         if !matches!(&result, Ok(o) if o.errors.is_empty()) {
             self.last_applied = None;
         }
         result
     }
 
-    fn sync_inner(&mut self, config: &Arc<Config>, full: bool, started: Instant) -> Result<SyncOutcome, BackendError> {
+    fn sync_inner(
+        &mut self,
+        config: &Arc<Config>,
+        full: bool,
+        may_give_way: bool,
+        started: Instant,
+    ) -> Result<SyncOutcome, BackendError> {
         let mut phases = Phases::default();
         let mut mark = started;
         let facts = self.host_facts(config)?;
-        let (want, observed) = self.want(config, &facts, full, &mut phases, &mut mark)?;
+        let (want, observed) = self.want(config, &facts, full, may_give_way, &mut phases, &mut mark)?;
         let kept = matches!(want, Want::Kept(_));
+        let nothing_done = |r: &mut Self, stopped: bool, gave_way: bool| SyncOutcome {
+            full,
+            patched: false,
+            step_count: 0,
+            steps: Vec::new(),
+            errors: Vec::new(),
+            bpf_unavailable: None,
+            stopped,
+            gave_way,
+            notes: r.backends.bpf.take_notes(),
+            duration: started.elapsed(),
+            phases,
+        };
         let (compiled, touched) = match want {
             Want::Patched(c, touched) => (*c, Some(touched)),
             Want::Kept(c) => (*c, None),
-            Want::Compiled(_) if self.stopping.load(Ordering::Relaxed) => {
-                // A partial compile is never planned, let alone applied.
-                return Ok(SyncOutcome {
-                    full,
-                    patched: false,
-                    step_count: 0,
-                    steps: Vec::new(),
-                    errors: Vec::new(),
-                    bpf_unavailable: None,
-                    stopped: true,
-                    notes: self.backends.bpf.take_notes(),
-                    duration: started.elapsed(),
-                    phases,
-                });
-            }
+            Want::GaveWay => return Ok(nothing_done(self, false, true)),
+            // A partial compile is never planned, let alone applied.
+            Want::Compiled(_) if self.stopping.load(Ordering::Relaxed) => return Ok(nothing_done(self, true, false)),
             Want::Compiled(desired) => (Compiled::new(desired, config, &facts), None),
         };
         phases.compile += lap(&mut mark);
@@ -193,6 +232,7 @@ impl Reconciler {
             errors,
             bpf_unavailable,
             stopped,
+            gave_way: false,
             notes,
             duration: started.elapsed(),
             phases,
@@ -222,6 +262,7 @@ impl Reconciler {
         config: &Arc<Config>,
         facts: &HostFacts,
         full: bool,
+        may_give_way: bool,
         phases: &mut Phases,
         mark: &mut Instant,
     ) -> Result<(Want, Option<Observed>), BackendError> {
@@ -248,7 +289,17 @@ impl Reconciler {
             self.last_applied = None;
         }
         phases.compile += lap(mark);
-        let mut have = observe(&mut self.backends)?;
+        // Only a resync of what the last clean sync applied gives way: the
+        // last compile and baseline stand for the kernel meanwhile.
+        let give_way = may_give_way && kept.is_some() && self.last_applied.is_some();
+        let waiting = Arc::clone(&self.waiting);
+        let give_up = move || give_way && waiting.load(Ordering::Relaxed);
+        let have = observe_until(&mut self.backends, &give_up)?.filter(|_| !give_up());
+        let Some(mut have) = have else {
+            self.compiled = kept;
+            phases.observe = lap(mark);
+            return Ok((Want::GaveWay, None));
+        };
         phases.observe = lap(mark);
         let want = match kept {
             Some(c) => Want::Kept(Box::new(c)),
@@ -262,7 +313,9 @@ impl Reconciler {
         let desired = match &want {
             Want::Kept(c) => &c.desired,
             Want::Compiled(d) => d,
-            Want::Patched(..) => unreachable!("a full sync does not patch"),
+            Want::Patched(..) | Want::GaveWay => {
+                unreachable!("a full sync that read the kernel neither patches nor gave way")
+            }
         };
         let paths: BTreeSet<String> = desired.sysctls.keys().chain(self.originals.values().keys()).cloned().collect();
         phases.compile += lap(mark);

@@ -235,6 +235,42 @@ fn a_full_resync_of_the_same_configuration_keeps_the_last_compile_and_still_repa
 }
 
 #[test]
+fn a_resync_gives_way_to_a_waiting_change_and_leaves_everything_as_it_was() {
+    let k = kernel();
+    let waiting = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut r = reconciler(&k).with_waiting_flag(Arc::clone(&waiting));
+    let web = config(WEB);
+    r.sync_giving_way(&web).unwrap();
+    assert!(k.state().maps.keys().any(|e| e.map == BpfMap::Services), "the first sync never gives way");
+
+    // Drift, then a resync while a change waits: it gives way, touching nothing.
+    let gone = k.state().maps.keys().find(|e| e.map == BpfMap::Services).cloned().unwrap();
+    k.state().maps.remove(&gone);
+    waiting.store(true, std::sync::atomic::Ordering::Relaxed);
+    let before = k.state().log.len();
+    let out = r.sync_giving_way(&web).unwrap();
+    assert!(out.gave_way && out.steps.is_empty() && out.errors.is_empty(), "{out:?}");
+    assert_eq!(k.state().log.len(), before, "nothing written");
+
+    // The change it gave way to is patched as if the resync had not begun.
+    let both = config(&format!("{WEB}{API}"));
+    let out = r.sync(&both, false).unwrap();
+    assert!(!out.full && out.patched && out.errors.is_empty(), "{out:?}");
+    // The resync again, nothing waiting: it repairs the drift.
+    waiting.store(false, std::sync::atomic::Ordering::Relaxed);
+    let out = r.sync_giving_way(&both).unwrap();
+    assert!(out.full && !out.gave_way && out.patched, "kept its compile: {out:?}");
+    assert_eq!(out.steps, ["update HM_SERVICES entry"]);
+    assert!(k.state().maps.contains_key(&gone));
+
+    // A full sync that must compile (the configuration changed under it)
+    // never gives way: it is the change.
+    waiting.store(true, std::sync::atomic::Ordering::Relaxed);
+    let out = r.sync_giving_way(&web).unwrap();
+    assert!(out.full && !out.gave_way && out.errors.is_empty(), "{out:?}");
+}
+
+#[test]
 fn a_link_in_the_way_is_recreated_with_everything_on_it() {
     let k = kernel();
     let mut r = reconciler(&k);

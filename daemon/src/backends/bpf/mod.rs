@@ -161,30 +161,46 @@ impl BpfBackend for PinnedBpf {
     }
 
     fn map_entries(&mut self) -> Result<BTreeMap<MapEntryKey, MapValue>> {
+        Ok(self.map_entries_until(&|| false)?.expect("never gives up"))
+    }
+
+    fn map_entries_until(&mut self, give_up: &dyn Fn() -> bool) -> Result<Option<BTreeMap<MapEntryKey, MapValue>>> {
         let mut out = BTreeMap::new();
         if !self.maps.any() {
-            return Ok(out);
+            return Ok(Some(out));
         }
         self.maps.repin_missing_maps()?;
         for map in BpfMap::ALL {
+            if give_up() {
+                return Ok(None);
+            }
             let def = map.map().def();
             let fd = self.maps.map_fd(map.map())?;
             // The kernel hands a hash map's entries in hash order; inserted
             // in key order, the tree is built along its right edge, which
             // stays in cache (400,000 Maglev chunks at 100,000 services).
             let mut entries = Vec::new();
-            sys::map_for_each(fd.as_fd(), def.key_size as usize, def.value_size as usize, |key, value| {
-                // An array always has every key; all-zero values are unset.
-                if is_array(def) && value.iter().all(|b| *b == 0) {
-                    return;
-                }
-                entries.push((MapEntryKey { map, key: key.into() }, MapValue::read_back(map, value.to_vec())));
-            })
+            let whole = sys::map_for_each_until(
+                fd.as_fd(),
+                def.key_size as usize,
+                def.value_size as usize,
+                |key, value| {
+                    // An array always has every key; all-zero values are unset.
+                    if is_array(def) && value.iter().all(|b| *b == 0) {
+                        return;
+                    }
+                    entries.push((MapEntryKey { map, key: key.into() }, MapValue::read_back(map, value.to_vec())));
+                },
+                give_up,
+            )
             .map_err(|e| bpf_err(format!("read map {}", def.name), e))?;
+            if !whole {
+                return Ok(None);
+            }
             entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
             out.extend(entries);
         }
-        Ok(out)
+        Ok(Some(out))
     }
 
     fn put_map_entry(&mut self, key: &MapEntryKey, value: &[u8]) -> Result<()> {

@@ -161,11 +161,23 @@ pub fn map_for_each(
     fd: BorrowedFd<'_>,
     key_size: usize,
     value_size: usize,
-    mut each: impl FnMut(&[u8], &[u8]),
+    each: impl FnMut(&[u8], &[u8]),
 ) -> io::Result<()> {
-    match map_for_each_batched(fd, key_size, value_size, &mut each) {
+    map_for_each_until(fd, key_size, value_size, each, &|| false).map(|_| ())
+}
+
+/// `map_for_each` that gives up between batches (or keys) once `give_up`
+/// says so: Ok(false) then, Ok(true) when every entry was handed over.
+pub fn map_for_each_until(
+    fd: BorrowedFd<'_>,
+    key_size: usize,
+    value_size: usize,
+    mut each: impl FnMut(&[u8], &[u8]),
+    give_up: &dyn Fn() -> bool,
+) -> io::Result<bool> {
+    match map_for_each_batched(fd, key_size, value_size, &mut each, give_up) {
         Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) | Some(ENOTSUPP)) => {
-            map_for_each_by_key(fd, key_size, value_size, &mut each)
+            map_for_each_by_key(fd, key_size, value_size, &mut each, give_up)
         }
         r => r,
     }
@@ -183,7 +195,8 @@ fn map_for_each_batched(
     key_size: usize,
     value_size: usize,
     each: &mut impl FnMut(&[u8], &[u8]),
-) -> io::Result<()> {
+    give_up: &dyn Fn() -> bool,
+) -> io::Result<bool> {
     // The position between calls: a bucket (u32) for hash maps, a key
     // for arrays.
     let token = key_size.max(8);
@@ -192,6 +205,9 @@ fn map_for_each_batched(
     let mut values = vec![0u8; value_size * BATCH];
     let mut first = true;
     loop {
+        if !first && give_up() {
+            return Ok(false);
+        }
         let mut a = attr();
         a.batch.in_batch = if first { 0 } else { position.as_ptr() as u64 };
         a.batch.out_batch = next.as_mut_ptr() as u64;
@@ -208,14 +224,14 @@ fn map_for_each_batched(
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
             // "Not supported" falls back to key by key only while nothing
             // has been handed over; later, any error is the walk's.
-            Err(_) if first => return result.map(|_| ()),
+            Err(_) if first => return result.map(|_| true),
             Err(e) => return Err(io::Error::other(format!("batch lookup failed part way: {e}"))),
         }
         for i in 0..count {
             each(&keys[i * key_size..(i + 1) * key_size], &values[i * value_size..(i + 1) * value_size]);
         }
         if result.is_err() {
-            return Ok(());
+            return Ok(true);
         }
         position.copy_from_slice(&next);
         first = false;
@@ -227,15 +243,19 @@ fn map_for_each_by_key(
     key_size: usize,
     value_size: usize,
     each: &mut impl FnMut(&[u8], &[u8]),
-) -> io::Result<()> {
+    give_up: &dyn Fn() -> bool,
+) -> io::Result<bool> {
     let mut value = vec![0u8; value_size];
-    for key in map_keys(fd, key_size)? {
+    for (i, key) in map_keys(fd, key_size)?.iter().enumerate() {
+        if i % 4096 == 4095 && give_up() {
+            return Ok(false);
+        }
         // A key deleted between the two calls is simply skipped.
-        if map_lookup(fd, &key, &mut value)? {
-            each(&key, &value);
+        if map_lookup(fd, key, &mut value)? {
+            each(key, &value);
         }
     }
-    Ok(())
+    Ok(true)
 }
 
 /// BPF_OBJ_GET_INFO_BY_FD into `info`, one of the kernel's info structs.
