@@ -25,9 +25,9 @@ const DEBOUNCE_MAX: Duration = Duration::from_secs(1);
 const SIDECAR_CHECK: Duration = Duration::from_millis(250);
 /// How often the sysctls hostmesh set are read back.
 const SYSCTL_CHECK: Duration = Duration::from_secs(1);
-/// How many times in a row a resync gives way to changes; then it runs
-/// whole, so a steady stream of edits never keeps drift unrepaired.
-const GIVE_WAY_AT_MOST: u32 = 8;
+// A resync gives way to changes for at most one resync interval after it
+// first did; then it runs whole, so a steady stream of edits never keeps
+// drift unrepaired for more than two intervals.
 
 /// When the loop next does each of its jobs, and what is pending.
 struct Timers {
@@ -38,8 +38,9 @@ struct Timers {
     pending_incremental: bool,
     /// A SIGHUP arrived in the burst being settled: its sync is full.
     reload_pending: bool,
-    /// Times in a row the due resync gave way to a change (it stays due).
-    gave_way: u32,
+    /// Since when the due resync has been giving way to changes (it stays
+    /// due meanwhile).
+    giving_way_since: Option<Instant>,
     next_sidecars: Instant,
     next_sweep: Instant,
     next_sysctl_check: Instant,
@@ -54,7 +55,7 @@ impl Timers {
             next_full: now,
             pending_incremental: false,
             reload_pending: false,
-            gave_way: 0,
+            giving_way_since: None,
             next_sidecars: now,
             next_sweep: now + CONNTRACK_SWEEP,
             next_sysctl_check: now + SYSCTL_CHECK,
@@ -179,7 +180,8 @@ impl Daemon {
         // first sync, which is the start.
         let change_first = t.pending_incremental && self.runner.ready;
         if now >= t.next_full && !change_first {
-            let ok = self.sync(if t.gave_way < GIVE_WAY_AT_MOST { Sync::Resync } else { Sync::Full });
+            let may_give_way = t.giving_way_since.is_none_or(|since| since.elapsed() < self.resync_interval());
+            let ok = self.sync(if may_give_way { Sync::Resync } else { Sync::Full });
             if let Some(why) = self.runner.start_failure.take() {
                 // READY means working: a first sync that could not build
                 // the dataplane is a failed start.
@@ -188,10 +190,10 @@ impl Daemon {
             }
             if self.runner.gave_way {
                 // Still due: the loop takes the change in first.
-                t.gave_way += 1;
+                t.giving_way_since.get_or_insert(now);
                 return Ok(false);
             }
-            t.gave_way = 0;
+            t.giving_way_since = None;
             t.next_full = Instant::now() + if ok { self.resync_interval() } else { RETRY_AFTER_FAILURE };
             t.pending_incremental = false;
             return Ok(true);

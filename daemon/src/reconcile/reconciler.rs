@@ -284,15 +284,23 @@ impl Reconciler {
         // is what a compile would give, and the sync costs the kernel's
         // dump and a diff. Holding an old compile beside a new one doubled
         // a resync's memory (100,000 services).
+        //
+        // Only a resync of what the last clean sync applied gives way: the
+        // last compile and baseline stand for the kernel meanwhile. A
+        // change already waiting goes first even when this resync read it
+        // (the change's sync patches the compile); once the compile is
+        // let go for a new one, nothing gives way.
+        let may_give_way = may_give_way && self.compiled.is_some() && self.last_applied.is_some();
+        let waiting = Arc::clone(&self.waiting);
+        if may_give_way && waiting.load(Ordering::Relaxed) {
+            return Ok((Want::GaveWay, None));
+        }
         let kept = self.compiled.take().and_then(|c| incremental::keep(c, config, facts));
         if kept.is_none() {
             self.last_applied = None;
         }
         phases.compile += lap(mark);
-        // Only a resync of what the last clean sync applied gives way: the
-        // last compile and baseline stand for the kernel meanwhile.
-        let give_way = may_give_way && kept.is_some() && self.last_applied.is_some();
-        let waiting = Arc::clone(&self.waiting);
+        let give_way = may_give_way && kept.is_some();
         let give_up = move || give_way && waiting.load(Ordering::Relaxed);
         let have = observe_until(&mut self.backends, &give_up)?.filter(|_| !give_up());
         let Some(mut have) = have else {

@@ -263,11 +263,16 @@ fn a_resync_gives_way_to_a_waiting_change_and_leaves_everything_as_it_was() {
     assert_eq!(out.steps, ["update HM_SERVICES entry"]);
     assert!(k.state().maps.contains_key(&gone));
 
-    // A full sync that must compile (the configuration changed under it)
-    // never gives way: it is the change.
+    // A resync that read a change already waiting gives way too: the
+    // change's own sync patches it in.
     waiting.store(true, std::sync::atomic::Ordering::Relaxed);
     let out = r.sync_giving_way(&web).unwrap();
-    assert!(out.full && !out.gave_way && out.errors.is_empty(), "{out:?}");
+    assert!(out.gave_way, "{out:?}");
+    let out = r.sync(&web, false).unwrap();
+    assert!(!out.full && out.patched && out.errors.is_empty(), "{out:?}");
+    waiting.store(false, std::sync::atomic::Ordering::Relaxed);
+    let out = r.sync_giving_way(&web).unwrap();
+    assert!(out.full && !out.gave_way && out.patched && out.steps.is_empty(), "{out:?}");
 }
 
 #[test]
