@@ -245,6 +245,12 @@ impl Drop for PeerHealth {
     }
 }
 
+/// Until some gateway first answers, silence from all of them is more
+/// likely this host's own data plane, which the daemon's first sync is
+/// still building (the prober starts with it; a loaded machine takes
+/// seconds), than every gateway dead: no loss is judged for this long.
+const STARTUP_GRACE: Duration = Duration::from_secs(3);
+
 /// The probe loop: send, wait for the answers, judge, and again after the
 /// interval (at once while a gateway in use is missing probes).
 fn run(
@@ -260,6 +266,7 @@ fn run(
     // earlier daemon's probes are never taken for this one's).
     let mut seq: u64 = crate::clock::now_unix().saturating_mul(1_000_000);
     let mut next = Instant::now();
+    let (started, mut heard) = (Instant::now(), false);
     while !stop.load(Ordering::Relaxed) {
         let now = Instant::now();
         if now < next {
@@ -278,8 +285,13 @@ fn run(
         let (news, falling) = {
             let mut s = shared.lock().expect("health state");
             match wire.answered(&targets, seq) {
+                Ok(answered) if !heard && answered.is_empty() && started.elapsed() < STARTUP_GRACE => {
+                    s.error = None;
+                    (false, false)
+                }
                 Ok(answered) => {
                     s.error = None;
+                    heard = true;
                     let now = now_unix();
                     let mut news = false;
                     for c in s.lists.values_mut() {
@@ -383,6 +395,26 @@ mod tests {
             assert!(Instant::now() < end, "timed out waiting for {what}");
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    #[test]
+    fn silence_from_every_gateway_at_the_start_is_judged_only_after_the_startup_grace() {
+        let mut s = Settings::from_config(&config(GATEWAY)).unwrap();
+        s.interval = Duration::from_millis(20);
+        let wire = FakeWire::default();
+        let first: IpAddr = "198.51.100.2".parse().unwrap();
+        wire.dead.lock().unwrap().insert(first);
+        let open: Arc<OpenWire> = {
+            let wire = wire.clone();
+            Arc::new(move |_: &Settings| Ok(Box::new(wire.clone()) as Box<dyn Wire>))
+        };
+        let started = Instant::now();
+        let h = PeerHealth::start(s, BTreeMap::new(), open, || true);
+        let b = Via::Peer("b".into());
+        wait_until("10 silent rounds", || *wire.rounds.lock().unwrap() > 10);
+        assert_eq!(h.chosen()[&b], Some(first), "not judged while this host may still be building its side");
+        wait_until("the peer down", || h.down().contains("b"));
+        assert!(started.elapsed() >= STARTUP_GRACE, "judged once the grace was over");
     }
 
     #[test]
