@@ -25,9 +25,6 @@ const DEBOUNCE_MAX: Duration = Duration::from_secs(1);
 const SIDECAR_CHECK: Duration = Duration::from_millis(250);
 /// How often the sysctls hostmesh set are read back.
 const SYSCTL_CHECK: Duration = Duration::from_secs(1);
-// A resync gives way to changes for at most one resync interval after it
-// first did; then it runs whole, so a steady stream of edits never keeps
-// drift unrepaired for more than two intervals.
 
 /// When the loop next does each of its jobs, and what is pending.
 struct Timers {
@@ -180,6 +177,9 @@ impl Daemon {
         // first sync, which is the start.
         let change_first = t.pending_incremental && self.runner.ready;
         if now >= t.next_full && !change_first {
+            // It gives way to changes for at most one resync interval after
+            // it first did; then it runs whole, so a steady stream of edits
+            // never keeps drift unrepaired for more than two intervals.
             let may_give_way = t.giving_way_since.is_none_or(|since| since.elapsed() < self.resync_interval());
             let ok = self.sync(if may_give_way { Sync::Resync } else { Sync::Full });
             if let Some(why) = self.runner.start_failure.take() {

@@ -55,6 +55,13 @@ impl Daemon {
         self.service_health.track_server(&config, &self.log);
         let line = self.write_status();
         match ran {
+            // A change's sync while a reload waits (its resync gave way to
+            // the change, or comes next) does not end the reload: that is
+            // the READY=1 after the reload's own sync.
+            Ran::Done { .. } if how == Sync::Incremental && self.notifier.ends_reload() => {
+                self.notifier.status(&line);
+                true
+            }
             Ran::Done { first_ready } => {
                 // READY=1 after every completed sync: the first tells
                 // systemd we started; later ones end a RELOADING=1. Before
