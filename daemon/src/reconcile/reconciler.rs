@@ -354,8 +354,6 @@ impl Reconciler {
                 (None, Some(_)) if kept => {}
                 _ => self.last_applied = Some(compiled.desired.as_observed()),
             }
-        } else {
-            self.last_applied = None;
         }
         self.compiled = Some(compiled);
         let mut notes = self.backends.bpf.take_notes();
