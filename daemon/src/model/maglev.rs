@@ -8,11 +8,12 @@
 //! walking the same permutations.
 //!
 //! The table size must be prime (so every skip visits every slot) and
-//! well above the number of backends for an even split.
+//! well above the number of backends for an even split; a lone backend's
+//! table may be of one slot (`table_size::ONE_BACKEND_TABLE_SIZE`).
 
 use std::net::SocketAddr;
 
-use crate::table_size::is_prime;
+use crate::table_size::{is_prime, ONE_BACKEND_TABLE_SIZE};
 
 /// FNV-1a, 64-bit, with a seed mixed into the offset basis: stable across
 /// runs and hosts, so every host builds the same table for the same config.
@@ -39,7 +40,11 @@ pub struct Entry {
 /// `backends`. Empty when there are no backends. The result does not depend
 /// on the order of `backends`.
 pub(crate) fn build(backends: &[Entry], size: u32) -> Vec<u32> {
-    assert!(is_prime(size), "Maglev table size {size} must be prime");
+    assert!(
+        is_prime(size) || (size == ONE_BACKEND_TABLE_SIZE && backends.len() <= 1),
+        "Maglev table size {size} must be prime ({} backends)",
+        backends.len()
+    );
     if backends.is_empty() {
         return Vec::new();
     }
@@ -175,6 +180,7 @@ mod tests {
         for weight in [1, 7] {
             let one = [Entry { addr: "10.1.0.1:8080".parse().unwrap(), weight }];
             assert_eq!(build(&one, 251), vec![0; 251]);
+            assert_eq!(build(&one, ONE_BACKEND_TABLE_SIZE), vec![0]);
         }
     }
 

@@ -74,9 +74,18 @@ impl MaglevTable {
     }
 }
 
-/// Chunk `chunk` of a built table: each slot's backend id, 0 past the end.
+/// Chunk `chunk` of a built table: each slot's backend id, 0 past the
+/// end; a table of one slot fills its whole chunk with that slot. A
+/// service that goes from two backends to one rewrites its chunk 0 before
+/// its HM_SERVICES value says the table is of one slot: until then the
+/// probes read slots 0..63 of its 251, and each names the backend that
+/// stays, never id 0.
 fn chunk_of(slots: &[u32], ids: &[u32], chunk: u32) -> Vec<u8> {
     let mut value = MaglevChunk { backend: [0; MAGLEV_CHUNK] };
+    if let [only] = slots {
+        value.backend = [ids[*only as usize]; MAGLEV_CHUNK];
+        return value.to_bytes();
+    }
     let start = chunk as usize * MAGLEV_CHUNK;
     for (i, &b) in slots[start..].iter().take(MAGLEV_CHUNK).enumerate() {
         value.backend[i] = ids[b as usize];

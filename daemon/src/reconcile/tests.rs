@@ -6,6 +6,7 @@ use super::*;
 use crate::backends::fake::FakeKernel;
 use std::sync::Arc;
 
+use crate::abi::{self, Pod};
 use crate::config::Config;
 use crate::model::*;
 
@@ -439,11 +440,63 @@ fn one_changed_service_among_100000_plans_only_its_own_entries() {
     let out = r.sync(&config(&format!("{SIZED}{}", many_services(N, Some(77_777)))), false).unwrap();
     assert!(out.errors.is_empty(), "{:?}", out.errors);
     assert!(!out.full);
-    // Its backend entry, its table's chunks (four at 251 slots), and the
+    // Its backend entry, its table's chunk (one slot: one backend), and the
     // old backend's entry when no other service uses it: nothing else.
     assert!(!out.steps.is_empty() && out.steps.len() <= 8, "{} steps: {:?}", out.steps.len(), out.steps);
     assert!(out.steps.iter().all(|s| s.contains("HM_BACKENDS") || s.contains("HM_MAGLEV")), "{:?}", out.steps);
     assert!(out.patched, "only that service was compiled");
+}
+
+#[test]
+fn a_service_down_to_one_backend_shrinks_its_table_without_a_slot_naming_another_backend() {
+    const TWO: &str = "[[service]]\nname = \"web\"\nvip = \"10.96.0.10\"\nport = 80\nbackends = [\"192.168.1.1:80\", \"192.168.1.2:80\"]\n";
+    let k = kernel();
+    let mut r = reconciler(&k);
+    r.sync(&config(TWO), false).unwrap();
+    let chunks = |k: &FakeKernel| -> BTreeMap<u32, abi::MaglevChunk> {
+        k.state()
+            .maps
+            .iter()
+            .filter(|(key, _)| key.map == BpfMap::Maglev)
+            .map(|(key, v)| {
+                (abi::MaglevKey::from_bytes(&key.key).unwrap().chunk, abi::MaglevChunk::from_bytes(v).unwrap())
+            })
+            .collect()
+    };
+    assert_eq!(chunks(&k).len(), 4, "two backends: 251 slots");
+    k.state().log.clear();
+    // The backend that stays has id 1: an unfilled slot (id 0) would name
+    // the one that leaves.
+    let out = r.sync(&config(&TWO.replace("\"192.168.1.1:80\", ", "")), false).unwrap();
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    // Chunk 0 is rewritten while the service still says 251 slots, then the
+    // service, then the other chunks and the backend that left go.
+    let log = k.state().log.clone();
+    assert_eq!(
+        log.iter().filter(|l| l.contains("HM_")).map(String::as_str).collect::<Vec<_>>(),
+        [
+            "put_map_entry HM_MAGLEV",
+            "put_map_entry HM_SERVICES",
+            "delete_map_entry HM_MAGLEV",
+            "delete_map_entry HM_MAGLEV",
+            "delete_map_entry HM_MAGLEV",
+            "delete_map_entry HM_BACKENDS",
+        ],
+        "{log:?}"
+    );
+    // So between those writes every slot a probe can read names a backend
+    // of the service: chunk 0 is all the staying backend's.
+    let staying = k
+        .state()
+        .maps
+        .iter()
+        .find(|(key, _)| key.map == BpfMap::Backends)
+        .map(|(key, _)| u32::from_bytes(&key.key).unwrap())
+        .unwrap();
+    let left = chunks(&k);
+    assert_eq!(left.keys().copied().collect::<Vec<_>>(), [0]);
+    assert_eq!(staying, 1);
+    assert_eq!(left[&0].backend, [staying; abi::MAGLEV_CHUNK]);
 }
 
 #[test]
@@ -455,8 +508,9 @@ fn services_added_and_removed_by_a_patch_leave_the_kernel_as_a_full_sync_would()
     r.sync(&config(&many_services(N, None)), false).unwrap();
     let added = r.sync(&config(&format!("{}{NEW}", many_services(N, None))), false).unwrap();
     assert!(added.patched && added.errors.is_empty(), "{added:?}");
-    // A backend, four chunks, the service, its route.
-    assert_eq!(added.steps.len(), 7, "{:?}", added.steps);
+    // A backend, its one chunk (a lone backend's table), the service, its
+    // route.
+    assert_eq!(added.steps.len(), 4, "{:?}", added.steps);
     assert!(added.steps.last().unwrap().starts_with("set route 10.99.0.1/32"), "{:?}", added.steps);
     let check = r.sync(&config(&format!("{}{NEW}", many_services(N, None))), true).unwrap();
     assert!(check.steps.is_empty(), "a full resync after the patch finds nothing to do: {:?}", check.steps);
@@ -470,7 +524,8 @@ fn services_added_and_removed_by_a_patch_leave_the_kernel_as_a_full_sync_would()
         deletes[0].starts_with("delete route 10.99.0.1/32") && deletes[1] == "delete HM_SERVICES entry",
         "{deletes:?}"
     );
-    assert_eq!(removed.steps.len(), 11, "{:?}", removed.steps);
+    // Its backend stays: service 5 now uses it. One chunk each way.
+    assert_eq!(removed.steps.len(), 5, "{:?}", removed.steps);
     let check = r.sync(&config(&many_services(N, Some(5))), true).unwrap();
     assert!(check.steps.is_empty(), "{:?}", check.steps);
     let want: BTreeMap<_, _> = r

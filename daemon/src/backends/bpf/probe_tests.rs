@@ -99,6 +99,13 @@ fn cb_of(run: &sys::TestRun) -> [u32; 5] {
 }
 
 impl Probes {
+    /// Every (key, value) of a map, as bytes.
+    fn entries(&mut self, map: HmMap) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let fd = self.bpf.maps.map_fd(map).unwrap();
+        let def = map.def();
+        sys::map_dump(fd.as_fd(), def.key_size as usize, def.value_size as usize).unwrap()
+    }
+
     /// Every (key, value) of a conntrack map.
     fn conntrack(&mut self, map: HmMap) -> Vec<(abi::CtKey, abi::CtValue)> {
         let fd = self.bpf.maps.map_fd(map).unwrap();
@@ -251,6 +258,26 @@ fn natout_sends_each_new_flow_to_the_backend_the_rust_maglev_model_picks() {
     for sport in 50000..50016 {
         let out = p.run(Program::NatOut, &packet(client(sport), vip(), None));
         assert_eq!(addresses(&out.data).1, modelled_backend(sport, 17), "UDP, port {sport}");
+    }
+}
+
+#[test]
+fn a_lone_backend_s_table_of_one_slot_takes_every_flow() {
+    // No maglev_table_size: one backend gets the automatic one-slot table.
+    let config = format!(
+        "[daemon]\nconnect_time_lb = \"off\"\nhost_interfaces = [\"lo\"]\n[[service]]\nname = \"web\"\nvip = \"{VIP}\"\nport = \
+         80\nbackends = [\"{}\"]\n",
+        BACKENDS[1]
+    );
+    let mut p = Probes::with(&config);
+    let svc = p.entries(HmMap::Services);
+    assert_eq!(svc.len(), 1);
+    assert_eq!(abi::SvcValue::from_bytes(&svc[0].1).unwrap().table_size, table_size::ONE_BACKEND_TABLE_SIZE);
+    assert_eq!(p.entries(HmMap::Maglev).len(), 1, "one chunk");
+    for sport in 42000..42032 {
+        let out = p.run(Program::NatOut, &packet(client(sport), vip(), Some(TCP_SYN)));
+        assert_eq!(out.retval, abi::TC_ACT_OK as u32);
+        assert_eq!(addresses(&out.data).1, BACKENDS[1].parse().unwrap(), "port {sport}");
     }
 }
 
