@@ -178,16 +178,19 @@ impl Loader {
         }
         let mut objects = BTreeMap::new();
         let mut programs = BTreeMap::new();
-        for (role, variant) in objects::loaded_objects(&self.features) {
+        let loaded = objects::loaded_objects(&self.features);
+        let marks = loaded.map(|(_, variant)| objects::build_mark(objects::bytes(variant)));
+        // One loader for every object: each new one parses the kernel's
+        // BTF (/sys/kernel/btf/vmlinux, 5 MiB) again, a tenth of a start.
+        let mut loader = EbpfLoader::new();
+        for def in &defs {
+            loader.map_pin_path(def.name, self.pins.map(def.map));
+            loader.map_max_entries(def.name, def.max_entries);
+        }
+        for ((role, variant), mark) in loaded.into_iter().zip(&marks) {
             let bytes = objects::bytes(variant);
             let source = format!("probes/{} ({})", variant.def().source, variant.def().name);
-            let mut loader = EbpfLoader::new();
-            let mark = objects::build_mark(bytes);
-            loader.override_global("hm_build_mark", &mark, true);
-            for def in &defs {
-                loader.map_pin_path(def.name, self.pins.map(def.map));
-                loader.map_max_entries(def.name, def.max_entries);
-            }
+            loader.override_global("hm_build_mark", mark, true);
             let mut ebpf = loader.load(bytes).map_err(|e| bpf_err(format!("load {source}"), chain(&e)))?;
             for program in Program::ALL.into_iter().filter(|p| p.object() == role) {
                 let info = load_program(&mut ebpf, program)?;
