@@ -97,6 +97,10 @@ pub trait BpfBackend {
     /// Loads the programs and maps (once): the gate before any step that
     /// needs them.
     fn prepare(&mut self) -> Result<()>;
+    /// Starts loading the programs and maps in the background, for
+    /// `prepare` (or any other use) to wait for: the caller will need them
+    /// and has other work to do first.
+    fn preload(&mut self) {}
     /// Repairs and replacements made on the way (a lost pin pinned again,
     /// a map of another layout replaced), as sentences for the log.
     fn take_notes(&mut self) -> Vec<String> {

@@ -163,6 +163,11 @@ impl Reconciler {
             }
         };
         let full = full || resized || self.last_applied.is_none();
+        // Any service needs the probes: their load (a fifth of a second,
+        // most of it the verifier's) runs beside the compile.
+        if !config.services.is_empty() {
+            self.backends.bpf.preload();
+        }
         let result = self.sync_inner(config, full, may_give_way, started);
         if !matches!(&result, Ok(o) if o.errors.is_empty()) {
             self.last_applied = None;

@@ -3,11 +3,14 @@
 //! resizes or replaces them when not (each map created at its configured
 //! size), verifies every program once, and hands out the maps and
 //! programs by their typed names. Loading is lazy: a host with nothing
-//! configured gets no BPF state at all.
+//! configured gets no BPF state at all. A sync that will need the probes
+//! starts their load ahead (`preload`), on a thread of its own, while it
+//! compiles; the first use waits for it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
+use std::thread::JoinHandle;
 
 use aya::{Ebpf, EbpfLoader};
 
@@ -15,7 +18,7 @@ use super::pins::{unpin, PinDir};
 use super::sys::{self, ProgInfo};
 use super::{bpf_err, chain, objects, resize};
 use crate::abi::{HmMap, MapDef, ProbeObject};
-use crate::backends::{MapSizes, Result};
+use crate::backends::{BackendError, MapSizes, Result};
 use crate::model::{KernelFeatures, Program};
 
 pub(super) struct Loader {
@@ -23,6 +26,13 @@ pub(super) struct Loader {
     features: KernelFeatures,
     pub(super) sizes: MapSizes,
     loaded: Option<Loaded>,
+    /// A load `preload` started: what it loaded (or why not) and its notes.
+    pending: Option<JoinHandle<(Result<Loaded>, Vec<String>)>>,
+    /// Why the preload failed, for the first use to report.
+    preload_failed: Option<BackendError>,
+    /// Whether maps were pinned when the preload started: if not, what it
+    /// loads is new and empty, and reading the maps need not wait for it.
+    preloaded_over_pins: bool,
     /// Whether sk_lookup programs load here (probed once, without pins).
     sk_lookup: Option<Option<String>>,
     /// Pinned maps that did not match this build's layout and were
@@ -47,7 +57,50 @@ pub(super) struct Loaded {
 
 impl Loader {
     pub(super) fn new(pins: PinDir, features: KernelFeatures) -> Self {
-        Loader { pins, features, sizes: MapSizes::default(), loaded: None, sk_lookup: None, notes: Vec::new() }
+        Loader {
+            pins,
+            features,
+            sizes: MapSizes::default(),
+            loaded: None,
+            pending: None,
+            preload_failed: None,
+            preloaded_over_pins: false,
+            sk_lookup: None,
+            notes: Vec::new(),
+        }
+    }
+
+    /// Starts loading the probes on a thread of its own unless they are
+    /// loaded or loading: the caller will need them, and has other work
+    /// to do meanwhile (a first sync compiles 100,000 services for as long
+    /// as the load takes). Their first use waits for the load.
+    pub(super) fn preload(&mut self) {
+        if self.loaded.is_some() || self.pending.is_some() {
+            return;
+        }
+        self.preloaded_over_pins = self.has_pins();
+        let (pins, features, sizes) = (self.pins.clone(), self.features.clone(), self.sizes);
+        let spawned = std::thread::Builder::new().name("hm-bpf-load".into()).spawn(move || {
+            let mut notes = Vec::new();
+            (load(&pins, &features, &sizes, &mut notes), notes)
+        });
+        // Without a thread the first use loads, as without a preload.
+        self.pending = spawned.ok();
+    }
+
+    /// Waits for a preload and keeps what it loaded, or why it failed.
+    fn settle(&mut self) {
+        let Some(pending) = self.pending.take() else { return };
+        match pending.join() {
+            Ok((loaded, notes)) => {
+                self.notes.extend(notes);
+                match loaded {
+                    Ok(loaded) => self.loaded = Some(loaded),
+                    Err(e) => self.preload_failed = Some(e),
+                }
+            }
+            Err(_) => self.preload_failed = Some(bpf_err("load the probes", "the loading thread panicked")),
+        }
     }
 
     pub(super) fn features(&self) -> &KernelFeatures {
@@ -62,14 +115,21 @@ impl Loader {
     }
 
     /// Whether the maps exist, loaded or pinned: the runtime maps' owners
-    /// have nothing to do before.
+    /// have nothing to do before. A preload that started with nothing
+    /// pinned creates new, empty maps: none exist for them yet (the pins
+    /// it is making are not looked at).
     pub(super) fn any(&self) -> bool {
-        self.loaded.is_some() || self.has_pins()
+        match self.pending {
+            Some(_) => self.preloaded_over_pins,
+            None => self.loaded.is_some() || self.has_pins(),
+        }
     }
 
     /// Drops what is loaded: the next use loads again (new sizes).
     /// Returns whether anything was loaded.
     pub(super) fn unload(&mut self) -> bool {
+        self.settle();
+        self.preload_failed = None;
         self.loaded.take().is_some()
     }
 
@@ -122,6 +182,7 @@ impl Loader {
 
     /// Unpins every map: teardown. Says what it did, a line each.
     pub(super) fn unpin_maps(&mut self) -> io::Result<Vec<String>> {
+        self.settle();
         self.loaded = None;
         let mut removed = Vec::new();
         for map in HmMap::pinned() {
@@ -138,6 +199,7 @@ impl Loader {
     /// that the programs they replaced kept writing into maps retired by a
     /// resize, then lets those maps go.
     pub(super) fn finish_migration(&mut self) -> Result<Vec<String>> {
+        self.settle();
         let Some(loaded) = self.loaded.as_mut() else { return Ok(Vec::new()) };
         let mut notes = Vec::new();
         for r in std::mem::take(&mut loaded.retired) {
@@ -160,77 +222,14 @@ impl Loader {
     }
 
     fn ensure_loaded(&mut self) -> Result<&mut Loaded> {
+        self.settle();
+        if let Some(e) = self.preload_failed.take() {
+            return Err(e);
+        }
         if self.loaded.is_none() {
-            self.loaded = Some(self.load()?);
+            self.loaded = Some(load(&self.pins, &self.features, &self.sizes, &mut self.notes)?);
         }
         Ok(self.loaded.as_mut().expect("just loaded"))
-    }
-
-    fn load(&mut self) -> Result<Loaded> {
-        let _held = super::held_signals::HeldSignals::new();
-        self.pins.ensure().map_err(|e| bpf_err(format!("prepare {}", self.pins.root.display()), e))?;
-        // Every map as the configuration sizes it: a pin of another size
-        // is retired, and new maps are created at this size.
-        let defs: Vec<MapDef> = HmMap::pinned().map(|m| objects::sized(m, &self.sizes)).collect();
-        let mut retired = Vec::new();
-        for def in &defs {
-            retired.extend(self.retire_incompatible(def)?);
-        }
-        let mut objects = BTreeMap::new();
-        let mut programs = BTreeMap::new();
-        let loaded = objects::loaded_objects(&self.features);
-        let marks = loaded.map(|(_, variant)| objects::build_mark(objects::bytes(variant)));
-        // One loader for every object: each new one parses the kernel's
-        // BTF (/sys/kernel/btf/vmlinux, 5 MiB) again, a tenth of a start.
-        let mut loader = EbpfLoader::new();
-        for def in &defs {
-            loader.map_pin_path(def.name, self.pins.map(def.map));
-            loader.map_max_entries(def.name, def.max_entries);
-        }
-        for ((role, variant), mark) in loaded.into_iter().zip(&marks) {
-            let bytes = objects::bytes(variant);
-            let source = format!("probes/{} ({})", variant.def().source, variant.def().name);
-            loader.override_global("hm_build_mark", mark, true);
-            let mut ebpf = loader.load(bytes).map_err(|e| bpf_err(format!("load {source}"), chain(&e)))?;
-            for program in Program::ALL.into_iter().filter(|p| p.object() == role) {
-                let info = load_program(&mut ebpf, program)?;
-                programs.insert(program, info);
-            }
-            objects.insert(role, ebpf);
-        }
-        let mut maps = BTreeMap::new();
-        for map in HmMap::pinned() {
-            let fd = sys::obj_get(&self.pins.map(map)).map_err(|e| bpf_err(format!("open pinned map {map}"), e))?;
-            maps.insert(map, fd);
-        }
-        let pinned_ids = maps
-            .iter()
-            .map(|(name, fd)| {
-                sys::map_info(fd.as_fd()).map(|i| i.id).map_err(|e| bpf_err(format!("info of {name}"), e))
-            })
-            .collect::<Result<_>>()?;
-        // Resized maps are filled before any program of this build uses
-        // them (the sync attaches those later).
-        for r in &retired {
-            let new = maps.get(&r.def.map).ok_or_else(|| bpf_err(format!("open {}", r.def.name), "not loaded"))?;
-            let copied = r
-                .copy_into(new.as_fd(), false)
-                .map_err(|e| bpf_err(format!("copy {} into its new map", r.def.name), e))?;
-            let what = if r.old_value_size != r.def.value_size {
-                format!(
-                    "map {} migrated from values of {} to {} bytes ({} to {} entries)",
-                    r.def.name, r.old_value_size, r.def.value_size, r.old_entries, r.def.max_entries
-                )
-            } else {
-                format!("map {} resized from {} to {} entries", r.def.name, r.old_entries, r.def.max_entries)
-            };
-            self.notes.push(format!(
-                "{what}: {} entries copied{}",
-                copied.copied,
-                if copied.skipped > 0 { format!(", {} did not fit", copied.skipped) } else { String::new() }
-            ));
-        }
-        Ok(Loaded { objects, programs, maps, pinned_ids, retired })
     }
 
     /// A map whose pin someone removed lives on while the daemon holds it:
@@ -246,58 +245,124 @@ impl Loader {
         }
         Ok(())
     }
+}
 
-    /// A pinned map with another layout (an upgrade changed it) is unpinned
-    /// so a new one is created. Programs still attached keep using the old
-    /// map until this build's programs replace them (they show as
-    /// outdated: their maps differ), so traffic keeps flowing. A map that
-    /// differs only in capacity is resized instead: returned, still open,
-    /// for its entries to be copied into the new one.
-    fn retire_incompatible(&mut self, def: &MapDef) -> Result<Option<resize::Retired>> {
-        let path = self.pins.map(def.map);
-        let fd = match sys::obj_get(&path) {
-            Ok(fd) => fd,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(bpf_err(format!("open pinned map {}", path.display()), e)),
-        };
-        let info = sys::map_info(fd.as_fd()).map_err(|e| bpf_err(format!("info of {}", path.display()), e))?;
-        let same_kind = info.map_type == def.map_type && info.key_size == def.key_size && info.flags == def.flags;
-        let same_layout = same_kind && info.value_size == def.value_size;
-        if same_layout && info.max_entries == def.max_entries {
-            return Ok(None);
+/// Loads the probe objects against the pins in `pins`, each map at the
+/// size `sizes` gives it; repairs made on the way go to `notes`.
+fn load(pins: &PinDir, features: &KernelFeatures, sizes: &MapSizes, notes: &mut Vec<String>) -> Result<Loaded> {
+    let _held = super::held_signals::HeldSignals::new();
+    pins.ensure().map_err(|e| bpf_err(format!("prepare {}", pins.root.display()), e))?;
+    // Every map as the configuration sizes it: a pin of another size
+    // is retired, and new maps are created at this size.
+    let defs: Vec<MapDef> = HmMap::pinned().map(|m| objects::sized(m, sizes)).collect();
+    let mut retired = Vec::new();
+    for def in &defs {
+        retired.extend(retire_incompatible(pins, def, notes)?);
+    }
+    let mut objects = BTreeMap::new();
+    let mut programs = BTreeMap::new();
+    let loaded = objects::loaded_objects(features);
+    let marks = loaded.map(|(_, variant)| objects::build_mark(objects::bytes(variant)));
+    // One loader for every object: each new one parses the kernel's
+    // BTF (/sys/kernel/btf/vmlinux, 5 MiB) again, a tenth of a start.
+    let mut loader = EbpfLoader::new();
+    for def in &defs {
+        loader.map_pin_path(def.name, pins.map(def.map));
+        loader.map_max_entries(def.name, def.max_entries);
+    }
+    for ((role, variant), mark) in loaded.into_iter().zip(&marks) {
+        let bytes = objects::bytes(variant);
+        let source = format!("probes/{} ({})", variant.def().source, variant.def().name);
+        loader.override_global("hm_build_mark", mark, true);
+        let mut ebpf = loader.load(bytes).map_err(|e| bpf_err(format!("load {source}"), chain(&e)))?;
+        for program in Program::ALL.into_iter().filter(|p| p.object() == role) {
+            let info = load_program(&mut ebpf, program)?;
+            programs.insert(program, info);
         }
-        unpin(&path).map_err(|e| bpf_err(format!("unpin {}", path.display()), e))?;
-        let grown = same_kind && resize::grows(def, info.value_size);
-        if (same_layout || grown) && resize::copyable(def) {
-            return Ok(Some(resize::Retired {
-                def: *def,
-                old: fd,
-                old_entries: info.max_entries,
-                old_value_size: info.value_size,
-            }));
-        }
-        self.notes.push(if same_layout {
+        objects.insert(role, ebpf);
+    }
+    let mut maps = BTreeMap::new();
+    for map in HmMap::pinned() {
+        let fd = sys::obj_get(&pins.map(map)).map_err(|e| bpf_err(format!("open pinned map {map}"), e))?;
+        maps.insert(map, fd);
+    }
+    let pinned_ids = maps
+        .iter()
+        .map(|(name, fd)| sys::map_info(fd.as_fd()).map(|i| i.id).map_err(|e| bpf_err(format!("info of {name}"), e)))
+        .collect::<Result<_>>()?;
+    // Resized maps are filled before any program of this build uses
+    // them (the sync attaches those later).
+    for r in &retired {
+        let new = maps.get(&r.def.map).ok_or_else(|| bpf_err(format!("open {}", r.def.name), "not loaded"))?;
+        let copied =
+            r.copy_into(new.as_fd(), false).map_err(|e| bpf_err(format!("copy {} into its new map", r.def.name), e))?;
+        let what = if r.old_value_size != r.def.value_size {
             format!(
-                "map {} resized from {} to {} entries; sidecar listeners are registered again",
-                def.name, info.max_entries, def.max_entries
+                "map {} migrated from values of {} to {} bytes ({} to {} entries)",
+                r.def.name, r.old_value_size, r.def.value_size, r.old_entries, r.def.max_entries
             )
         } else {
-            format!(
-                "pinned map {} has another layout (type {} key {} value {} entries {}); replacing it with this build's \
-                 (type {} key {} value {} entries {})",
-                def.name,
-                info.map_type,
-                info.key_size,
-                info.value_size,
-                info.max_entries,
-                def.map_type,
-                def.key_size,
-                def.value_size,
-                def.max_entries
-            )
-        });
-        Ok(None)
+            format!("map {} resized from {} to {} entries", r.def.name, r.old_entries, r.def.max_entries)
+        };
+        notes.push(format!(
+            "{what}: {} entries copied{}",
+            copied.copied,
+            if copied.skipped > 0 { format!(", {} did not fit", copied.skipped) } else { String::new() }
+        ));
     }
+    Ok(Loaded { objects, programs, maps, pinned_ids, retired })
+}
+
+/// A pinned map with another layout (an upgrade changed it) is unpinned
+/// so a new one is created. Programs still attached keep using the old
+/// map until this build's programs replace them (they show as
+/// outdated: their maps differ), so traffic keeps flowing. A map that
+/// differs only in capacity is resized instead: returned, still open,
+/// for its entries to be copied into the new one.
+fn retire_incompatible(pins: &PinDir, def: &MapDef, notes: &mut Vec<String>) -> Result<Option<resize::Retired>> {
+    let path = pins.map(def.map);
+    let fd = match sys::obj_get(&path) {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(bpf_err(format!("open pinned map {}", path.display()), e)),
+    };
+    let info = sys::map_info(fd.as_fd()).map_err(|e| bpf_err(format!("info of {}", path.display()), e))?;
+    let same_kind = info.map_type == def.map_type && info.key_size == def.key_size && info.flags == def.flags;
+    let same_layout = same_kind && info.value_size == def.value_size;
+    if same_layout && info.max_entries == def.max_entries {
+        return Ok(None);
+    }
+    unpin(&path).map_err(|e| bpf_err(format!("unpin {}", path.display()), e))?;
+    let grown = same_kind && resize::grows(def, info.value_size);
+    if (same_layout || grown) && resize::copyable(def) {
+        return Ok(Some(resize::Retired {
+            def: *def,
+            old: fd,
+            old_entries: info.max_entries,
+            old_value_size: info.value_size,
+        }));
+    }
+    notes.push(if same_layout {
+        format!(
+            "map {} resized from {} to {} entries; sidecar listeners are registered again",
+            def.name, info.max_entries, def.max_entries
+        )
+    } else {
+        format!(
+            "pinned map {} has another layout (type {} key {} value {} entries {}); replacing it with this build's \
+             (type {} key {} value {} entries {})",
+            def.name,
+            info.map_type,
+            info.key_size,
+            info.value_size,
+            info.max_entries,
+            def.map_type,
+            def.key_size,
+            def.value_size,
+            def.max_entries
+        )
+    });
+    Ok(None)
 }
 
 /// Loads the mesh object alone, with throwaway maps, to learn whether

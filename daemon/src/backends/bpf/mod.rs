@@ -152,6 +152,10 @@ impl BpfBackend for PinnedBpf {
         self.maps.map_fd(HmMap::Config).map(|_| ())
     }
 
+    fn preload(&mut self) {
+        self.maps.preload();
+    }
+
     fn take_notes(&mut self) -> Vec<String> {
         self.maps.take_notes()
     }

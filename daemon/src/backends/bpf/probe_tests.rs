@@ -624,3 +624,37 @@ fn pseudo6_of(s: std::net::Ipv6Addr, d: std::net::Ipv6Addr, next: u8, len: usize
 
 mod batch_tests;
 mod external_tests;
+
+#[test]
+fn a_preload_is_waited_for_by_the_first_use_which_reports_its_failure() {
+    use crate::backends::BpfBackend;
+    assert!(nix::unistd::geteuid().is_root(), "the probe tests load BPF programs: run them as root");
+    own_netns();
+    super::raise_memlock_limit();
+    let features = super::features::probe().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pins = dir.path().join("bpf");
+    PinDir::new(&pins).prepare().unwrap();
+    let mut bpf = PinnedBpf::new(&pins, features.clone());
+    bpf.preload();
+    // Nothing was pinned: the maps it is making are new and empty, so
+    // reading the maps does not wait for them.
+    assert!(!bpf.maps.any());
+    assert!(bpf.map_entries().unwrap().is_empty());
+    bpf.prepare().unwrap();
+    assert!(bpf.maps.any() && PinDir::new(&pins).map(HmMap::Config).exists());
+    // A second preload of what is loaded does nothing.
+    bpf.preload();
+    bpf.prepare().unwrap();
+    bpf.remove_all().unwrap();
+
+    // A pin dir that cannot be made: the first use says why, and the one
+    // after tries again (and says it again).
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let mut bad = PinnedBpf::new(&file.join("bpf"), features);
+    bad.preload();
+    let first = bad.prepare().unwrap_err().to_string();
+    assert!(first.contains("a-file/bpf") && first.contains("Not a directory"), "{first}");
+    assert_eq!(bad.prepare().unwrap_err().to_string(), first);
+}
