@@ -349,6 +349,8 @@ pub(crate) struct FileConfig {
     pub gateway: Option<Gateway>,
     pub peers: Vec<Peer>,
     pub members: Vec<Member>,
+    /// Its claims, indexed at its first merge (`merge`).
+    pub index: super::merge::IndexCell,
 }
 
 /// The configuration in force: every accepted file merged.
