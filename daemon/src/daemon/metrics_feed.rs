@@ -13,20 +13,18 @@ use crate::backends::bpf::objects::sized;
 use crate::config::Config;
 use crate::http_endpoint::Listening;
 use crate::metrics::{MapRow, Metrics, Published};
-use crate::model::Desired;
+use crate::model::BpfMap;
 use crate::state::Status;
 
 pub(super) struct MetricsFeed {
     metrics: Metrics,
     /// The endpoint, following `[daemon] metrics_listen`.
     pub(super) listening: Listening,
-    /// Entries per map in the desired state, and the generation they are of.
-    entries: (u64, BTreeMap<HmMap, u64>),
 }
 
 impl MetricsFeed {
     pub(super) fn new(metrics: Metrics) -> Self {
-        MetricsFeed { metrics, listening: Listening::default(), entries: (0, BTreeMap::new()) }
+        MetricsFeed { metrics, listening: Listening::default() }
     }
 
     /// What syncs, reloads and peer transitions are counted in.
@@ -43,26 +41,19 @@ impl MetricsFeed {
     /// endpoint does not use, are not in it yet) and the configuration
     /// (nothing while it is off); the scrape thread builds its snapshot
     /// from them.
-    pub(super) fn publish(&mut self, config: &Arc<Config>, status: &Status, want: Option<&Desired>, generation: u64) {
+    pub(super) fn publish(&mut self, config: &Arc<Config>, status: &Status, entries: Option<&BTreeMap<BpfMap, usize>>) {
         if !self.listening.serving() {
             return;
         }
-        let maps = self.map_rows(config, status, want, generation);
+        let maps = self.map_rows(config, status, entries);
         self.metrics.publish(Published::new(config, status.clone(), maps));
     }
 
-    /// Every map's capacity; the entries of those the daemon writes (from
-    /// the desired state, counted once per generation) and conntrack's
-    /// (from the last sweep).
-    fn map_rows(&mut self, config: &Config, status: &Status, want: Option<&Desired>, generation: u64) -> Vec<MapRow> {
-        if self.entries.0 != generation {
-            let mut counts = BTreeMap::new();
-            for k in want.map(|d| d.map_entries.keys()).into_iter().flatten() {
-                *counts.entry(k.map.map()).or_default() += 1;
-            }
-            self.entries = (generation, counts);
-        }
-        let counts = &self.entries.1;
+    /// Every map's capacity; the entries of those the daemon writes (the
+    /// desired state's, which the compile counts and patches keep) and
+    /// conntrack's (from the last sweep).
+    fn map_rows(&self, config: &Config, status: &Status, entries: Option<&BTreeMap<BpfMap, usize>>) -> Vec<MapRow> {
+        let count = |map: BpfMap| entries.and_then(|e| e.get(&map)).copied().unwrap_or(0) as u64;
         let sizes = &config.daemon.sizes;
         MAPS.iter()
             .filter(|m| m.pinned)
@@ -71,8 +62,7 @@ impl MetricsFeed {
                     HmMap::Ct => Some(status.counts.conntrack_open as u64),
                     HmMap::CtClosing => Some(status.counts.conntrack_closed as u64),
                     HmMap::Nat => Some(status.counts.conntrack_external as u64),
-                    map if crate::model::BpfMap::of(map).is_some() => Some(counts.get(&map).copied().unwrap_or(0)),
-                    _ => None,
+                    map => BpfMap::of(map).map(count),
                 };
                 MapRow { map: m.name, entries, capacity: u64::from(sized(m.map, sizes).max_entries) }
             })

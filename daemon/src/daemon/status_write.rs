@@ -124,7 +124,7 @@ impl Daemon {
         let (status, services) = self.status();
         let line = report::status_line(&status);
         let config = Arc::clone(self.config.config());
-        self.metrics.publish(&config, &status, self.runner.reconciler.desired(), self.runner.generation);
+        self.metrics.publish(&config, &status, self.runner.reconciler.entry_counts());
         self.status_writer.submit(Job { status, services, asked });
         line
     }

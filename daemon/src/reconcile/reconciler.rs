@@ -135,6 +135,11 @@ impl Reconciler {
         self.compiled.as_ref().map(|c| &c.desired)
     }
 
+    /// How many entries the desired state has in each map.
+    pub(crate) fn entry_counts(&self) -> Option<&BTreeMap<crate::model::BpfMap, usize>> {
+        self.compiled.as_ref().map(|c| c.entry_counts())
+    }
+
     pub(crate) fn sync(&mut self, config: &Arc<Config>, full: bool) -> Result<SyncOutcome, BackendError> {
         self.sync_with(config, full, false)
     }

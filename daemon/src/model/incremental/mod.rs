@@ -40,6 +40,9 @@ pub(crate) struct Compiled {
     backend_users: HashMap<SocketAddr, u32>,
     chunks_used: usize,
     v6_services: usize,
+    /// The entries of each map in `desired`, kept by patches (the metrics
+    /// report them after every sync).
+    entry_counts: BTreeMap<BpfMap, usize>,
 }
 
 /// The map entries and routes a patch may have changed; nothing else did.
@@ -189,6 +192,11 @@ fn same_service(a: &Service, b: &Service) -> bool {
 }
 
 impl Compiled {
+    /// How many entries `desired` has in each map.
+    pub(crate) fn entry_counts(&self) -> &BTreeMap<BpfMap, usize> {
+        &self.entry_counts
+    }
+
     /// Indexes a full compile of `config` on `facts`.
     pub(crate) fn new(desired: Desired, config: &Arc<Config>, facts: &HostFacts) -> Compiled {
         let prior = Prior::from_entries(desired.map_entries.iter().map(|(k, v)| (k, &v.spec)));
@@ -197,7 +205,12 @@ impl Compiled {
             *backend_users.entry(b.addr).or_default() += 1;
         }
         let d = &config.daemon;
+        let mut entry_counts = BTreeMap::new();
+        for k in desired.map_entries.keys() {
+            *entry_counts.entry(k.map).or_default() += 1;
+        }
         Compiled {
+            entry_counts,
             chunks_used: config.services.iter().map(|s| chunks_of(s, table_size_of(s, d))).sum(),
             v6_services: config.services.iter().filter(|s| s.vip.is_ipv6()).count(),
             service_ids: IdPool::new(prior.services),
@@ -238,6 +251,21 @@ pub(crate) fn recompile(mut prev: Compiled, config: &Arc<Config>, facts: &HostFa
     }
     reassign_ids(&mut prev, d, &gone, &came)?;
 
+    // What the new versions want, built before anything is taken out so
+    // the entry counts can be kept from the touched keys' presence.
+    let mut put = Vec::with_capacity(came.len());
+    for s in &came {
+        let id = prev.service_ids.get(&key_of(s))?;
+        let ids = prev.backend_ids.of(&s.backends)?;
+        put.push((owner_of(s), service_entries(s, id, &ids, table_size_of(s, d), &config.meshes)));
+    }
+    let keys: BTreeSet<MapEntryKey> = take_out
+        .iter()
+        .flat_map(|(_, keys, _)| keys.iter().cloned())
+        .chain(put.iter().flat_map(|(_, entries)| entries.iter().map(|(k, _)| k.clone())))
+        .collect();
+    let was: Vec<bool> = keys.iter().map(|k| prev.desired.map_entries.contains_key(k)).collect();
+
     let mut touched = Touched::default();
     let out = &mut prev.desired;
     for (owner, keys, route) in take_out {
@@ -250,11 +278,8 @@ pub(crate) fn recompile(mut prev: Compiled, config: &Arc<Config>, facts: &HostFa
             touched.routes.insert(k);
         }
     }
-    for s in &came {
-        let owner = owner_of(s);
-        let id = prev.service_ids.get(&key_of(s))?;
-        let ids = prev.backend_ids.of(&s.backends)?;
-        for (k, v) in service_entries(s, id, &ids, table_size_of(s, d), &config.meshes) {
+    for (s, (owner, entries)) in came.iter().zip(put) {
+        for (k, v) in entries {
             touched.map_entries.insert(k.clone());
             want(&mut out.map_entries, k, v, &owner);
         }
@@ -263,6 +288,20 @@ pub(crate) fn recompile(mut prev: Compiled, config: &Arc<Config>, facts: &HostFa
                 touched.routes.insert(k.clone());
                 want(&mut out.routes, k, spec, &owner);
             }
+        }
+    }
+    for (k, was) in keys.iter().zip(was) {
+        match (was, prev.desired.map_entries.contains_key(k)) {
+            (false, true) => *prev.entry_counts.entry(k.map).or_default() += 1,
+            (true, false) => {
+                if let Some(n) = prev.entry_counts.get_mut(&k.map) {
+                    *n -= 1;
+                    if *n == 0 {
+                        prev.entry_counts.remove(&k.map);
+                    }
+                }
+            }
+            _ => {}
         }
     }
     prev.config = Arc::clone(config);
@@ -310,24 +349,22 @@ fn serves_network(config: &Config) -> bool {
 /// comes (`came`): removed, added, and changed ones in both.
 fn changed_services<'c>(old: &Config, config: &'c Config) -> (Vec<Arc<Service>>, Vec<&'c Service>) {
     type ByName<'a> = HashMap<&'a str, usize, foldhash::quality::RandomState>;
-    fn by_name(c: &Config) -> ByName<'_> {
-        c.services.iter().enumerate().map(|(i, s)| (s.name.as_str(), i)).collect()
+    fn by_name(services: &[Arc<Service>]) -> ByName<'_> {
+        services.iter().enumerate().map(|(i, s)| (s.name.as_str(), i)).collect()
     }
-    let (old_names, new_names) = (by_name(old), by_name(config));
+    // Unchanged files keep their parse: their services are the same ones,
+    // in the same order. What lies between the longest shared head and
+    // tail is all an edit beside 100,000 unchanged services compares.
+    let (o, n) = (&old.services[..], &config.services[..]);
+    let head = o.iter().zip(n).take_while(|(a, b)| Arc::ptr_eq(a, b)).count();
+    let tail = o[head..].iter().rev().zip(n[head..].iter().rev()).take_while(|(a, b)| Arc::ptr_eq(a, b)).count();
+    let (o, n) = (&o[head..o.len() - tail], &n[head..n.len() - tail]);
+    let (old_names, new_names) = (by_name(o), by_name(n));
     // A service shared by both (an unchanged file's) is the same one.
     let same = |a: &Arc<Service>, b: &Arc<Service>| Arc::ptr_eq(a, b) || same_service(a, b);
-    let gone = old
-        .services
-        .iter()
-        .filter(|s| new_names.get(s.name.as_str()).is_none_or(|&i| !same(s, &config.services[i])))
-        .cloned()
-        .collect();
-    let came = config
-        .services
-        .iter()
-        .filter(|s| old_names.get(s.name.as_str()).is_none_or(|&i| !same(&old.services[i], s)))
-        .map(|s| &**s)
-        .collect();
+    let gone = o.iter().filter(|s| new_names.get(s.name.as_str()).is_none_or(|&i| !same(s, &n[i]))).cloned().collect();
+    let came =
+        n.iter().filter(|s| old_names.get(s.name.as_str()).is_none_or(|&i| !same(&o[i], s))).map(|s| &**s).collect();
     (gone, came)
 }
 

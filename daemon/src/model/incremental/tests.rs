@@ -138,6 +138,24 @@ fn both_ways(before: &Config, after: &Config) -> (Desired, Option<(Compiled, Tou
     (full, patched, have)
 }
 
+/// Each service of `after` equal to one of `before` (where it was written
+/// too) becomes that one, shared, as an unchanged file's parse is.
+fn share_unchanged(before: &Config, after: &mut Config) {
+    for s in &mut after.services {
+        if let Some(b) = before.services.iter().find(|b| ***b == **s) {
+            *s = Arc::clone(b);
+        }
+    }
+}
+
+fn entry_counts(d: &Desired) -> BTreeMap<BpfMap, usize> {
+    let mut counts = BTreeMap::new();
+    for k in d.map_entries.keys() {
+        *counts.entry(k.map).or_default() += 1;
+    }
+    counts
+}
+
 const MESH: &str = "[[mesh]]\nname = \"m\"\nvip = \"10.96.0.1\"\nport = 80\nredirect_port = 15001\n";
 
 proptest! {
@@ -151,14 +169,19 @@ proptest! {
         mesh in any::<bool>(),
         services in prop::collection::vec(svc(), 1..24),
         edits in prop::collection::vec(edit(), 1..4),
+        share in any::<bool>(),
     ) {
         // A mesh entry on one of the VIPs: its services are the sidecar's.
         let mesh = if mesh { MESH } else { "" };
         let before = config(&format!("{}{mesh}", text(mode, &services)));
-        let after = config(&format!("{}{mesh}", text(mode, &edited(&services, &edits))));
+        let mut after = config(&format!("{}{mesh}", text(mode, &edited(&services, &edits))));
+        if share {
+            share_unchanged(&before, &mut after);
+        }
         let (full, patched, have) = both_ways(&before, &after);
         if let Some((c, touched)) = patched {
             prop_assert_eq!(&c.desired, &full);
+            prop_assert_eq!(c.entry_counts(), &entry_counts(&full));
             let none = BTreeMap::new();
             let whole = plan(&have, &full, &none);
             let part = plan(&touched.observed(&have), &touched.desired(&c.desired), &none);
