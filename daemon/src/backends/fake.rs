@@ -26,6 +26,10 @@ pub(crate) struct KernelState {
     pub bpf_broken: Option<String>,
     /// Host sysctls (not on hm-* links) that exist, with their values.
     pub host_sysctls: BTreeMap<String, String>,
+    /// A flag the next sysctl read raises: a full sync reads sysctls
+    /// after the maps, so a test makes something happen between its
+    /// observe and its plan.
+    pub raise_on_sysctl_read: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// Cheap to clone: every clone sees the same state, so a test keeps one
@@ -187,7 +191,10 @@ impl NetBackend for FakeKernel {
 
 impl SysctlBackend for FakeKernel {
     fn get(&mut self, path: &str) -> Result<Option<String>> {
-        let s = self.state();
+        let mut s = self.state();
+        if let Some(flag) = s.raise_on_sysctl_read.take() {
+            flag.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         if let Some(v) = s.sysctls.get(path) {
             return Ok(Some(v.clone()));
         }

@@ -18,7 +18,7 @@ use crate::model::{compile_unless_stopped, gateway, Desired, HostFacts, Observed
 use super::apply::{apply, Applied, StepError};
 use super::observe::{observe_sysctls, observe_until};
 use super::originals::SysctlOriginals;
-use super::plan::plan;
+use super::plan::{plan, plan_until};
 
 /// What a sync will apply: the last compile patched, with what the patch
 /// touched, or a compile of everything.
@@ -192,7 +192,7 @@ impl Reconciler {
         let facts = self.host_facts(config)?;
         let (want, observed) = self.want(config, &facts, full, may_give_way, &mut phases, &mut mark)?;
         let kept = matches!(want, Want::Kept(_));
-        let nothing_done = |r: &mut Self, stopped: bool, gave_way: bool| SyncOutcome {
+        let nothing_done = |r: &mut Self, stopped: bool, gave_way: bool, phases: Phases| SyncOutcome {
             full,
             patched: false,
             step_count: 0,
@@ -208,18 +208,31 @@ impl Reconciler {
         let (compiled, touched) = match want {
             Want::Patched(c, touched) => (*c, Some(touched)),
             Want::Kept(c) => (*c, None),
-            Want::GaveWay => return Ok(nothing_done(self, false, true)),
+            Want::GaveWay => return Ok(nothing_done(self, false, true, phases)),
             // A partial compile is never planned, let alone applied.
-            Want::Compiled(_) if self.stopping.load(Ordering::Relaxed) => return Ok(nothing_done(self, true, false)),
+            Want::Compiled(_) if self.stopping.load(Ordering::Relaxed) => {
+                return Ok(nothing_done(self, true, false, phases))
+            }
             Want::Compiled(desired) => (Compiled::new(desired, config, &facts), None),
         };
         phases.compile += lap(&mut mark);
         let Some(have) = observed.as_ref().or(self.last_applied.as_ref()) else {
             unreachable!("an incremental sync has a last applied state, a full one observed");
         };
+        // A resync of the last compile gives way during its plan too.
+        let waiting = Arc::clone(&self.waiting);
+        let give_up = move || may_give_way && kept && waiting.load(Ordering::Relaxed);
         let steps = match &touched {
             Some(t) => plan(&t.observed(have), &t.desired(&compiled.desired), self.originals.values()),
-            None => plan(have, &compiled.desired, self.originals.values()),
+            None => match plan_until(have, &compiled.desired, self.originals.values(), &give_up) {
+                Some(steps) => steps,
+                None => {
+                    drop(observed);
+                    self.compiled = Some(compiled);
+                    phases.plan = lap(&mut mark);
+                    return Ok(nothing_done(self, false, true, phases));
+                }
+            },
         };
         // What observe read is planned against and no longer needed.
         drop(observed);

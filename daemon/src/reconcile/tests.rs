@@ -277,6 +277,32 @@ fn a_resync_gives_way_to_a_waiting_change_and_leaves_everything_as_it_was() {
 }
 
 #[test]
+fn a_resync_gives_way_during_its_plan_too() {
+    // 2,000 services: over 6,000 map entries, so the plan's walk looks at
+    // the flag on its way.
+    let k = kernel();
+    let waiting = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut r = reconciler(&k).with_waiting_flag(Arc::clone(&waiting));
+    let all = config(&many_services(2_000, None));
+    r.sync_giving_way(&all).unwrap();
+    let gone = k.state().maps.keys().find(|e| e.map == BpfMap::Services).cloned().unwrap();
+    k.state().maps.remove(&gone);
+    // The change arrives after the resync read the maps, before it plans.
+    k.state().raise_on_sysctl_read = Some(Arc::clone(&waiting));
+    let before = k.state().log.len();
+    let out = r.sync_giving_way(&all).unwrap();
+    assert!(out.gave_way && out.steps.is_empty() && out.errors.is_empty(), "{out:?}");
+    assert_eq!(k.state().log.len(), before, "nothing written");
+    // The change's sync patches the kept compile; the resync then repairs.
+    let out = r.sync(&all, false).unwrap();
+    assert!(!out.full && out.patched && out.errors.is_empty(), "{out:?}");
+    waiting.store(false, std::sync::atomic::Ordering::Relaxed);
+    let out = r.sync_giving_way(&all).unwrap();
+    assert!(out.full && !out.gave_way && out.patched, "{out:?}");
+    assert_eq!(out.steps, ["update HM_SERVICES entry"]);
+}
+
+#[test]
 fn a_link_in_the_way_is_recreated_with_everything_on_it() {
     let k = kernel();
     let mut r = reconciler(&k);
