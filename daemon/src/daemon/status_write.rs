@@ -82,6 +82,7 @@ impl Drop for StatusWriter {
 
 fn write_loop(shared: &(Mutex<Queue>, Condvar), state_dir: &std::path::Path, log: &Logger) {
     let (lock, ready) = shared;
+    let mut rows = report::RowCache::default();
     loop {
         let job = {
             let mut q = lock.lock().unwrap_or_else(PoisonError::into_inner);
@@ -96,19 +97,19 @@ fn write_loop(shared: &(Mutex<Queue>, Condvar), state_dir: &std::path::Path, log
                 q = ready.wait(q).unwrap_or_else(PoisonError::into_inner);
             }
         };
-        write(job, state_dir, log);
+        write(job, state_dir, log, &mut rows);
         lock.lock().unwrap_or_else(PoisonError::into_inner).writing = false;
         ready.notify_all();
     }
 }
 
-fn write(job: Job, state_dir: &std::path::Path, log: &Logger) {
-    let Job { mut status, services, asked } = job;
-    if let Some((rows, at)) = services {
-        let rows = rows.render();
-        status.objects.splice(at..at, rows);
-    }
-    if let Err(e) = status.write(state_dir) {
+fn write(job: Job, state_dir: &std::path::Path, log: &Logger, cache: &mut report::RowCache) {
+    let Job { status, services, asked } = job;
+    let written = match services {
+        Some((rows, at)) => status.write_with_rows(state_dir, at, &rows.render(cache)),
+        None => status.write(state_dir),
+    };
+    if let Err(e) = written {
         warn!(log, "cannot write the status file"; "path" => Status::path(state_dir).display().to_string(), "error" => e.to_string());
     }
     // bench/scale reads this (HOSTMESH_DEBUG=1): from the sync loop's
@@ -238,6 +239,42 @@ mod tests {
         w.submit(Job { status: status(201, &[]), services: None, asked: Instant::now() });
         drop(w);
         assert_eq!(Status::read(dir.path()).unwrap().generation, 201);
+    }
+
+    #[test]
+    fn a_service_s_row_is_rendered_again_only_when_it_changed() {
+        let config = Arc::new(crate::config::from_text(
+            "[[service]]\nname = \"web\"\nvip = \"10.96.0.10\"\nport = 80\nbackends = [\"192.168.1.1:80\"]\n\
+             [[service]]\nname = \"api\"\nvip = \"10.96.0.20\"\nport = 443\n",
+        ));
+        let mut cache = report::RowCache::default();
+        let at = |rows: Vec<&serde_json::value::RawValue>| -> Vec<(usize, String)> {
+            rows.iter().map(|r| (*r as *const _ as *const u8 as usize, r.get().to_string())).collect()
+        };
+        let rows = |errors: &[crate::reconcile::StepError], config: &Arc<crate::config::Config>| {
+            report::ServiceRows::new(Arc::clone(config), false, crate::config::CtlbMode::Tcp, errors)
+        };
+        let first = at(rows(&[], &config).render(&mut cache));
+        assert!(first[0].1.contains("10.96.0.10:80/tcp -> 192.168.1.1:80 (connect-time)"), "{}", first[0].1);
+        assert_eq!(at(rows(&[], &config).render(&mut cache)), first, "nothing changed: the same rows, not rendered");
+        // An error charged to api: its row alone is rendered again.
+        let error = crate::reconcile::StepError {
+            step: "update HM_SERVICES entry".into(),
+            owners: ["service/api"].into(),
+            error: "E2BIG".into(),
+        };
+        let third = at(rows(&[error], &config).render(&mut cache));
+        assert_eq!(third[0], first[0]);
+        assert!(third[1].0 != first[1].0 && third[1].1.contains("E2BIG"), "{}", third[1].1);
+        // api gone: its row goes. Then another path: the row changes.
+        let fewer =
+            Arc::new(crate::config::Config { services: vec![Arc::clone(&config.services[0])], ..(*config).clone() });
+        let fourth = at(rows(&[], &fewer).render(&mut cache));
+        assert_eq!((fourth.len(), cache.len()), (1, 1));
+        assert_eq!(fourth[0], first[0]);
+        let all = report::ServiceRows::new(Arc::clone(&fewer), true, crate::config::CtlbMode::Off, &[]);
+        let fifth = at(all.render(&mut cache));
+        assert!(fifth[0].0 != first[0].0 && fifth[0].1.contains("(bpfnat veth)"), "{}", fifth[0].1);
     }
 
     #[test]

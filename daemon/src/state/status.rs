@@ -5,7 +5,9 @@ use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use serde::ser::SerializeSeq;
+use serde::{Deserialize, Serialize, Serializer};
+use serde_json::value::RawValue;
 
 pub use crate::config::FileState;
 
@@ -231,6 +233,15 @@ impl Status {
         })
     }
 
+    /// `write`, with `rows` (rendered by `render_row`) among the objects
+    /// at index `at`: what `write` of the status holding those objects
+    /// there writes, but for those rows' layout (each on one line).
+    pub fn write_with_rows(&self, state_dir: &Path, at: usize, rows: &[&RawValue]) -> io::Result<()> {
+        super::write_atomic_with(&Self::path(state_dir), |w| {
+            serde_json::to_writer_pretty(w, &StatusWithRows::new(self, at, rows)).map_err(io::Error::other)
+        })
+    }
+
     pub fn read(state_dir: &Path) -> io::Result<Status> {
         let path = Self::path(state_dir);
         // The status of 100,000 services is about 30 MB.
@@ -240,9 +251,178 @@ impl Status {
     }
 }
 
+/// One object as `Status::write_with_rows` takes it: its JSON, on one
+/// line (100,000 services' rows are one line each in the file).
+pub fn render_row(object: &ObjectStatus) -> Box<RawValue> {
+    serde_json::value::to_raw_value(object).expect("an object's status is JSON")
+}
+
+/// `Status` as `write_with_rows` writes it: every field of `Status`, in
+/// its order, with `rows` among the objects. A test keeps the two alike.
+#[derive(Serialize)]
+struct StatusWithRows<'a> {
+    version: u32,
+    pid: u32,
+    started_at: u64,
+    updated_at: u64,
+    config_dir: &'a PathBuf,
+    bpffs: &'a PathBuf,
+    generation: u64,
+    resync_interval_ms: u64,
+    ready: bool,
+    stopped: bool,
+    last_sync: &'a SyncSummary,
+    counts: &'a Counts,
+    files: &'a [FileStatus],
+    skipped: &'a [SkippedEntry],
+    objects: ObjectsWithRows<'a>,
+    warnings: &'a [String],
+    kernel: &'a Option<KernelStatus>,
+    backends: &'a [BackendStatus],
+}
+
+impl<'a> StatusWithRows<'a> {
+    fn new(s: &'a Status, at: usize, rows: &'a [&'a RawValue]) -> Self {
+        let Status {
+            version,
+            pid,
+            started_at,
+            updated_at,
+            config_dir,
+            bpffs,
+            generation,
+            resync_interval_ms,
+            ready,
+            stopped,
+            last_sync,
+            counts,
+            files,
+            skipped,
+            objects,
+            warnings,
+            kernel,
+            backends,
+        } = s;
+        StatusWithRows {
+            version: *version,
+            pid: *pid,
+            started_at: *started_at,
+            updated_at: *updated_at,
+            config_dir,
+            bpffs,
+            generation: *generation,
+            resync_interval_ms: *resync_interval_ms,
+            ready: *ready,
+            stopped: *stopped,
+            last_sync,
+            counts,
+            files,
+            skipped,
+            objects: ObjectsWithRows { objects, at: at.min(objects.len()), rows },
+            warnings,
+            kernel,
+            backends,
+        }
+    }
+}
+
+struct ObjectsWithRows<'a> {
+    objects: &'a [ObjectStatus],
+    at: usize,
+    rows: &'a [&'a RawValue],
+}
+
+impl Serialize for ObjectsWithRows<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(Some(self.objects.len() + self.rows.len()))?;
+        for o in &self.objects[..self.at] {
+            seq.serialize_element(o)?;
+        }
+        for r in self.rows {
+            seq.serialize_element(r)?;
+        }
+        for o in &self.objects[self.at..] {
+            seq.serialize_element(o)?;
+        }
+        seq.end()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn object(name: &str, errors: &[&str], since: Option<u64>) -> ObjectStatus {
+        ObjectStatus {
+            kind: ObjectKind::Service,
+            name: name.into(),
+            origin: Some("a.toml:2:8".into()),
+            state: if errors.is_empty() { ObjectState::Applied } else { ObjectState::Error },
+            detail: "10.96.0.10:80/tcp -> 192.168.1.1:80 (\"connect-time\")\n".into(),
+            errors: errors.iter().map(|e| e.to_string()).collect(),
+            since,
+        }
+    }
+
+    #[test]
+    fn a_status_written_with_rendered_rows_is_the_file_write_gives() {
+        let mut status = Status {
+            version: STATUS_VERSION,
+            pid: 7,
+            started_at: 1,
+            updated_at: 2,
+            config_dir: "/etc/hostmesh".into(),
+            bpffs: "/sys/fs/bpf/hostmesh".into(),
+            generation: 3,
+            resync_interval_ms: 30_000,
+            ready: true,
+            stopped: false,
+            last_sync: SyncSummary { ok: true, errors: vec!["x: y".into()], ..Default::default() },
+            counts: Counts { services: 2, ..Default::default() },
+            files: vec![FileStatus {
+                path: "/etc/hostmesh/a.toml".into(),
+                state: FileState::Applied,
+                errors: vec![ErrorEntry { line: 1, column: 2, key: None, message: "m".into(), text: "t".into() }],
+            }],
+            skipped: vec![SkippedEntry { path: "/etc/hostmesh/b.toml~".into(), reason: "r".into() }],
+            objects: vec![object("first", &[], None), object("last", &[], Some(9))],
+            warnings: vec!["w".into()],
+            kernel: Some(KernelStatus {
+                release: "6.1.0".into(),
+                tc_attach: crate::model::TcAttach::Netlink,
+                missing: vec![MissingFeature {
+                    feature: crate::model::Feature::Tcx,
+                    what: "tcx".into(),
+                    since: "6.6".into(),
+                    without: "netlink".into(),
+                }],
+            }),
+            backends: vec![BackendStatus {
+                service: "web".into(),
+                address: "192.168.1.1:80".parse().unwrap(),
+                state: BackendState::Up,
+                since: Some(4),
+                last_check: Some(5),
+                last_passed: Some(true),
+                reason: None,
+            }],
+        };
+        let rows = [object("web", &[], None), object("api", &["update HM_SERVICES entry: E2BIG"], None)];
+        let rendered: Vec<Box<RawValue>> = rows.iter().map(render_row).collect();
+        let refs: Vec<&RawValue> = rendered.iter().map(|r| &**r).collect();
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        status.write_with_rows(a.path(), 1, &refs).unwrap();
+        status.objects.splice(1..1, rows);
+        status.write(b.path()).unwrap();
+        let read = |d: &tempfile::TempDir| std::fs::read_to_string(Status::path(d.path())).unwrap();
+        let json = |text: &str| serde_json::from_str::<serde_json::Value>(text).unwrap();
+        assert_eq!(json(&read(&a)), json(&read(&b)));
+        assert_eq!(Status::read(a.path()).unwrap(), status);
+        // Each row on a line of its own, the rest as `write` lays it out.
+        let text = read(&a);
+        assert!(text.contains("\n    {\"kind\":\"service\",\"name\":\"web\","), "{text}");
+        assert!(text.starts_with("{\n  \"version\": 1,\n  \"pid\": 7,\n"), "{text}");
+    }
 
     #[test]
     fn kinds_and_states_keep_their_names_in_json_and_text() {
