@@ -85,6 +85,7 @@ pub(super) fn compile(
             out.local_backends.insert(svc.name.clone(), here.len());
         }
     }
+    out.ids = AssignedIds(Some(std::sync::Arc::new((svc_ids, backend_ids))));
     attach_connect_time(config, facts, out);
 }
 

@@ -324,6 +324,33 @@ pub(crate) struct Desired {
     /// Services with external_policy = "local": how many of their backends
     /// serve on this host (`[daemon] service_health_listen` answers it).
     pub local_backends: BTreeMap<String, usize>,
+    /// The ids compile gave, for `Compiled::new` to take.
+    #[serde(skip)]
+    pub ids: AssignedIds,
+}
+
+/// The ids a full compile gave services and backends: what `Compiled`
+/// indexes, which would otherwise read them back from 265,000 entries at
+/// 100,000 services. They are what the entries say, so two desired
+/// states compare equal whatever theirs hold.
+#[derive(Clone, Default)]
+pub(crate) struct AssignedIds(pub Option<std::sync::Arc<Ids>>);
+
+/// Service keys' and backend addresses' ids.
+pub(crate) type Ids = (BTreeMap<crate::abi::SvcKey, u32>, BTreeMap<std::net::SocketAddr, u32>);
+
+impl PartialEq for AssignedIds {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for AssignedIds {}
+
+impl std::fmt::Debug for AssignedIds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "AssignedIds(kept)" } else { "AssignedIds(none)" })
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]

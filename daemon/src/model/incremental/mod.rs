@@ -82,6 +82,7 @@ impl Touched {
             connect_time: want.connect_time,
             warnings: want.warnings.clone(),
             local_backends: want.local_backends.clone(),
+            ids: Default::default(),
         }
     }
 
@@ -198,8 +199,15 @@ impl Compiled {
     }
 
     /// Indexes a full compile of `config` on `facts`.
-    pub(crate) fn new(desired: Desired, config: &Arc<Config>, facts: &HostFacts) -> Compiled {
-        let prior = Prior::from_entries(desired.map_entries.iter().map(|(k, v)| (k, &v.spec)));
+    pub(crate) fn new(mut desired: Desired, config: &Arc<Config>, facts: &HostFacts) -> Compiled {
+        // The ids the compile gave, else as its entries say.
+        let (services, backends) = match desired.ids.0.take() {
+            Some(ids) => Arc::try_unwrap(ids).unwrap_or_else(|shared| (*shared).clone()),
+            None => {
+                let prior = Prior::from_entries(desired.map_entries.iter().map(|(k, v)| (k, &v.spec)));
+                (prior.services, prior.backends)
+            }
+        };
         let mut backend_users: HashMap<SocketAddr, u32> = HashMap::new();
         for b in config.services.iter().flat_map(|s| &s.backends) {
             *backend_users.entry(b.addr).or_default() += 1;
@@ -213,8 +221,8 @@ impl Compiled {
             entry_counts,
             chunks_used: config.services.iter().map(|s| chunks_of(s, table_size_of(s, d))).sum(),
             v6_services: config.services.iter().filter(|s| s.vip.is_ipv6()).count(),
-            service_ids: IdPool::new(prior.services),
-            backend_ids: IdPool::new(prior.backends),
+            service_ids: IdPool::new(services),
+            backend_ids: IdPool::new(backends),
             backend_users,
             config: Arc::clone(config),
             facts: facts.clone(),

@@ -219,6 +219,24 @@ fn many(n: u32, extra: &str) -> Config {
 const NEW: &str = "[[service]]\nname = \"new\"\nvip = \"10.99.0.1\"\nport = 80\nbackends = [\"192.168.2.1:80\"]\n";
 
 #[test]
+fn the_ids_a_compile_gave_are_those_its_entries_say() {
+    let c = many(2_000, NEW);
+    let with = compile(&c, &facts(), &Prior::default());
+    assert!(with.ids.0.is_some());
+    let mut without = with.clone();
+    without.ids = Default::default();
+    let (a, b) = (Compiled::new(with, &shared(&c), &facts()), Compiled::new(without, &shared(&c), &facts()));
+    assert_eq!((a.service_ids.ids.len(), a.backend_ids.ids.len()), (2_001, 251));
+    let same = |x: &Compiled, y: &Compiled| {
+        x.service_ids.ids == y.service_ids.ids
+            && (&x.service_ids.free, x.service_ids.next) == (&y.service_ids.free, y.service_ids.next)
+            && x.backend_ids.ids == y.backend_ids.ids
+            && (&x.backend_ids.free, x.backend_ids.next) == (&y.backend_ids.free, y.backend_ids.next)
+    };
+    assert!(same(&a, &b));
+}
+
+#[test]
 fn one_added_service_among_ten_thousand_touches_only_its_own_items() {
     let (before, after) = (many(10_000, ""), many(10_000, NEW));
     let (full, patched, _) = both_ways(&before, &after);
