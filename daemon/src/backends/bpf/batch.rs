@@ -166,13 +166,6 @@ fn one_at_a_time(from: usize, to: usize, alone: impl Fn(usize) -> io::Result<()>
     written
 }
 
-/// The kernel's answers to a command it lacks: EINVAL from kernels that
-/// do not know it, ENOTSUPP (524, the kernel's own) or EOPNOTSUPP from
-/// map types without it.
-fn not_supported(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) | Some(524))
-}
-
 /// Entries `0..n` in batches: `batch(at)` sends up to `BATCH` entries
 /// from `at` and says how many it sent and where the kernel stopped.
 fn run_batches(
@@ -196,7 +189,7 @@ fn run_batches(
             // one at a time, and this map's next writes too when the
             // kernel said it lacks the command.
             Ok(()) if stop.done == 0 && stop.error.raw_os_error() != Some(libc::ENOENT) => {
-                written.batch_refused = not_supported(&stop.error);
+                written.batch_refused = super::sys::batch_not_supported(&stop.error);
                 return one_at_a_time(stopped_at + 1, n, alone, written);
             }
             // Done by now (a delete of a key that is not there, which

@@ -207,20 +207,13 @@ impl BpfBackend for PinnedBpf {
         Ok(Some(out))
     }
 
+    // One entry is a run of one: the same writes, the same errors.
     fn put_map_entry(&mut self, key: &MapEntryKey, value: &[u8]) -> Result<()> {
-        let fd = self.maps.map_fd(key.map.map())?;
-        sys::map_update(fd.as_fd(), &key.key, value).map_err(|e| bpf_err(format!("update {}", key.map.name()), e))
+        self.put_map_entries(&[(key, value)]).pop().map_or(Ok(()), |(_, e)| Err(e))
     }
 
     fn delete_map_entry(&mut self, key: &MapEntryKey) -> Result<()> {
-        let def = key.map.map().def();
-        let fd = self.maps.map_fd(def.map)?;
-        let result = if is_array(def) {
-            sys::map_update(fd.as_fd(), &key.key, &vec![0u8; def.value_size as usize])
-        } else {
-            sys::map_delete(fd.as_fd(), &key.key)
-        };
-        result.map_err(|e| bpf_err(format!("delete from {}", def.name), e))
+        self.delete_map_entries(&[key]).pop().map_or(Ok(()), |(_, e)| Err(e))
     }
 
     fn put_map_entries(&mut self, entries: &[(&MapEntryKey, &[u8])]) -> Vec<(usize, BackendError)> {

@@ -176,9 +176,7 @@ pub fn map_for_each_until(
     give_up: &dyn Fn() -> bool,
 ) -> io::Result<bool> {
     match map_for_each_batched(fd, key_size, value_size, &mut each, give_up) {
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) | Some(ENOTSUPP)) => {
-            map_for_each_by_key(fd, key_size, value_size, &mut each, give_up)
-        }
+        Err(e) if batch_not_supported(&e) => map_for_each_by_key(fd, key_size, value_size, &mut each, give_up),
         r => r,
     }
 }
@@ -186,6 +184,13 @@ pub fn map_for_each_until(
 /// The kernel's own "not supported" (not a userspace errno, but returned
 /// by some map types for batch operations).
 const ENOTSUPP: i32 = 524;
+
+/// The kernel's answers to a batch command it lacks: EINVAL from kernels
+/// that do not know it, ENOTSUPP or EOPNOTSUPP from map types without it
+/// (5.10's LPM tries).
+pub(super) fn batch_not_supported(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) | Some(ENOTSUPP))
+}
 
 /// Entries per BPF_MAP_LOOKUP_BATCH: more than any hash bucket holds.
 const BATCH: usize = 4096;
