@@ -9,20 +9,53 @@ pub(crate) struct Notifier {
     enabled: bool,
     /// RELOADING=1 was sent, and the READY=1 that ends it not yet.
     reloading: bool,
+    /// The daemon's unit tests: every message, with the generation the
+    /// status file showed when it was sent.
+    #[cfg(test)]
+    recorder: Option<Recorder>,
+}
+
+#[cfg(test)]
+pub(crate) type Sent = std::sync::Arc<std::sync::Mutex<Vec<(String, Option<u64>)>>>;
+
+#[cfg(test)]
+struct Recorder {
+    state_dir: std::path::PathBuf,
+    sent: Sent,
 }
 
 impl Notifier {
     pub(crate) fn from_env() -> Self {
-        Notifier { enabled: std::env::var_os("NOTIFY_SOCKET").is_some(), reloading: false }
+        Notifier {
+            enabled: std::env::var_os("NOTIFY_SOCKET").is_some(),
+            reloading: false,
+            #[cfg(test)]
+            recorder: None,
+        }
     }
 
     /// Says nothing (the daemon's unit tests).
     #[cfg(test)]
     pub(crate) fn off() -> Self {
-        Notifier { enabled: false, reloading: false }
+        Notifier { enabled: false, reloading: false, recorder: None }
+    }
+
+    /// Says nothing, and records what it would say, each message with the
+    /// generation of the status file in `state_dir` at that moment.
+    #[cfg(test)]
+    pub(crate) fn recording(state_dir: std::path::PathBuf) -> (Self, Sent) {
+        let sent = Sent::default();
+        let recorder = Some(Recorder { state_dir, sent: sent.clone() });
+        (Notifier { enabled: false, reloading: false, recorder }, sent)
     }
 
     fn send(&self, states: &[NotifyState<'_>]) {
+        #[cfg(test)]
+        if let Some(r) = &self.recorder {
+            let generation = crate::state::Status::read(&r.state_dir).ok().map(|s| s.generation);
+            let mut sent = r.sent.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            sent.extend(states.iter().map(|s| (s.to_string(), generation)));
+        }
         if self.enabled {
             // Losing a notification must never stop the daemon; systemd
             // notices a missing READY or WATCHDOG on its own.

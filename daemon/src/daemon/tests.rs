@@ -104,6 +104,8 @@ struct Running {
     log: LogBuf,
     metrics: Metrics,
     events: super::events::EventSender,
+    /// What it told systemd, with the status file's generation then.
+    notified: super::notify::Sent,
     thread: Option<std::thread::JoinHandle<Result<(), RunError>>>,
 }
 
@@ -132,12 +134,13 @@ impl Running {
             slog::Logger::root(slog::Fuse(crate::log::LogfmtDrain::new(log.clone(), slog::Level::Info)), slog::o!());
         let (tx, rx) = channel();
         let tx = super::events::EventSender::new(tx);
+        let (notifier, notified) = Notifier::recording(paths.state_dir.clone());
         let parts = Parts {
             backends: kernel.backends(),
             originals: SysctlOriginals::default(),
             sidecars: Box::new(FakeSidecars::loaded()),
             prober: Box::new(FakeProber(Arc::clone(&peers))),
-            notifier: Notifier::off(),
+            notifier,
             features: KernelFeatures::complete(),
             stopping: Default::default(),
             events: tx.clone(),
@@ -145,7 +148,7 @@ impl Running {
         let mut daemon = Daemon::new(paths, logger, parts);
         let metrics = daemon.metrics.counters().clone();
         let thread = std::thread::spawn(move || daemon.run_loop(rx));
-        Running { dir, kernel, peers, log, metrics, events: tx, thread: Some(thread) }
+        Running { dir, kernel, peers, log, metrics, events: tx, notified, thread: Some(thread) }
     }
 
     fn write(&self, name: &str, text: &str) {
@@ -219,4 +222,50 @@ fn a_peer_that_goes_down_in_a_burst_of_file_events_is_logged_and_counted_once() 
     assert_eq!(d.kernel.state().routes.get(&route), Some(&RouteSpec::Unreachable), "{log}");
     let services: BTreeSet<_> = (1..=6).map(|n| format!("s{n}")).collect();
     assert!(log.contains(&format!("services={}", services.len())), "{log}");
+}
+
+/// Connect-time LB for everything, on a cgroup: nothing the fake kernel
+/// lacks, so every sync is clean.
+const CLEAN: &str = "[daemon]\nconnect_time_lb = \"all\"\ncgroup = \"/sys/fs/cgroup\"\nmetrics_listen = \"off\"\n";
+
+#[test]
+fn a_reload_ends_with_one_ready_sent_once_the_status_shows_the_reload_s_sync() {
+    let mut d = Running::start(&format!("{CLEAN}{}", service(1)));
+    d.log.wait_for("msg=ready", 1);
+    // A reload, and a change right behind it.
+    d.send(Event::Reload);
+    d.write("20-s2.toml", &service(2));
+    d.send(Event::ConfigChanged);
+    d.log.wait_for("services=2 ", 1);
+    let notified = Arc::clone(&d.notified);
+    let sent = || notified.lock().unwrap().clone();
+    let after_reload = |sent: &[(String, Option<u64>)]| -> Vec<(String, Option<u64>)> {
+        let at = sent.iter().position(|(m, _)| m == "RELOADING=1").expect("RELOADING=1 sent");
+        sent[at + 1..].iter().filter(|(m, _)| m == "READY=1").cloned().collect()
+    };
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while after_reload(&sent()).is_empty() {
+        assert!(std::time::Instant::now() < end, "no READY=1 after RELOADING=1: {:?}", sent());
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    d.stop();
+    let log = d.log.text();
+    let sent = sent();
+    // The start's READY=1 came with the status of its sync (generation 1).
+    assert_eq!(sent.iter().find(|(m, _)| m == "READY=1"), Some(&("READY=1".to_string(), Some(1))), "{sent:?}");
+    // One READY=1 ends the reload, once the status shows the reload's own
+    // full sync: the last full one in the log.
+    let readies = after_reload(&sent);
+    assert_eq!(readies.len(), 1, "{sent:?}");
+    let reload_sync: u64 = log
+        .split("reload requested")
+        .nth(1)
+        .and_then(|after| after.lines().find(|l| l.contains("msg=\"sync done\"") && l.contains("full=true")))
+        .and_then(|l| l.split("generation=").nth(1)?.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no full sync after the reload:\n{log}"));
+    assert!(
+        readies[0].1 >= Some(reload_sync),
+        "READY=1 with status generation {:?}, the reload's sync is {reload_sync}:\n{log}",
+        readies[0].1
+    );
 }
