@@ -62,7 +62,7 @@ use crate::model::KernelFeatures;
 use crate::paths::Paths;
 use crate::peer_health::{LiveProber, PeerProber};
 use crate::reconcile::{Reconciler, SysctlOriginals};
-use crate::state::{InstanceLock, Status};
+use crate::state::InstanceLock;
 
 /// Retry delay when a sync could not even read the kernel.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(1);
@@ -234,12 +234,9 @@ impl Daemon {
     fn stop(&mut self) -> Result<(), RunError> {
         self.notifier.stopping();
         info!(self.log, "stopping; programs, maps, routes and links stay in place"; "generation" => self.runner.generation);
-        self.status_writer.flush();
-        if let Ok(mut status) = Status::read(&self.paths.state_dir) {
-            status.stopped = true;
-            status.updated_at = crate::clock::now_unix();
-            let _ = status.write(&self.paths.state_dir);
-        }
+        // The last status again, marked stopped: from what the writer
+        // holds, not read back (30 MB at 100,000 services).
+        self.status_writer.mark_stopped();
         Ok(())
     }
 }

@@ -29,6 +29,8 @@ struct Job {
 #[derive(Default)]
 struct Queue {
     next: Option<Job>,
+    /// Write the last status again, marked stopped (the daemon exits).
+    stopping: bool,
     writing: bool,
     quit: bool,
 }
@@ -63,9 +65,17 @@ impl StatusWriter {
     /// Returns once every status queued so far is written.
     pub(super) fn flush(&self) {
         let mut q = self.queue();
-        while q.next.is_some() || q.writing {
+        while q.next.is_some() || q.writing || q.stopping {
             q = self.shared.1.wait(q).unwrap_or_else(PoisonError::into_inner);
         }
+    }
+
+    /// Writes the last status again, marked stopped, once what is queued
+    /// is written; returns when it is. Nothing if none was written.
+    pub(super) fn mark_stopped(&self) {
+        self.queue().stopping = true;
+        self.shared.1.notify_all();
+        self.flush();
     }
 }
 
@@ -83,13 +93,20 @@ impl Drop for StatusWriter {
 fn write_loop(shared: &(Mutex<Queue>, Condvar), state_dir: &std::path::Path, log: &Logger) {
     let (lock, ready) = shared;
     let mut rows = report::RowCache::default();
+    // The last status written: the one a stop marks stopped.
+    let mut last: Option<Job> = None;
     loop {
         let job = {
             let mut q = lock.lock().unwrap_or_else(PoisonError::into_inner);
             loop {
                 if let Some(job) = q.next.take() {
                     q.writing = true;
-                    break job;
+                    break Some(job);
+                }
+                if q.stopping {
+                    q.stopping = false;
+                    q.writing = true;
+                    break None;
                 }
                 if q.quit {
                     return;
@@ -97,16 +114,29 @@ fn write_loop(shared: &(Mutex<Queue>, Condvar), state_dir: &std::path::Path, log
                 q = ready.wait(q).unwrap_or_else(PoisonError::into_inner);
             }
         };
-        write(job, state_dir, log, &mut rows);
+        match job {
+            Some(job) => {
+                write(&job, state_dir, log, &mut rows);
+                last = Some(job);
+            }
+            None => {
+                if let Some(job) = last.as_mut() {
+                    job.status.stopped = true;
+                    job.status.updated_at = crate::clock::now_unix();
+                    job.asked = Instant::now();
+                    write(job, state_dir, log, &mut rows);
+                }
+            }
+        }
         lock.lock().unwrap_or_else(PoisonError::into_inner).writing = false;
         ready.notify_all();
     }
 }
 
-fn write(job: Job, state_dir: &std::path::Path, log: &Logger, cache: &mut report::RowCache) {
+fn write(job: &Job, state_dir: &std::path::Path, log: &Logger, cache: &mut report::RowCache) {
     let Job { status, services, asked } = job;
     let written = match services {
-        Some((rows, at)) => status.write_with_rows(state_dir, at, &rows.render(cache)),
+        Some((rows, at)) => status.write_with_rows(state_dir, *at, &rows.render(cache)),
         None => status.write(state_dir),
     };
     if let Err(e) = written {
@@ -239,6 +269,23 @@ mod tests {
         w.submit(Job { status: status(201, &[]), services: None, asked: Instant::now() });
         drop(w);
         assert_eq!(Status::read(dir.path()).unwrap().generation, 201);
+    }
+
+    #[test]
+    fn a_stop_writes_the_last_status_again_marked_stopped_with_its_rows() {
+        let (w, dir) = writer();
+        // Nothing written yet: nothing to mark, and no wait.
+        w.mark_stopped();
+        assert!(Status::read(dir.path()).is_err());
+        let config = crate::config::from_text("[[service]]\nname = \"web\"\nvip = \"10.96.0.10\"\nport = 80\n");
+        let rows = report::ServiceRows::new(Arc::new(config), false, crate::config::CtlbMode::Tcp, &[]);
+        w.submit(Job { status: status(4, &["before"]), services: Some((rows, 1)), asked: Instant::now() });
+        w.mark_stopped();
+        let written = Status::read(dir.path()).unwrap();
+        assert!(written.stopped);
+        assert_eq!(written.generation, 4);
+        let names: Vec<&str> = written.objects.iter().map(|o| o.name.as_str()).collect();
+        assert_eq!(names, ["before", "web"]);
     }
 
     #[test]
