@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -33,18 +34,37 @@ pub(crate) struct Source<'a> {
     /// lookup is then a binary search, not a scan from the top (a file of
     /// 30,000 services asks 60,000 times).
     line_starts: std::cell::OnceCell<Vec<usize>>,
+    /// `path`, shared by the origins of every object it declares.
+    shared_path: std::cell::OnceCell<Arc<Path>>,
 }
 
 impl<'a> Source<'a> {
     pub(crate) fn new(path: &'a Path, text: &'a str) -> Self {
-        Source { path, text, first_line: 1, line_starts: std::cell::OnceCell::new() }
+        Source {
+            path,
+            text,
+            first_line: 1,
+            line_starts: std::cell::OnceCell::new(),
+            shared_path: std::cell::OnceCell::new(),
+        }
     }
 
     /// The lines of `range` (which starts a line) as a source of their
     /// own, whose positions are still the file's.
     pub(crate) fn part(&self, range: std::ops::Range<usize>) -> Source<'a> {
         let (line, _) = self.line_col(range.start);
-        Source { path: self.path, text: &self.text[range], first_line: line, line_starts: std::cell::OnceCell::new() }
+        Source {
+            path: self.path,
+            text: &self.text[range],
+            first_line: line,
+            line_starts: std::cell::OnceCell::new(),
+            shared_path: self.shared_path.clone(),
+        }
+    }
+
+    /// The path, shared: each origin holds a count, not a copy.
+    pub(crate) fn shared_path(&self) -> Arc<Path> {
+        Arc::clone(self.shared_path.get_or_init(|| Arc::from(self.path)))
     }
 
     /// 1-based (line, column); the column counts characters, not bytes.
@@ -89,7 +109,9 @@ fn floor_char_boundary(s: &str, mut i: usize) -> usize {
 /// Where a configuration object was declared, for status and errors.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub(crate) struct Origin {
-    pub file: PathBuf,
+    /// Shared by every object of the file (100,000 services name one).
+    #[serde(serialize_with = "path_as_is")]
+    pub file: Arc<Path>,
     pub line: usize,
     pub column: usize,
 }
@@ -97,8 +119,12 @@ pub(crate) struct Origin {
 impl Origin {
     pub(crate) fn at(src: &Source<'_>, span: &std::ops::Range<usize>) -> Self {
         let (line, column) = src.line_col(span.start);
-        Origin { file: src.path.to_path_buf(), line, column }
+        Origin { file: src.shared_path(), line, column }
     }
+}
+
+fn path_as_is<S: serde::Serializer>(path: &Arc<Path>, s: S) -> Result<S::Ok, S::Error> {
+    serde::Serialize::serialize(&**path, s)
 }
 
 impl fmt::Display for Origin {

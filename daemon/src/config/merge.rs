@@ -282,7 +282,7 @@ fn shared<'m, K: std::hash::Hash + Eq>(
 
 fn conflict(origin: &Origin, key: &str, message: String) -> ConfigError {
     ConfigError {
-        file: origin.file.clone(),
+        file: origin.file.to_path_buf(),
         line: origin.line,
         column: origin.column,
         key: Some(key.to_string()),
