@@ -66,6 +66,11 @@ impl BpfMap {
     }
 
     /// The map's name in the probe objects, which is also its pin name.
+    /// Whether its keys are ids, u32 words (`MapEntryKey`'s order).
+    pub fn keyed_by_ids(self) -> bool {
+        matches!(self, BpfMap::Backends | BpfMap::Maglev | BpfMap::SvcAffinity)
+    }
+
     pub fn name(self) -> &'static str {
         self.map().name()
     }

@@ -88,11 +88,36 @@ pub(crate) const RT_TABLE_LOCAL: u32 = 255;
 pub(crate) use super::bpf_map::BpfMap;
 pub(crate) use super::map_value::{MaglevTable, MapValue};
 
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 pub struct MapEntryKey {
     pub map: BpfMap,
     /// Shared by the desired state, the plan and the baseline.
     pub key: std::sync::Arc<[u8]>,
+}
+
+/// By map, then by key: as numbers for the maps keyed by ids (a backend's
+/// id, a service's id and chunk), whose ids a compile hands out in order,
+/// so its entries go in at the end of the tree, not all over it; as bytes
+/// for the others.
+impl Ord for MapEntryKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.map.cmp(&other.map).then_with(|| {
+            if self.map.keyed_by_ids() && self.key.len() == other.key.len() && self.key.len().is_multiple_of(4) {
+                fn words(k: &[u8]) -> impl Iterator<Item = u32> + '_ {
+                    k.chunks_exact(4).map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
+                }
+                words(&self.key).cmp(words(&other.key))
+            } else {
+                self.key.cmp(&other.key)
+            }
+        })
+    }
+}
+
+impl PartialOrd for MapEntryKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
 }
 
 /// A probe program, by its function name in the object file.

@@ -668,3 +668,23 @@ fn a_backend_with_no_route_is_named_and_left_out_of_flows_from_the_network() {
     assert!(entries(&d, BpfMap::Snat).is_empty());
     assert!(d.warnings.iter().any(|w| w.contains("203.0.113.9:80 has no route")), "{:?}", d.warnings);
 }
+
+#[test]
+fn entries_are_ordered_by_map_then_by_id_as_a_number_or_else_by_key_bytes() {
+    use crate::abi::{MaglevKey, Pod};
+    let backend = |id: u32| MapEntryKey { map: BpfMap::Backends, key: id.to_bytes().into() };
+    let chunk = |svc_id: u32, chunk: u32| MapEntryKey {
+        map: BpfMap::Maglev,
+        key: MaglevKey { svc_id, chunk }.to_bytes().into(),
+    };
+    let service = |b: &[u8]| MapEntryKey { map: BpfMap::Services, key: b.into() };
+    // Ids as numbers: 255 < 256 whatever their bytes in memory.
+    assert!(backend(255) < backend(256) && backend(1) < backend(65_536));
+    // A service's id first, then its chunk.
+    assert!(chunk(1, 3) < chunk(2, 0) && chunk(2, 0) < chunk(2, 1) && chunk(256, 0) > chunk(255, 9));
+    // The map first; other maps' keys by their bytes.
+    assert!(backend(u32::MAX) < chunk(0, 0) && chunk(u32::MAX, 0) < service(&[0]));
+    assert!(service(&[1, 0]) < service(&[1, 1]) && service(&[0, 9]) < service(&[1, 0]));
+    // Consistent with equality.
+    assert_eq!(backend(7).cmp(&backend(7)), std::cmp::Ordering::Equal);
+}
