@@ -8,6 +8,7 @@
 mod capacity;
 mod duration;
 mod error;
+mod file_index;
 mod health_check;
 mod merge;
 mod read;

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -349,9 +349,49 @@ pub(crate) struct FileConfig {
     pub gateway: Option<Gateway>,
     pub peers: Vec<Peer>,
     pub members: Vec<Member>,
-    /// Its claims, indexed at its first merge (`merge`).
-    pub index: super::merge::IndexCell,
+    /// What is derived from it once and kept with the parse: its claims,
+    /// indexed at its first merge (`file_index`).
+    pub derived: Derived,
 }
+
+/// Data derived from a value, computed at its first use and kept with it
+/// (the derived type is its user's business: `file_index` puts a file's
+/// claims here). It follows from the value, so two values compare equal
+/// whatever their cells hold, and a copy starts empty.
+#[derive(Default)]
+pub(crate) struct Derived(OnceLock<Box<dyn std::any::Any + Send + Sync>>);
+
+impl Derived {
+    /// The derived `T`, made by `make` at the first call.
+    pub(crate) fn get_or_init<T: std::any::Any + Send + Sync>(&self, make: impl FnOnce() -> T) -> &T {
+        self.0.get_or_init(|| Box::new(make())).downcast_ref().expect("one type of derived data per value")
+    }
+
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.get().is_none()
+    }
+}
+
+impl fmt::Debug for Derived {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.get().is_some() { "Derived(made)" } else { "Derived(empty)" })
+    }
+}
+
+impl Clone for Derived {
+    fn clone(&self) -> Self {
+        Derived::default()
+    }
+}
+
+impl PartialEq for Derived {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Derived {}
 
 /// The configuration in force: every accepted file merged.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]

@@ -33,6 +33,7 @@ mod notify;
 mod peers;
 pub(crate) mod report;
 mod service_health_feed;
+mod service_rows;
 mod sidecar_watch;
 mod status_write;
 mod sweeper;

@@ -11,8 +11,6 @@ use crate::peer_health::{Choice, PeerProbe};
 use crate::reconcile::{StepError, SyncOutcome};
 use crate::sidecars::{self, Registration};
 use crate::state::*;
-use serde_json::value::RawValue;
-use std::sync::Arc;
 
 /// `uname -r`.
 pub(crate) fn kernel_release() -> String {
@@ -57,13 +55,13 @@ const ERRORS_PER_OBJECT: usize = 5;
 /// status: looking an object's errors up costs its own errors, not all of
 /// them (30,000 services with 30,000 errors would otherwise compare 10^9
 /// pairs at every status write).
-struct ErrorIndex<'a> {
+pub(super) struct ErrorIndex<'a> {
     errors: &'a [StepError],
     by_owner: std::collections::HashMap<&'a str, Vec<usize>>,
 }
 
 impl<'a> ErrorIndex<'a> {
-    fn new(errors: &'a [StepError]) -> Self {
+    pub(super) fn new(errors: &'a [StepError]) -> Self {
         let mut by_owner: std::collections::HashMap<&str, Vec<usize>> = std::collections::HashMap::new();
         for (i, e) in errors.iter().enumerate() {
             for o in e.owners.iter() {
@@ -76,11 +74,11 @@ impl<'a> ErrorIndex<'a> {
     /// The errors charged to any of `owners`, in plan order, at most
     /// ERRORS_PER_OBJECT of them and then how many more.
     /// Whether no error is charged to anyone (a clean sync).
-    fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.by_owner.is_empty()
     }
 
-    fn for_owners(&self, owners: &[Object]) -> Vec<String> {
+    pub(super) fn for_owners(&self, owners: &[Object]) -> Vec<String> {
         let owners: Vec<String> = owners.iter().map(Object::to_string).collect();
         let mut idx: Vec<usize> =
             owners.iter().filter_map(|o| self.by_owner.get(o.as_str())).flatten().copied().collect();
@@ -100,7 +98,13 @@ pub(crate) fn step_errors<'a>(errors: impl ExactSizeIterator<Item = &'a StepErro
     out
 }
 
-fn object(kind: ObjectKind, name: &str, origin: Option<String>, detail: String, errors: Vec<String>) -> ObjectStatus {
+pub(super) fn object(
+    kind: ObjectKind,
+    name: &str,
+    origin: Option<String>,
+    detail: String,
+    errors: Vec<String>,
+) -> ObjectStatus {
     ObjectStatus {
         kind,
         name: name.into(),
@@ -131,105 +135,6 @@ pub(crate) fn objects(
         out.extend(gateway_objects(loaded, g, d, health, &index));
     }
     (out, services_at)
-}
-
-/// The services' rows of the status, rendered on the status writer's
-/// thread (100,000 of them take tens of milliseconds) from what a sync
-/// leaves: the configuration loaded, the sync's errors, and the two facts
-/// of its desired state a row shows.
-pub(crate) struct ServiceRows {
-    config: std::sync::Arc<crate::config::Config>,
-    veth: bool,
-    connect_time: crate::config::CtlbMode,
-    errors: Vec<StepError>,
-}
-
-impl ServiceRows {
-    pub(crate) fn of(loaded: &Loaded, outcome: &SyncOutcome, d: &Desired) -> Self {
-        Self::new(std::sync::Arc::clone(&loaded.config), d.links.contains_key(NATIN), d.connect_time, &outcome.errors)
-    }
-
-    pub(crate) fn new(
-        config: std::sync::Arc<crate::config::Config>,
-        veth: bool,
-        connect_time: crate::config::CtlbMode,
-        errors: &[StepError],
-    ) -> Self {
-        ServiceRows { config, veth, connect_time, errors: errors.to_vec() }
-    }
-
-    /// The rows, in the configuration's order, each as `Status::
-    /// write_with_rows` takes it: rendered again only for a service that
-    /// is new or whose row changed since `cache` last saw it (its path,
-    /// its errors); the others are `cache`'s.
-    pub(crate) fn render<'c>(&self, cache: &'c mut RowCache) -> Vec<&'c RawValue> {
-        let index = ErrorIndex::new(&self.errors);
-        cache.pass += 1;
-        let pass = cache.pass;
-        for s in &self.config.services {
-            let errors = if index.is_empty() { Vec::new() } else { index.for_owners(&service_owners(s, self.veth)) };
-            let connect_time = self.connect_time.handles(s.protocol);
-            let row = cache.rows.entry(Arc::as_ptr(s) as usize);
-            match row {
-                std::collections::hash_map::Entry::Occupied(mut o) => {
-                    let c = o.get_mut();
-                    if c.veth != self.veth || c.connect_time != connect_time || c.errors != errors {
-                        *c = CachedRow::new(s, self.veth, connect_time, errors, pass);
-                    }
-                    c.pass = pass;
-                }
-                std::collections::hash_map::Entry::Vacant(v) => {
-                    v.insert(CachedRow::new(s, self.veth, connect_time, errors, pass));
-                }
-            }
-        }
-        cache.rows.retain(|_, c| c.pass == pass);
-        let rows = &cache.rows;
-        self.config.services.iter().map(|s| &*rows[&(Arc::as_ptr(s) as usize)].row).collect()
-    }
-}
-
-/// The services' rows the status writer rendered, by service (the
-/// address of its `Arc`, which the row holds on to, so no other service
-/// can come to have it). Rows of services no longer configured are let
-/// go at each render. At 100,000 services about 25 MB.
-#[derive(Default)]
-pub(crate) struct RowCache {
-    rows: std::collections::HashMap<usize, CachedRow, foldhash::quality::RandomState>,
-    pass: u64,
-}
-
-impl RowCache {
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.rows.len()
-    }
-}
-
-struct CachedRow {
-    _service: Arc<crate::config::Service>,
-    veth: bool,
-    connect_time: bool,
-    errors: Vec<String>,
-    row: Box<RawValue>,
-    pass: u64,
-}
-
-impl CachedRow {
-    fn new(s: &Arc<crate::config::Service>, veth: bool, connect_time: bool, errors: Vec<String>, pass: u64) -> Self {
-        let row = crate::state::render_row(&service_object(s, connect_time, errors.clone()));
-        CachedRow { _service: Arc::clone(s), veth, connect_time, errors, row, pass }
-    }
-}
-
-/// What a service's errors are charged to: itself, the services, and
-/// the bpfnat veth when it is in use.
-fn service_owners(s: &crate::config::Service, veth: bool) -> Vec<Object<'_>> {
-    let mut owners = vec![Object::Service(&s.name), Object::Services];
-    if veth {
-        owners.push(Object::Bpfnat);
-    }
-    owners
 }
 
 /// The connect-time programs (on their cgroup) and the bpfnat veth, when
@@ -273,29 +178,11 @@ fn shared_objects(d: &Desired, index: &ErrorIndex) -> Vec<ObjectStatus> {
 }
 
 /// An address as it goes before `:port`: IPv6 in brackets.
-fn bracketed(ip: std::net::IpAddr) -> String {
+pub(super) fn bracketed(ip: std::net::IpAddr) -> String {
     match ip {
         std::net::IpAddr::V6(v6) => format!("[{v6}]"),
         v4 => v4.to_string(),
     }
-}
-
-/// A service's row: where its traffic goes and by which path.
-fn service_object(s: &crate::config::Service, connect_time: bool, errors: Vec<String>) -> ObjectStatus {
-    let path = if connect_time { "connect-time" } else { "bpfnat veth" };
-    let backends: Vec<String> = s
-        .backends
-        .iter()
-        .map(|b| if b.weight == 1 { b.addr.to_string() } else { format!("{} (weight {})", b.addr, b.weight) })
-        .collect();
-    let detail = format!(
-        "{}:{}/{} -> {} ({path})",
-        bracketed(s.vip),
-        s.port,
-        s.protocol,
-        if backends.is_empty() { "no backends".to_string() } else { backends.join(", ") }
-    );
-    object(ObjectKind::Service, &s.name, Some(s.origin.to_string()), detail, errors)
 }
 
 fn mesh_objects(

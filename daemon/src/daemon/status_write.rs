@@ -15,13 +15,13 @@ use std::time::Instant;
 
 use slog::{warn, Logger};
 
-use super::{report, Daemon};
+use super::{report, service_rows, Daemon};
 use crate::state::{Status, STATUS_VERSION};
 
 /// One status to write: all but the services' rows, which go at `at`.
 struct Job {
     status: Status,
-    services: Option<(report::ServiceRows, usize)>,
+    services: Option<(service_rows::ServiceRows, usize)>,
     /// When the sync loop asked for it.
     asked: Instant,
 }
@@ -92,7 +92,7 @@ impl Drop for StatusWriter {
 
 fn write_loop(shared: &(Mutex<Queue>, Condvar), state_dir: &std::path::Path, log: &Logger) {
     let (lock, ready) = shared;
-    let mut rows = report::RowCache::default();
+    let mut rows = service_rows::RowCache::default();
     // The last status written: the one a stop marks stopped.
     let mut last: Option<Job> = None;
     loop {
@@ -133,7 +133,7 @@ fn write_loop(shared: &(Mutex<Queue>, Condvar), state_dir: &std::path::Path, log
     }
 }
 
-fn write(job: &Job, state_dir: &std::path::Path, log: &Logger, cache: &mut report::RowCache) {
+fn write(job: &Job, state_dir: &std::path::Path, log: &Logger, cache: &mut service_rows::RowCache) {
     let Job { status, services, asked } = job;
     let written = match services {
         Some((rows, at)) => status.write_with_rows(state_dir, *at, &rows.render(cache)),
@@ -160,7 +160,7 @@ impl Daemon {
         line
     }
 
-    fn status(&self) -> (Status, Option<(report::ServiceRows, usize)>) {
+    fn status(&self) -> (Status, Option<(service_rows::ServiceRows, usize)>) {
         let loaded = &self.config.loaded;
         let outcome = self.runner.last_outcome.as_ref();
         // The desired state of that sync (the reconciler keeps it).
@@ -171,7 +171,7 @@ impl Daemon {
         counts.backends_down = backends.iter().filter(|b| b.state == crate::state::BackendState::Down).count();
         let objects = outcome.zip(desired).map(|(o, d)| {
             let (objects, at) = report::objects(loaded, o, d, self.sidecars.report(), peers);
-            (objects, (report::ServiceRows::of(loaded, o, d), at))
+            (objects, (service_rows::ServiceRows::of(loaded, o, d), at))
         });
         let (objects, services) = objects.map_or((Vec::new(), None), |(objects, rows)| (objects, Some(rows)));
         let status = Status {
@@ -278,7 +278,7 @@ mod tests {
         w.mark_stopped();
         assert!(Status::read(dir.path()).is_err());
         let config = crate::config::from_text("[[service]]\nname = \"web\"\nvip = \"10.96.0.10\"\nport = 80\n");
-        let rows = report::ServiceRows::new(Arc::new(config), false, crate::config::CtlbMode::Tcp, &[]);
+        let rows = service_rows::ServiceRows::new(Arc::new(config), false, crate::config::CtlbMode::Tcp, &[]);
         w.submit(Job { status: status(4, &["before"]), services: Some((rows, 1)), asked: Instant::now() });
         w.mark_stopped();
         let written = Status::read(dir.path()).unwrap();
@@ -294,12 +294,12 @@ mod tests {
             "[[service]]\nname = \"web\"\nvip = \"10.96.0.10\"\nport = 80\nbackends = [\"192.168.1.1:80\"]\n\
              [[service]]\nname = \"api\"\nvip = \"10.96.0.20\"\nport = 443\n",
         ));
-        let mut cache = report::RowCache::default();
+        let mut cache = service_rows::RowCache::default();
         let at = |rows: Vec<&serde_json::value::RawValue>| -> Vec<(usize, String)> {
             rows.iter().map(|r| (*r as *const _ as *const u8 as usize, r.get().to_string())).collect()
         };
         let rows = |errors: &[crate::reconcile::StepError], config: &Arc<crate::config::Config>| {
-            report::ServiceRows::new(Arc::clone(config), false, crate::config::CtlbMode::Tcp, errors)
+            service_rows::ServiceRows::new(Arc::clone(config), false, crate::config::CtlbMode::Tcp, errors)
         };
         let first = at(rows(&[], &config).render(&mut cache));
         assert!(first[0].1.contains("10.96.0.10:80/tcp -> 192.168.1.1:80 (connect-time)"), "{}", first[0].1);
@@ -319,7 +319,7 @@ mod tests {
         let fourth = at(rows(&[], &fewer).render(&mut cache));
         assert_eq!((fourth.len(), cache.len()), (1, 1));
         assert_eq!(fourth[0], first[0]);
-        let all = report::ServiceRows::new(Arc::clone(&fewer), true, crate::config::CtlbMode::Off, &[]);
+        let all = service_rows::ServiceRows::new(Arc::clone(&fewer), true, crate::config::CtlbMode::Off, &[]);
         let fifth = at(all.render(&mut cache));
         assert!(fifth[0].0 != first[0].0 && fifth[0].1.contains("(bpfnat veth)"), "{}", fifth[0].1);
     }
@@ -335,7 +335,7 @@ mod tests {
             owners: ["service/api"].into(),
             error: "bpf: update HM_SERVICES: Argument list too long".into(),
         };
-        let rows = report::ServiceRows::new(Arc::new(config), false, crate::config::CtlbMode::Tcp, &[error]);
+        let rows = service_rows::ServiceRows::new(Arc::new(config), false, crate::config::CtlbMode::Tcp, &[error]);
         let (w, dir) = writer();
         w.submit(Job { status: status(3, &["before", "after"]), services: Some((rows, 1)), asked: Instant::now() });
         w.flush();

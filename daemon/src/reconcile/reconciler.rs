@@ -18,7 +18,7 @@ use crate::model::{compile_unless_stopped, gateway, Desired, HostFacts, Observed
 use super::apply::{apply, Applied, StepError};
 use super::observe::{observe_sysctls, observe_until};
 use super::originals::SysctlOriginals;
-use super::plan::{plan, plan_until};
+use super::plan::{plan, plan_until, PlannedStep};
 
 /// What a sync will apply: the last compile patched, with what the patch
 /// touched, or a compile of everything.
@@ -220,19 +220,11 @@ impl Reconciler {
             unreachable!("an incremental sync has a last applied state, a full one observed");
         };
         // A resync of the last compile gives way during its plan too.
-        let waiting = Arc::clone(&self.waiting);
-        let give_up = move || may_give_way && kept && waiting.load(Ordering::Relaxed);
-        let steps = match &touched {
-            Some(t) => plan(&t.observed(have), &t.desired(&compiled.desired), self.originals.values()),
-            None => match plan_until(have, &compiled.desired, self.originals.values(), &give_up) {
-                Some(steps) => steps,
-                None => {
-                    drop(observed);
-                    self.compiled = Some(compiled);
-                    phases.plan = lap(&mut mark);
-                    return Ok(nothing_done(self, false, true, phases));
-                }
-            },
+        let Some(steps) = self.plan_steps(have, &compiled.desired, touched.as_ref(), may_give_way && kept) else {
+            drop(observed);
+            self.compiled = Some(compiled);
+            phases.plan = lap(&mut mark);
+            return Ok(nothing_done(self, false, true, phases));
         };
         // What observe read is planned against and no longer needed.
         drop(observed);
@@ -260,6 +252,25 @@ impl Reconciler {
             duration: started.elapsed(),
             phases,
         })
+    }
+
+    /// The steps from `have` to `want`, of the touched items only after a
+    /// patch; `None` when a resync that may give way (`giving_way`) did so
+    /// in the middle of its plan.
+    fn plan_steps(
+        &self,
+        have: &Observed,
+        want: &Desired,
+        touched: Option<&Touched>,
+        giving_way: bool,
+    ) -> Option<Vec<PlannedStep>> {
+        match touched {
+            Some(t) => Some(plan(&t.observed(have), &t.desired(want), self.originals.values())),
+            None => {
+                let waiting = Arc::clone(&self.waiting);
+                plan_until(have, want, self.originals.values(), &move || giving_way && waiting.load(Ordering::Relaxed))
+            }
+        }
     }
 
     /// What compile needs from the host, this sync.

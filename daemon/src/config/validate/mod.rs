@@ -187,7 +187,7 @@ impl Check<'_, '_> {
         });
         let peers = fresh(raw.peer.into_iter().filter_map(|p| self.peer(p.into_inner())));
         let members = fresh(raw.member.into_iter().filter_map(|m| self.member(m.into_inner())));
-        FileConfig { daemon, services, meshes, gateway, peers, members, index: Default::default() }
+        FileConfig { daemon, services, meshes, gateway, peers, members, derived: Default::default() }
     }
 
     /// One of `table`'s names, or an error listing them all.

@@ -298,22 +298,34 @@ pub(crate) fn recompile(mut prev: Compiled, config: &Arc<Config>, facts: &HostFa
             }
         }
     }
+    recount(&mut prev.entry_counts, &keys, was, &prev.desired.map_entries);
+    prev.config = Arc::clone(config);
+    Some((prev, touched))
+}
+
+/// Keeps the entry counts across a patch: `keys` are the entries it
+/// touched, `was` whether each was in the desired state before it, and
+/// `now` the desired state after.
+fn recount(
+    counts: &mut BTreeMap<BpfMap, usize>,
+    keys: &BTreeSet<MapEntryKey>,
+    was: Vec<bool>,
+    now: &BTreeMap<MapEntryKey, Owned<MapValue>>,
+) {
     for (k, was) in keys.iter().zip(was) {
-        match (was, prev.desired.map_entries.contains_key(k)) {
-            (false, true) => *prev.entry_counts.entry(k.map).or_default() += 1,
+        match (was, now.contains_key(k)) {
+            (false, true) => *counts.entry(k.map).or_default() += 1,
             (true, false) => {
-                if let Some(n) = prev.entry_counts.get_mut(&k.map) {
+                if let Some(n) = counts.get_mut(&k.map) {
                     *n -= 1;
                     if *n == 0 {
-                        prev.entry_counts.remove(&k.map);
+                        counts.remove(&k.map);
                     }
                 }
             }
             _ => {}
         }
     }
-    prev.config = Arc::clone(config);
-    Some((prev, touched))
 }
 
 /// Whether everything but `[[service]]` entries is as `prev` compiled it
