@@ -70,7 +70,7 @@ pub(crate) struct SyncOutcome {
     pub bpf_unavailable: Option<String>,
     /// The sync stopped early because the daemon is stopping.
     pub stopped: bool,
-    /// A resync gave way to a sync an event asks for, before planning:
+    /// A resync gave way to a sync an event asks for, before applying:
     /// nothing was done, and the kernel and the last compile are as they
     /// were.
     pub gave_way: bool,
@@ -144,7 +144,7 @@ impl Reconciler {
         self.sync_with(config, full, false)
     }
 
-    /// A full sync that gives way, before it plans anything, to an event
+    /// A full sync that gives way, before it applies anything, to an event
     /// that asks for a sync (`waiting`) when it is a resync of what the
     /// last clean sync applied (nothing it compiles from changed): an edit
     /// then waits for the loop's next look at its events, not for the

@@ -26,19 +26,21 @@ pub(super) struct Loader {
     features: KernelFeatures,
     pub(super) sizes: MapSizes,
     loaded: Option<Loaded>,
-    /// A load `preload` started: what it loaded (or why not) and its notes.
-    pending: Option<JoinHandle<(Result<Loaded>, Vec<String>)>>,
+    /// A load `preload` started, and whether maps were pinned when it did
+    /// (if not, what it loads is new and empty, and reading the maps need
+    /// not wait for it).
+    pending: Option<(Preloading, bool)>,
     /// Why the preload failed, for the first use to report.
     preload_failed: Option<BackendError>,
-    /// Whether maps were pinned when the preload started: if not, what it
-    /// loads is new and empty, and reading the maps need not wait for it.
-    preloaded_over_pins: bool,
     /// Whether sk_lookup programs load here (probed once, without pins).
     sk_lookup: Option<Option<String>>,
     /// Pinned maps that did not match this build's layout and were
     /// replaced, as sentences for the log.
     notes: Vec<String>,
 }
+
+/// A preload's thread: what it loaded (or why not), and its notes.
+type Preloading = JoinHandle<(Result<Loaded>, Vec<String>)>;
 
 pub(super) struct Loaded {
     /// Each object as its programs name it (`Program::object`).
@@ -64,7 +66,6 @@ impl Loader {
             loaded: None,
             pending: None,
             preload_failed: None,
-            preloaded_over_pins: false,
             sk_lookup: None,
             notes: Vec::new(),
         }
@@ -78,19 +79,19 @@ impl Loader {
         if self.loaded.is_some() || self.pending.is_some() {
             return;
         }
-        self.preloaded_over_pins = self.has_pins();
+        let over_pins = self.has_pins();
         let (pins, features, sizes) = (self.pins.clone(), self.features.clone(), self.sizes);
         let spawned = std::thread::Builder::new().name("hm-bpf-load".into()).spawn(move || {
             let mut notes = Vec::new();
             (load(&pins, &features, &sizes, &mut notes), notes)
         });
         // Without a thread the first use loads, as without a preload.
-        self.pending = spawned.ok();
+        self.pending = spawned.ok().map(|thread| (thread, over_pins));
     }
 
     /// Waits for a preload and keeps what it loaded, or why it failed.
     fn settle(&mut self) {
-        let Some(pending) = self.pending.take() else { return };
+        let Some((pending, _)) = self.pending.take() else { return };
         match pending.join() {
             Ok((loaded, notes)) => {
                 self.notes.extend(notes);
@@ -120,7 +121,7 @@ impl Loader {
     /// it is making are not looked at).
     pub(super) fn any(&self) -> bool {
         match self.pending {
-            Some(_) => self.preloaded_over_pins,
+            Some((_, over_pins)) => over_pins,
             None => self.loaded.is_some() || self.has_pins(),
         }
     }

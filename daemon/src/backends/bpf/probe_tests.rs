@@ -108,10 +108,7 @@ impl Probes {
 
     /// Every (key, value) of a conntrack map.
     fn conntrack(&mut self, map: HmMap) -> Vec<(abi::CtKey, abi::CtValue)> {
-        let fd = self.bpf.maps.map_fd(map).unwrap();
-        let def = map.def();
-        sys::map_dump(fd.as_fd(), def.key_size as usize, def.value_size as usize)
-            .unwrap()
+        self.entries(map)
             .into_iter()
             .map(|(k, v)| (abi::CtKey::from_bytes(&k).unwrap(), abi::CtValue::from_bytes(&v).unwrap()))
             .collect()

@@ -213,12 +213,8 @@ impl Compiled {
             *backend_users.entry(b.addr).or_default() += 1;
         }
         let d = &config.daemon;
-        let mut entry_counts = BTreeMap::new();
-        for k in desired.map_entries.keys() {
-            *entry_counts.entry(k.map).or_default() += 1;
-        }
         Compiled {
-            entry_counts,
+            entry_counts: count_entries(&desired),
             chunks_used: config.services.iter().map(|s| chunks_of(s, table_size_of(s, d))).sum(),
             v6_services: config.services.iter().filter(|s| s.vip.is_ipv6()).count(),
             service_ids: IdPool::new(services),
@@ -301,6 +297,15 @@ pub(crate) fn recompile(mut prev: Compiled, config: &Arc<Config>, facts: &HostFa
     recount(&mut prev.entry_counts, &keys, was, &prev.desired.map_entries);
     prev.config = Arc::clone(config);
     Some((prev, touched))
+}
+
+/// How many entries `d` has in each map.
+pub(super) fn count_entries(d: &Desired) -> BTreeMap<BpfMap, usize> {
+    let mut counts = BTreeMap::new();
+    for k in d.map_entries.keys() {
+        *counts.entry(k.map).or_default() += 1;
+    }
+    counts
 }
 
 /// Keeps the entry counts across a patch: `keys` are the entries it

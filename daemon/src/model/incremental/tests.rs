@@ -148,14 +148,6 @@ fn share_unchanged(before: &Config, after: &mut Config) {
     }
 }
 
-fn entry_counts(d: &Desired) -> BTreeMap<BpfMap, usize> {
-    let mut counts = BTreeMap::new();
-    for k in d.map_entries.keys() {
-        *counts.entry(k.map).or_default() += 1;
-    }
-    counts
-}
-
 const MESH: &str = "[[mesh]]\nname = \"m\"\nvip = \"10.96.0.1\"\nport = 80\nredirect_port = 15001\n";
 
 proptest! {
@@ -181,7 +173,7 @@ proptest! {
         let (full, patched, have) = both_ways(&before, &after);
         if let Some((c, touched)) = patched {
             prop_assert_eq!(&c.desired, &full);
-            prop_assert_eq!(c.entry_counts(), &entry_counts(&full));
+            prop_assert_eq!(c.entry_counts(), &count_entries(&full));
             let none = BTreeMap::new();
             let whole = plan(&have, &full, &none);
             let part = plan(&touched.observed(&have), &touched.desired(&c.desired), &none);
