@@ -35,9 +35,9 @@ enum Want {
 pub(crate) struct Reconciler {
     backends: Backends,
     originals: SysctlOriginals,
-    /// What the kernel holds after the last successful sync; `None` forces
-    /// the next sync to observe.
-    last_applied: Option<Observed>,
+    /// Whether the kernel holds what `compiled` says: the last sync
+    /// applied all of it. When not, the next sync observes the kernel.
+    applied: bool,
     /// The last compile: what `desired()` reports, and what an edit of a
     /// few services patches (`model::incremental`).
     compiled: Option<Compiled>,
@@ -105,7 +105,7 @@ impl Reconciler {
         Reconciler {
             backends,
             originals,
-            last_applied: None,
+            applied: false,
             compiled: None,
             gateways: BTreeMap::new(),
             stopping: Default::default(),
@@ -163,11 +163,11 @@ impl Reconciler {
         let resized = match self.backends.bpf.configure(&settings) {
             Ok(r) => r,
             Err(e) => {
-                self.last_applied = None;
+                self.applied = false;
                 return Err(e);
             }
         };
-        let full = full || resized || self.last_applied.is_none();
+        let full = full || resized || !self.applied || self.compiled.is_none();
         // Any service needs the probes: their load (a fifth of a second,
         // most of it the verifier's) runs beside the compile.
         if !config.services.is_empty() {
@@ -175,7 +175,7 @@ impl Reconciler {
         }
         let result = self.sync_inner(config, full, may_give_way, started);
         if !matches!(&result, Ok(o) if o.errors.is_empty()) {
-            self.last_applied = None;
+            self.applied = false;
         }
         result
     }
@@ -216,8 +216,16 @@ impl Reconciler {
             Want::Compiled(desired) => (Compiled::new(desired, config, &facts), None),
         };
         phases.compile += lap(&mut mark);
-        let Some(have) = observed.as_ref().or(self.last_applied.as_ref()) else {
-            unreachable!("an incremental sync has a last applied state, a full one observed");
+        // A patch plans from what its items were (the kernel held the
+        // last compile); anything else from what the kernel holds.
+        let before;
+        let have = match (&observed, &touched) {
+            (Some(have), _) => have,
+            (None, Some(t)) => {
+                before = t.before(&compiled.desired);
+                &before
+            }
+            (None, None) => unreachable!("a sync that does not patch has read the kernel or the last compile"),
         };
         // A resync of the last compile gives way during its plan too.
         let Some(steps) = self.plan_steps(have, &compiled.desired, touched.as_ref(), may_give_way && kept) else {
@@ -237,7 +245,7 @@ impl Reconciler {
         // Freed before the baseline is built: a cold start's plan (600,000
         // steps at 100,000 services) and baseline are not held at once.
         drop(steps);
-        let notes = self.record(compiled, touched.as_ref(), kept, stopped, errors.is_empty());
+        let notes = self.record(compiled, stopped, errors.is_empty());
         phases.record = lap(&mut mark);
         Ok(SyncOutcome {
             full,
@@ -255,7 +263,7 @@ impl Reconciler {
     }
 
     /// The steps from `have` to `want`, of the touched items only after a
-    /// patch; `None` when a resync that may give way (`giving_way`) did so
+    /// patch (`have` is then what they were); `None` when a resync that may give way (`giving_way`) did so
     /// in the middle of its plan.
     fn plan_steps(
         &self,
@@ -265,7 +273,7 @@ impl Reconciler {
         giving_way: bool,
     ) -> Option<Vec<PlannedStep>> {
         match touched {
-            Some(t) => Some(plan(&t.observed(have), &t.desired(want), self.originals.values())),
+            Some(t) => Some(plan(have, &t.desired(want), self.originals.values())),
             None => {
                 let waiting = Arc::clone(&self.waiting);
                 plan_until(have, want, self.originals.values(), &move || giving_way && waiting.load(Ordering::Relaxed))
@@ -300,17 +308,18 @@ impl Reconciler {
         phases: &mut Phases,
         mark: &mut Instant,
     ) -> Result<(Want, Option<Observed>), BackendError> {
-        if let (Some(last), false) = (&self.last_applied, full) {
-            let want = match self.compiled.take().and_then(|c| recompile(c, config, facts)) {
-                Some((c, touched)) => Want::Patched(Box::new(c), touched),
-                None => Want::Compiled(compile_unless_stopped(
-                    config,
-                    facts,
-                    &Prior::from_entries(last.map_entries.iter()),
-                    &self.stopping,
-                )),
-            };
-            return Ok((want, None));
+        if let Some(prev) = self.compiled.take_if(|_| !full) {
+            return Ok(match recompile(prev, config, facts) {
+                Ok((c, touched)) => (Want::Patched(Box::new(c), touched), None),
+                // The last compile, which the kernel holds: the full
+                // compile keeps its ids, and is planned from it.
+                Err(last) => {
+                    let have = last.as_observed();
+                    drop(last);
+                    let prior = Prior::from_entries(have.map_entries.iter());
+                    (Want::Compiled(compile_unless_stopped(config, facts, &prior, &self.stopping)), Some(have))
+                }
+            });
         }
         // A full sync starts from the kernel: the baseline is not needed.
         // Nor is the last compile unless nothing it was made from changed
@@ -324,14 +333,14 @@ impl Reconciler {
         // change already waiting goes first even when this resync read it
         // (the change's sync patches the compile); once the compile is
         // let go for a new one, nothing gives way.
-        let may_give_way = may_give_way && self.compiled.is_some() && self.last_applied.is_some();
+        let may_give_way = may_give_way && self.compiled.is_some() && self.applied;
         let waiting = Arc::clone(&self.waiting);
         if may_give_way && waiting.load(Ordering::Relaxed) {
             return Ok((Want::GaveWay, None));
         }
         let kept = self.compiled.take().and_then(|c| incremental::keep(c, config, facts));
         if kept.is_none() {
-            self.last_applied = None;
+            self.applied = false;
         }
         phases.compile += lap(mark);
         let give_way = may_give_way && kept.is_some();
@@ -366,29 +375,13 @@ impl Reconciler {
         Ok((want, Some(have)))
     }
 
-    /// Keeps what was applied as the next sync's baseline (when all of it
-    /// was), and the compile for the next patch; finishes a map resize once
-    /// this build's programs run. Returns the BPF backend's notes.
-    fn record(
-        &mut self,
-        compiled: Compiled,
-        touched: Option<&Touched>,
-        kept: bool,
-        stopped: bool,
-        clean: bool,
-    ) -> Vec<String> {
-        if stopped {
-            // Part of the plan ran: the next start observes the kernel.
-            self.last_applied = None;
-        } else if clean {
-            match (touched, self.last_applied.as_mut()) {
-                (Some(t), Some(last)) => t.apply_to(last, &compiled.desired),
-                // A kept compile's baseline, from the clean sync that
-                // applied it, is what the kernel holds again.
-                (None, Some(_)) if kept => {}
-                _ => self.last_applied = Some(compiled.desired.as_observed()),
-            }
-        }
+    /// Keeps the compile for the next sync to patch and plan from, noting
+    /// whether the kernel holds it (all of it was applied); finishes a map
+    /// resize once this build's programs run. Returns the BPF backend's
+    /// notes.
+    fn record(&mut self, compiled: Compiled, stopped: bool, clean: bool) -> Vec<String> {
+        // Part of a plan that stopped ran: the next start observes.
+        self.applied = !stopped && clean;
         self.compiled = Some(compiled);
         let mut notes = self.backends.bpf.take_notes();
         if !stopped && clean {

@@ -45,26 +45,34 @@ pub(crate) struct Compiled {
     entry_counts: BTreeMap<BpfMap, usize>,
 }
 
-/// The map entries and routes a patch may have changed; nothing else did.
+/// The map entries and routes a patch may have changed (nothing else
+/// did), and what they were before it: the kernel held the last compile,
+/// so the plan of a patch needs no copy of it beside the compile.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Touched {
     pub map_entries: BTreeSet<MapEntryKey>,
     pub routes: BTreeSet<RouteKey>,
+    /// The touched entries and routes the last compile had, as specs.
+    was_entries: BTreeMap<MapEntryKey, MapValue>,
+    was_routes: BTreeMap<RouteKey, RouteSpec>,
 }
 
 impl Touched {
-    /// The part of `have` a patch can have changed, with everything that is
-    /// not per service (links, sysctls, programs...) whole, since the plan
-    /// restores what is missing from it.
-    pub(crate) fn observed(&self, have: &Observed) -> Observed {
+    /// What the kernel held of the touched items before the patch (it held
+    /// the last compile), with everything that is not per service (links,
+    /// sysctls, programs...) as `now` has it, which a patch leaves alone.
+    pub(crate) fn before(&self, now: &Desired) -> Observed {
+        fn specs<K: Ord + Clone, V: Clone>(m: &BTreeMap<K, Owned<V>>) -> BTreeMap<K, V> {
+            m.iter().map(|(k, v)| (k.clone(), v.spec.clone())).collect()
+        }
         Observed {
-            links: have.links.clone(),
-            sysctls: have.sysctls.clone(),
-            neighbours: have.neighbours.clone(),
-            map_entries: pick(&have.map_entries, &self.map_entries),
-            attachments: have.attachments.clone(),
-            routes: pick(&have.routes, &self.routes),
-            nft_table: have.nft_table.clone(),
+            links: specs(&now.links),
+            sysctls: specs(&now.sysctls),
+            neighbours: specs(&now.neighbours),
+            map_entries: self.was_entries.clone(),
+            attachments: now.attachments.keys().map(|a| (a.clone(), AttachStatus::Current)).collect(),
+            routes: self.was_routes.clone(),
+            nft_table: (!now.nft_rules.is_empty()).then(|| now.nft_rules.keys().cloned().collect()),
         }
     }
 
@@ -86,21 +94,13 @@ impl Touched {
         }
     }
 
-    /// Brings `have` (what the kernel held before) to what it holds once
-    /// the touched items of `want` are applied.
-    pub(crate) fn apply_to(&self, have: &mut Observed, want: &Desired) {
-        for k in &self.map_entries {
-            match want.map_entries.get(k) {
-                Some(w) => have.map_entries.insert(k.clone(), w.spec.clone()),
-                None => have.map_entries.remove(k),
-            };
-        }
-        for k in &self.routes {
-            match want.routes.get(k) {
-                Some(w) => have.routes.insert(k.clone(), w.spec.clone()),
-                None => have.routes.remove(k),
-            };
-        }
+    /// The items a patch touches, with what `d` (the compile it patches)
+    /// has at them.
+    fn of(map_entries: BTreeSet<MapEntryKey>, routes: BTreeSet<RouteKey>, d: &Desired) -> Touched {
+        let was_entries =
+            map_entries.iter().filter_map(|k| d.map_entries.get(k).map(|v| (k.clone(), v.spec.clone()))).collect();
+        let was_routes = routes.iter().filter_map(|k| d.routes.get(k).map(|v| (k.clone(), v.spec.clone()))).collect();
+        Touched { map_entries, routes, was_entries, was_routes }
     }
 }
 
@@ -227,10 +227,25 @@ impl Compiled {
     }
 }
 
-/// Patches `prev` to `config`, if only services changed; `None` means
-/// compile in full (`prev` is then spent).
-pub(crate) fn recompile(mut prev: Compiled, config: &Arc<Config>, facts: &HostFacts) -> Option<(Compiled, Touched)> {
-    if !only_services_changed(&prev, config, facts) {
+/// Patches `prev` to `config`, if only services changed. When it cannot,
+/// the caller compiles in full, and gets back `prev`'s desired state (what
+/// the kernel holds after a clean sync) to give the same ids and to plan
+/// from.
+pub(crate) fn recompile(
+    mut prev: Compiled,
+    config: &Arc<Config>,
+    facts: &HostFacts,
+) -> Result<(Compiled, Touched), Box<Desired>> {
+    match patch(&mut prev, config, facts) {
+        Some(touched) => Ok((prev, touched)),
+        None => Err(Box::new(prev.desired)),
+    }
+}
+
+/// `recompile`'s patch, in place: `prev.desired` is changed only when it
+/// returns the touched items (its indexes may be changed either way).
+fn patch(prev: &mut Compiled, config: &Arc<Config>, facts: &HostFacts) -> Option<Touched> {
+    if !only_services_changed(prev, config, facts) {
         return None;
     }
     let (gone, came) = changed_services(&prev.config, config);
@@ -242,7 +257,7 @@ pub(crate) fn recompile(mut prev: Compiled, config: &Arc<Config>, facts: &HostFa
     if came.iter().any(|s| bpfnat::mesh_vip_warning(&config.meshes, connect_time, s).is_some()) {
         return None;
     }
-    account(&mut prev, config, &gone, &came)?;
+    account(prev, config, &gone, &came)?;
     let d = &config.daemon;
     let routes = bpfnat::carries_services(config, connect_time);
     // What the changed services had, under their old ids.
@@ -253,7 +268,7 @@ pub(crate) fn recompile(mut prev: Compiled, config: &Arc<Config>, facts: &HostFa
         let route = if routes { bpfnat::service_route(&config.meshes, s).map(|(k, _)| k) } else { None };
         take_out.push((owner_of(s), keys, route));
     }
-    reassign_ids(&mut prev, d, &gone, &came)?;
+    reassign_ids(prev, d, &gone, &came)?;
 
     // What the new versions want, built before anything is taken out so
     // the entry counts can be kept from the touched keys' presence.
@@ -263,40 +278,38 @@ pub(crate) fn recompile(mut prev: Compiled, config: &Arc<Config>, facts: &HostFa
         let ids = prev.backend_ids.of(&s.backends)?;
         put.push((owner_of(s), service_entries(s, id, &ids, table_size_of(s, d), &config.meshes)));
     }
-    let keys: BTreeSet<MapEntryKey> = take_out
+    let keys = take_out
         .iter()
         .flat_map(|(_, keys, _)| keys.iter().cloned())
         .chain(put.iter().flat_map(|(_, entries)| entries.iter().map(|(k, _)| k.clone())))
         .collect();
-    let was: Vec<bool> = keys.iter().map(|k| prev.desired.map_entries.contains_key(k)).collect();
+    let new_routes = came.iter().filter(|_| routes).filter_map(|s| bpfnat::service_route(&config.meshes, s));
+    let route_keys = take_out.iter().filter_map(|(_, _, r)| r.clone()).chain(new_routes.map(|(k, _)| k)).collect();
+    let touched = Touched::of(keys, route_keys, &prev.desired);
+    let was: Vec<bool> = touched.map_entries.iter().map(|k| prev.desired.map_entries.contains_key(k)).collect();
 
-    let mut touched = Touched::default();
     let out = &mut prev.desired;
     for (owner, keys, route) in take_out {
         for k in keys {
             disown(&mut out.map_entries, &k, &owner);
-            touched.map_entries.insert(k);
         }
         if let Some(k) = route {
             disown(&mut out.routes, &k, &owner);
-            touched.routes.insert(k);
         }
     }
     for (s, (owner, entries)) in came.iter().zip(put) {
         for (k, v) in entries {
-            touched.map_entries.insert(k.clone());
             want(&mut out.map_entries, k, v, &owner);
         }
         if routes {
             if let Some((k, spec)) = bpfnat::service_route(&config.meshes, s) {
-                touched.routes.insert(k.clone());
                 want(&mut out.routes, k, spec, &owner);
             }
         }
     }
-    recount(&mut prev.entry_counts, &keys, was, &prev.desired.map_entries);
+    recount(&mut prev.entry_counts, &touched.map_entries, was, &prev.desired.map_entries);
     prev.config = Arc::clone(config);
-    Some((prev, touched))
+    Some(touched)
 }
 
 /// How many entries `d` has in each map.
