@@ -113,8 +113,9 @@ pub(super) fn apply(
 }
 
 /// Map entries written or deleted in one go at most (their values are
-/// built for it: a Maglev chunk, the largest, is 1 KiB).
-const MAP_RUN: usize = 1024;
+/// built for it: a Maglev chunk, the largest, is 256 bytes). Enough for
+/// the backend to share a run among several threads (`batch::update`).
+const MAP_RUN: usize = 16 * 1024;
 
 /// How many steps from the first of `steps` are one run of map writes
 /// (or deletes) to one map, which the backend carries out together (in

@@ -15,7 +15,7 @@ use aya_obj::generated::{bpf_attr, BPF_ANY};
 use super::sys::{self, attr, bpf};
 
 /// Entries per batch call: the system call's cost is spread thin, and the
-/// packed copy stays small (a Maglev chunk, the largest value, is 1 KiB).
+/// packed copy stays small (a Maglev chunk, the largest value, is 256 bytes).
 pub(super) const BATCH: usize = 1024;
 
 /// How entries reach the kernel.
@@ -124,9 +124,64 @@ fn uniform(items: impl Iterator<Item = usize>) -> bool {
     items.all(|len| len == first)
 }
 
-/// Creates or replaces each (key, value) of `entries` in the map `fd`, in
-/// order.
+/// Creates or replaces each (key, value) of `entries` in the map `fd`. A
+/// long run is shared by several threads, each writing whole batches of
+/// its own part in order; the parts land in no order among them, which a
+/// run allows: the plan orders maps, and the entries of one map's run
+/// never wait for one another.
 pub(super) fn update(fd: BorrowedFd<'_>, entries: &[(&[u8], &[u8])], how: Batching) -> Written {
+    let writers = writers_for(entries.len());
+    if how == Batching::Batched && writers > 1 {
+        return in_parts(entries, writers, |part| update_in_order(fd, part, how));
+    }
+    update_in_order(fd, entries, how)
+}
+
+/// A run shorter than this goes through one thread: its batches' system
+/// calls cost less than starting another.
+const SHARED_RUN: usize = 4 * BATCH;
+
+/// How many threads write a run of `n` entries: one per CPU (at most 4),
+/// each with two batches or more.
+fn writers_for(n: usize) -> usize {
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    if n < SHARED_RUN {
+        return 1;
+    }
+    let cpus = *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(4));
+    cpus.min(n / (2 * BATCH)).max(1)
+}
+
+/// `write` run on `parts` parts of `items` at once, each a whole number of
+/// batches, on threads of their own; their failures by index in `items`.
+fn in_parts<T: Sync>(items: &[T], parts: usize, write: impl Fn(&[T]) -> Written + Sync) -> Written {
+    let batches = items.len().div_ceil(BATCH);
+    let per_part = batches.div_ceil(parts) * BATCH;
+    let write = &write;
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = items
+            .chunks(per_part)
+            .enumerate()
+            .map(|(n, part)| (n * per_part, std::thread::Builder::new().spawn_scoped(scope, move || write(part))))
+            .collect();
+        let mut out = Written::default();
+        for (from, thread) in threads {
+            // A thread that could not start, or panicked: its part is
+            // written here.
+            let part = &items[from..(from + per_part).min(items.len())];
+            let written = match thread {
+                Ok(t) => t.join().unwrap_or_else(|_| write(part)),
+                Err(_) => write(part),
+            };
+            out.batch_refused |= written.batch_refused;
+            out.failed.extend(written.failed.into_iter().map(|(i, e)| (from + i, e)));
+        }
+        out
+    })
+}
+
+/// `update`, in the order of `entries`, by the calling thread.
+fn update_in_order(fd: BorrowedFd<'_>, entries: &[(&[u8], &[u8])], how: Batching) -> Written {
     let alone = |i: usize| sys::map_update(fd, entries[i].0, entries[i].1);
     let batched = how == Batching::Batched
         && uniform(entries.iter().map(|e| e.0.len()))
@@ -252,6 +307,35 @@ mod tests {
         fn run(&self, n: usize) -> Written {
             run_batches(n, |i| self.alone(i), |at| self.batch(at, n))
         }
+    }
+
+    #[test]
+    fn a_long_run_is_shared_by_threads_and_each_failure_keeps_its_index() {
+        assert_eq!(writers_for(SHARED_RUN - 1), 1, "a short run stays on one thread");
+        let n = 5 * BATCH + 7;
+        let items: Vec<usize> = (0..n).collect();
+        let bad = [3, BATCH + 1, 4 * BATCH + 9, n - 1];
+        let threads = std::sync::Mutex::new(std::collections::HashSet::new());
+        let written = std::sync::Mutex::new(Vec::new());
+        let out = in_parts(&items, 3, |part| {
+            threads.lock().unwrap().insert(std::thread::current().id());
+            written.lock().unwrap().extend_from_slice(part);
+            // Each part is whole batches but for the last.
+            assert!(part.len() % BATCH == 0 || part.last() == items.last());
+            let failed = part.iter().enumerate().filter(|(_, v)| bad.contains(v));
+            Written {
+                failed: failed.map(|(i, _)| (i, err(libc::E2BIG))).collect(),
+                batch_refused: part.contains(&(2 * BATCH)),
+            }
+        });
+        let mut failed: Vec<usize> = out.failed.iter().map(|(i, _)| *i).collect();
+        failed.sort_unstable();
+        assert_eq!(failed, bad, "failures by their index in the run");
+        assert!(out.batch_refused, "one part's refusal is the run's");
+        let mut all = written.into_inner().unwrap();
+        all.sort_unstable();
+        assert_eq!(all, items, "every entry written once");
+        assert_eq!(threads.into_inner().unwrap().len(), 3, "three threads");
     }
 
     #[test]

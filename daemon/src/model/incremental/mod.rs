@@ -24,6 +24,10 @@ use super::services::{chunks_of, key_of, owner_of, service_entries, service_keys
 use super::state::*;
 use super::{HostFacts, Prior};
 
+/// The indexes' maps: foldhash (seeded per process) hashes 100,000 keys
+/// several times faster than the standard SipHash.
+type Hashed<K, V> = HashMap<K, V, foldhash::quality::RandomState>;
+
 /// The last compile, with what it was compiled from and the indexes an
 /// edit needs: ids in use and free, the services using each backend, the
 /// Maglev chunks in use.
@@ -37,7 +41,7 @@ pub(crate) struct Compiled {
     service_ids: IdPool<SvcKey>,
     backend_ids: IdPool<SocketAddr>,
     /// How many services list each backend address.
-    backend_users: HashMap<SocketAddr, u32>,
+    backend_users: Hashed<SocketAddr, u32>,
     chunks_used: usize,
     v6_services: usize,
     /// The entries of each map in `desired`, kept by patches (the metrics
@@ -112,7 +116,7 @@ fn pick<K: Ord + Clone, V: Clone>(m: &BTreeMap<K, V>, keys: &BTreeSet<K>) -> BTr
 /// found without a scan, and it is the one `ids::assign` would pick.
 #[derive(Debug, Clone)]
 struct IdPool<K> {
-    ids: HashMap<K, u32>,
+    ids: Hashed<K, u32>,
     free: BTreeSet<u32>,
     next: u32,
 }
@@ -126,11 +130,18 @@ impl IdPool<SocketAddr> {
 
 impl<K: Eq + Hash + Clone> IdPool<K> {
     fn new(ids: impl IntoIterator<Item = (K, u32)>) -> Self {
-        let ids: HashMap<K, u32> = ids.into_iter().collect();
-        let used: BTreeSet<u32> = ids.values().copied().collect();
+        let ids: Hashed<K, u32> = ids.into_iter().collect();
+        let mut used: Vec<u32> = ids.values().copied().collect();
+        used.sort_unstable();
         let next = used.last().map_or(0, |&m| m + 1);
-        let free = (0..next).filter(|i| !used.contains(i)).collect();
-        IdPool { ids, free, next }
+        // The gaps between the used ids, found in one walk.
+        let mut free = Vec::new();
+        let mut expect = 0;
+        for &id in &used {
+            free.extend(expect..id);
+            expect = id + 1;
+        }
+        IdPool { ids, free: free.into_iter().collect(), next }
     }
 
     fn get(&self, k: &K) -> Option<u32> {
@@ -208,7 +219,7 @@ impl Compiled {
                 (prior.services, prior.backends)
             }
         };
-        let mut backend_users: HashMap<SocketAddr, u32> = HashMap::new();
+        let mut backend_users: Hashed<SocketAddr, u32> = Hashed::default();
         for b in config.services.iter().flat_map(|s| &s.backends) {
             *backend_users.entry(b.addr).or_default() += 1;
         }
@@ -312,11 +323,18 @@ fn patch(prev: &mut Compiled, config: &Arc<Config>, facts: &HostFacts) -> Option
     Some(touched)
 }
 
-/// How many entries `d` has in each map.
+/// How many entries `d` has in each map: the keys are sorted by map, so
+/// each map's entries are one run of them (a counter per key looked up in
+/// a map took 16 ms at 100,000 services).
 pub(super) fn count_entries(d: &Desired) -> BTreeMap<BpfMap, usize> {
     let mut counts = BTreeMap::new();
-    for k in d.map_entries.keys() {
-        *counts.entry(k.map).or_default() += 1;
+    let mut keys = d.map_entries.keys().map(|k| k.map).peekable();
+    while let Some(map) = keys.next() {
+        let mut n = 1;
+        while keys.next_if_eq(&map).is_some() {
+            n += 1;
+        }
+        counts.insert(map, n);
     }
     counts
 }
