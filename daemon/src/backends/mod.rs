@@ -98,9 +98,11 @@ pub trait BpfBackend {
     /// needs them.
     fn prepare(&mut self) -> Result<()>;
     /// Starts loading the programs and maps in the background, for
-    /// `prepare` (or any other use) to wait for: the caller will need them
-    /// and has other work to do first.
-    fn preload(&mut self) {}
+    /// `prepare` (or any other use) to wait for, and verifying `likely`,
+    /// the programs the caller expects to attach (any other is verified
+    /// when first used): the caller will need them and has other work to
+    /// do first.
+    fn preload(&mut self, _likely: &std::collections::BTreeSet<crate::model::Program>) {}
     /// Repairs and replacements made on the way (a lost pin pinned again,
     /// a map of another layout replaced), as sentences for the log.
     fn take_notes(&mut self) -> Vec<String> {

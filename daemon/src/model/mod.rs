@@ -135,6 +135,33 @@ pub(crate) fn ctlb_mode(config: &Config, facts: &HostFacts, warnings: &mut Vec<S
     forced
 }
 
+/// The programs a compile of `config` on a kernel with `features` will
+/// likely attach: what the configuration alone says, before the host's
+/// interfaces and the mesh's path are known. The probes' preload verifies
+/// these ahead, beside the compile; any other is verified when it is
+/// first used, so this is a hint, kept true by a test against compile.
+pub(crate) fn programs_likely(config: &Config, features: &KernelFeatures) -> BTreeSet<Program> {
+    let facts = HostFacts { features: features.clone(), ..Default::default() };
+    let mode = ctlb_mode(config, &facts, &mut Vec::new());
+    let mut out = BTreeSet::new();
+    if !config.services.is_empty() && mode != CtlbMode::Off {
+        out.extend(Program::CONNECT_TIME);
+    }
+    if bpfnat::carries_services(config, mode) {
+        out.insert(Program::NatOut);
+    }
+    if bpfnat::carries_services(config, mode) || config.services.iter().any(|s| s.serves_network()) {
+        out.extend([Program::Reply, Program::Direct]);
+    }
+    if !config.meshes.is_empty() && config.daemon.mesh_backend != crate::config::MeshBackend::Nftables {
+        out.insert(Program::Mesh);
+    }
+    if config.gateway.is_some() {
+        out.extend([Program::TunIn, Program::TunOut]);
+    }
+    out
+}
+
 use std::sync::atomic::AtomicBool;
 
 /// Config -> the kernel state it needs. `prior` keeps ids stable. The

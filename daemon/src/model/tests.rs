@@ -688,3 +688,32 @@ fn entries_are_ordered_by_map_then_by_id_as_a_number_or_else_by_key_bytes() {
     // Consistent with equality.
     assert_eq!(backend(7).cmp(&backend(7)), std::cmp::Ordering::Equal);
 }
+
+/// The preload's hint names what compile attaches: every mode, on kernels
+/// that force another, with node ports, a mesh and a gateway.
+#[test]
+fn the_programs_a_preload_verifies_are_those_compile_attaches() {
+    let external = "[[service]]\nname = \"ext\"\nvip = \"10.96.0.20\"\nport = 80\nbackends = \
+                    [\"192.168.10.11:8080\"]\nnode_port = 30080\nexternal = true\n";
+    let daemon = |m: &str| format!("[daemon]\nconnect_time_lb = \"{m}\"\n");
+    let mut cases = vec![String::new(), MESH.to_string(), MEMBER.to_string(), GATEWAY.to_string()];
+    for m in ["tcp", "all", "off"] {
+        cases.push(format!("{}{TWO}", daemon(m)));
+        cases.push(format!("{}{external}", daemon(m)));
+        cases.push(format!("{}{TWO}{MESH}{GATEWAY}", daemon(m)));
+    }
+    let kernels = [
+        KernelFeatures::complete(),
+        KernelFeatures::lacking([Feature::ConnectTimeHooks]),
+        KernelFeatures::lacking([Feature::RedirectNeigh]),
+    ];
+    for text in &cases {
+        for features in &kernels {
+            let c = config(text);
+            let f = HostFacts { features: features.clone(), ..facts() };
+            let attached: BTreeSet<Program> =
+                compile(&c, &f, &Prior::default()).attachments.keys().map(|a| a.program).collect();
+            assert_eq!(programs_likely(&c, features), attached, "{text}\non a kernel lacking {features:?}");
+        }
+    }
+}

@@ -168,11 +168,6 @@ impl Reconciler {
             }
         };
         let full = full || resized || !self.applied || self.compiled.is_none();
-        // Any service needs the probes: their load (a fifth of a second,
-        // most of it the verifier's) runs beside the compile.
-        if !config.services.is_empty() {
-            self.backends.bpf.preload();
-        }
         let result = self.sync_inner(config, full, may_give_way, started);
         if !matches!(&result, Ok(o) if o.errors.is_empty()) {
             self.applied = false;
@@ -190,6 +185,12 @@ impl Reconciler {
         let mut phases = Phases::default();
         let mut mark = started;
         let facts = self.host_facts(config)?;
+        // Any service needs the probes: their load (a tenth of a second,
+        // the maps' creation and the verifier's work) runs beside the
+        // compile.
+        if !config.services.is_empty() {
+            self.backends.bpf.preload(&crate::model::programs_likely(config, &facts.features));
+        }
         let (want, observed) = self.want(config, &facts, full, may_give_way, &mut phases, &mut mark)?;
         let kept = matches!(want, Want::Kept(_));
         let nothing_done = |r: &mut Self, stopped: bool, gave_way: bool, phases: Phases| SyncOutcome {

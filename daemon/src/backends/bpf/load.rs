@@ -1,10 +1,14 @@
 //! The loader owns the probe objects and the pinned maps: it loads the
 //! objects against the pins when they are this build's layout (adopted),
 //! resizes or replaces them when not (each map created at its configured
-//! size), verifies every program once, and hands out the maps and
+//! size), verifies each program once, and hands out the maps and
 //! programs by their typed names. Loading is lazy: a host with nothing
-//! configured gets no BPF state at all. A sync that will need the probes
-//! starts their load ahead (`preload`), on a thread of its own, while it
+//! configured gets no BPF state at all, and a program is verified only
+//! when it is attached or compared with an attached one (the veth path's
+//! two largest take the verifier 30 ms each, for nothing on a host whose
+//! services are all balanced at connect time). A sync that will need the
+//! probes starts their load ahead (`preload`), on a thread of its own,
+//! with the programs it will likely attach verified there too, while it
 //! compiles; the first use waits for it.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -45,8 +49,8 @@ type Preloading = JoinHandle<(Result<Loaded>, Vec<String>)>;
 pub(super) struct Loaded {
     /// Each object as its programs name it (`Program::object`).
     objects: BTreeMap<ProbeObject, Ebpf>,
-    /// Our loaded copy of each program: its tag and maps say whether what
-    /// is attached is this build's program.
+    /// Our loaded copy of each program verified so far: its tag and maps
+    /// say whether what is attached is this build's program.
     programs: BTreeMap<Program, ProgInfo>,
     maps: BTreeMap<HmMap, OwnedFd>,
     /// The ids of `maps`. A program's other maps are its object's own
@@ -72,18 +76,23 @@ impl Loader {
     }
 
     /// Starts loading the probes on a thread of its own unless they are
-    /// loaded or loading: the caller will need them, and has other work
-    /// to do meanwhile (a first sync compiles 100,000 services for as long
-    /// as the load takes). Their first use waits for the load.
-    pub(super) fn preload(&mut self) {
+    /// loaded or loading, verifying `likely` (the programs the caller
+    /// expects to attach) there too: the caller will need them, and has
+    /// other work to do meanwhile (a first sync compiles 100,000 services
+    /// for as long as the load takes). Their first use waits for the load.
+    pub(super) fn preload(&mut self, likely: &BTreeSet<Program>) {
         if self.loaded.is_some() || self.pending.is_some() {
             return;
         }
         let over_pins = self.has_pins();
-        let (pins, features, sizes) = (self.pins.clone(), self.features.clone(), self.sizes);
+        let (pins, features, sizes, likely) = (self.pins.clone(), self.features.clone(), self.sizes, likely.clone());
         let spawned = std::thread::Builder::new().name("hm-bpf-load".into()).spawn(move || {
             let mut notes = Vec::new();
-            (load(&pins, &features, &sizes, &mut notes), notes)
+            let loaded = load(&pins, &features, &sizes, &mut notes).and_then(|mut loaded| {
+                likely.iter().try_for_each(|p| loaded.verify(*p))?;
+                Ok(loaded)
+            });
+            (loaded, notes)
         });
         // Without a thread the first use loads, as without a preload.
         self.pending = spawned.ok().map(|thread| (thread, over_pins));
@@ -158,9 +167,11 @@ impl Loader {
         Ok(if found && value.iter().any(|b| *b != 0) { T::from_bytes(&value) } else { None })
     }
 
-    /// This build's copy of `program`: its id, tag and maps.
+    /// This build's copy of `program`: its id, tag and maps (verified
+    /// now if it was not yet).
     pub(super) fn program_info(&mut self, program: Program) -> Result<ProgInfo> {
         let loaded = self.ensure_loaded()?;
+        loaded.verify(program)?;
         loaded.programs.get(&program).cloned().ok_or_else(|| bpf_err(program.name(), "the program is not loaded"))
     }
 
@@ -170,9 +181,10 @@ impl Loader {
         Ok(self.ensure_loaded()?.pinned_ids.clone())
     }
 
-    /// The program's loaded object, to attach it.
+    /// The program's loaded object, the program verified, to attach it.
     pub(super) fn object_of(&mut self, program: Program) -> Result<&mut Ebpf> {
         let loaded = self.ensure_loaded()?;
+        loaded.verify(program)?;
         loaded.objects.get_mut(&program.object()).ok_or_else(|| bpf_err(program.name(), "its object is not loaded"))
     }
 
@@ -261,7 +273,6 @@ fn load(pins: &PinDir, features: &KernelFeatures, sizes: &MapSizes, notes: &mut 
         retired.extend(retire_incompatible(pins, def, notes)?);
     }
     let mut objects = BTreeMap::new();
-    let mut programs = BTreeMap::new();
     let loaded = objects::loaded_objects(features);
     let marks = loaded.map(|(_, variant)| objects::build_mark(objects::bytes(variant)));
     // One loader for every object: each new one parses the kernel's
@@ -275,11 +286,7 @@ fn load(pins: &PinDir, features: &KernelFeatures, sizes: &MapSizes, notes: &mut 
         let bytes = objects::bytes(variant);
         let source = format!("probes/{} ({})", variant.def().source, variant.def().name);
         loader.override_global("hm_build_mark", mark, true);
-        let mut ebpf = loader.load(bytes).map_err(|e| bpf_err(format!("load {source}"), chain(&e)))?;
-        for program in Program::ALL.into_iter().filter(|p| p.object() == role) {
-            let info = load_program(&mut ebpf, program)?;
-            programs.insert(program, info);
-        }
+        let ebpf = loader.load(bytes).map_err(|e| bpf_err(format!("load {source}"), chain(&e)))?;
         objects.insert(role, ebpf);
     }
     let mut maps = BTreeMap::new();
@@ -311,7 +318,25 @@ fn load(pins: &PinDir, features: &KernelFeatures, sizes: &MapSizes, notes: &mut 
             if copied.skipped > 0 { format!(", {} did not fit", copied.skipped) } else { String::new() }
         ));
     }
-    Ok(Loaded { objects, programs, maps, pinned_ids, retired })
+    Ok(Loaded { objects, programs: BTreeMap::new(), maps, pinned_ids, retired })
+}
+
+impl Loaded {
+    /// Verifies `program` (loads it into the kernel) unless it is.
+    fn verify(&mut self, program: Program) -> Result<()> {
+        if self.programs.contains_key(&program) {
+            return Ok(());
+        }
+        let ebpf = self
+            .objects
+            .get_mut(&program.object())
+            .ok_or_else(|| bpf_err(program.name(), "its object is not loaded"))?;
+        // A signal would stop the verifier (EAGAIN): held off meanwhile.
+        let _held = super::held_signals::HeldSignals::new();
+        let info = load_program(ebpf, program)?;
+        self.programs.insert(program, info);
+        Ok(())
+    }
 }
 
 /// A pinned map with another layout (an upgrade changed it) is unpinned

@@ -152,8 +152,8 @@ impl BpfBackend for PinnedBpf {
         self.maps.map_fd(HmMap::Config).map(|_| ())
     }
 
-    fn preload(&mut self) {
-        self.maps.preload();
+    fn preload(&mut self, likely: &std::collections::BTreeSet<crate::model::Program>) {
+        self.maps.preload(likely);
     }
 
     fn take_notes(&mut self) -> Vec<String> {

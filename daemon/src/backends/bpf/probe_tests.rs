@@ -633,7 +633,7 @@ fn a_preload_is_waited_for_by_the_first_use_which_reports_its_failure() {
     let pins = dir.path().join("bpf");
     PinDir::new(&pins).prepare().unwrap();
     let mut bpf = PinnedBpf::new(&pins, features.clone());
-    bpf.preload();
+    bpf.preload(&Program::ALL.into());
     // Nothing was pinned: the maps it is making are new and empty, so
     // reading the maps does not wait for them.
     assert!(!bpf.maps.any());
@@ -641,7 +641,7 @@ fn a_preload_is_waited_for_by_the_first_use_which_reports_its_failure() {
     bpf.prepare().unwrap();
     assert!(bpf.maps.any() && PinDir::new(&pins).map(HmMap::Config).exists());
     // A second preload of what is loaded does nothing.
-    bpf.preload();
+    bpf.preload(&Program::ALL.into());
     bpf.prepare().unwrap();
     bpf.remove_all().unwrap();
 
@@ -650,7 +650,7 @@ fn a_preload_is_waited_for_by_the_first_use_which_reports_its_failure() {
     let file = dir.path().join("a-file");
     std::fs::write(&file, "").unwrap();
     let mut bad = PinnedBpf::new(&file.join("bpf"), features);
-    bad.preload();
+    bad.preload(&Program::ALL.into());
     let first = bad.prepare().unwrap_err().to_string();
     assert!(first.contains("a-file/bpf") && first.contains("Not a directory"), "{first}");
     assert_eq!(bad.prepare().unwrap_err().to_string(), first);
