@@ -123,13 +123,6 @@ struct hm_aff_value {
 };
 _Static_assert(sizeof(struct hm_aff_value) == 16, "hm_aff_value layout");
 
-/* Per-service counters, per CPU, indexed by hm_svc_value.id. */
-struct hm_svc_stats {
-	__u64 packets;
-	__u64 bytes;
-};
-_Static_assert(sizeof(struct hm_svc_stats) == 16, "hm_svc_stats layout");
-
 /* HM_BACKEND_STATS (per CPU): (service, backend) -> what went to that
  * backend. The backend is its address, not its id, so the veth path's
  * replies (which carry only the backend's address) count too. */

@@ -155,7 +155,6 @@ static __always_inline int to_backend(struct bpf_sock_addr *ctx, int v6)
 	/* A mesh VIP:port belongs to its sidecar. */
 	if (!svc || (svc->flags & HM_SVC_F_MESH))
 		return 1;
-	hm_count(svc->id, 0);
 	if (svc->backend_count == 0)
 		return refuse();
 	cookie = bpf_get_socket_cookie(ctx);

@@ -30,13 +30,6 @@ struct {
 } HM_SERVICES SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, HM_MAX_SERVICES);
-	__type(key, __u32);
-	__type(value, struct hm_svc_stats);
-} HM_SVC_STATS SEC(".maps");
-
-struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, HM_MAX_BACKENDS);
 	__type(key, __u32);
@@ -131,16 +124,6 @@ static __always_inline struct hm_config *hm_config(void)
 	__u32 zero = 0;
 
 	return bpf_map_lookup_elem(&HM_CONFIG, &zero);
-}
-
-static __always_inline void hm_count(__u32 svc_id, __u32 bytes)
-{
-	struct hm_svc_stats *stats = bpf_map_lookup_elem(&HM_SVC_STATS, &svc_id);
-
-	if (stats) {
-		stats->packets++;
-		stats->bytes += bytes;
-	}
 }
 
 /* Counts for (service, backend): a new connection or flow on one of the

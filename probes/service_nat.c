@@ -398,7 +398,6 @@ int hm_natout(struct __sk_buff *skb)
 	if (ct && ct_live(ct, f.proto, now, cfg) && !(closed && (f.tcp_flags & TCP_SYN))) {
 		__builtin_memcpy(backend, ct->nat_addr, 16);
 		backend_port = ct->nat_port;
-		hm_count(ct->svc_id, skb->len);
 		hm_count_backend(ct->svc_id, backend, backend_port, HM_STAT_NONE, skb->len, 0);
 		if (closed) {
 			ct_refresh_closed(ct, now);
@@ -421,7 +420,6 @@ int hm_natout(struct __sk_buff *skb)
 		svc = bpf_map_lookup_elem(&HM_SERVICES, &sk);
 		if (!svc)
 			return refuse(skb, &f);
-		hm_count(svc->id, skb->len);
 		if (svc->backend_count == 0)
 			return refuse(skb, &f);
 		/* The 5-tuple's hash: a flow whose entry was lost (evicted,

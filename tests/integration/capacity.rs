@@ -12,9 +12,8 @@ use hostmesh::{Capacity, MapSizes};
 use crate::topology::*;
 
 /// Every map a capacity key sizes, with its key.
-const SIZED: [(&str, Capacity); 12] = [
+const SIZED: [(&str, Capacity); 11] = [
     ("HM_SERVICES", Capacity::Services),
-    ("HM_SVC_STATS", Capacity::Services),
     ("HM_BACKENDS", Capacity::Backends),
     ("HM_BACKEND_STATS", Capacity::Backends),
     ("HM_MAGLEV", Capacity::MaglevChunks),

@@ -1,6 +1,7 @@
 //! The bpfnat veth's plumbing: packets to a VIP leave through hm-natin and
-//! are counted per service by hm_natout; `ip route` names hostmesh's
-//! routes. (End-to-end service traffic is `services.rs`.)
+//! reach hm_natout, which balances them (counted per backend) or refuses
+//! them; `ip route` names hostmesh's routes. (End-to-end service traffic
+//! is `services.rs`.)
 
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::os::fd::AsFd;
@@ -8,23 +9,30 @@ use std::process::Command;
 use std::time::Duration;
 
 use hm_testkit::TempDir;
-use hostmesh::abi::{Pod, SvcStats};
+use hostmesh::abi::{BackendStats, BackendStatsKey, Pod};
 use hostmesh::backends::bpf::sys;
 
 use crate::fixtures::*;
 
-/// Sums a service's per-CPU counters from the pinned stats map.
-fn service_packets(host: &Host, id: u32) -> u64 {
-    let fd = sys::obj_get(&host.opts.bpffs.join("maps/HM_SVC_STATS")).unwrap();
+/// New veth-path flows to a service's backends, summed over the backends
+/// and CPUs of the pinned HM_BACKEND_STATS.
+fn veth_flows(host: &Host, id: u32) -> u64 {
+    let fd = sys::obj_get(&host.opts.bpffs.join("maps/HM_BACKEND_STATS")).unwrap();
     let cpus = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
     let ncpu = cpus.trim().rsplit('-').next().unwrap().parse::<usize>().unwrap() + 1;
-    let mut value = vec![0u8; 16 * ncpu];
-    assert!(sys::map_lookup(fd.as_fd(), &id.to_ne_bytes(), &mut value).unwrap());
-    value.chunks(16).map(|c| SvcStats::from_bytes(c).unwrap().packets).sum()
+    let size = std::mem::size_of::<BackendStats>();
+    let keys = sys::map_keys(fd.as_fd(), std::mem::size_of::<BackendStatsKey>()).unwrap();
+    let mut flows = 0;
+    for k in keys.iter().filter(|k| BackendStatsKey::from_bytes(k).unwrap().svc_id == id) {
+        let mut value = vec![0u8; size * ncpu];
+        assert!(sys::map_lookup(fd.as_fd(), k, &mut value).unwrap());
+        flows += value.chunks(size).map(|c| BackendStats::from_bytes(c).unwrap().veth_connections).sum::<u64>();
+    }
+    flows
 }
 
 #[test]
-fn vip_packets_reach_hm_natout_and_are_counted_per_service() {
+fn vip_packets_reach_hm_natout_which_balances_or_refuses_them() {
     let host = Host::with_daemon_config("connect_time_lb = \"off\"");
     // A source address for host-originated traffic.
     host.ns.ip(&["addr", "add", "192.168.77.1/32", "dev", "lo"]);
@@ -36,21 +44,21 @@ fn vip_packets_reach_hm_natout_and_are_counted_per_service() {
     assert!(route.contains("via 169.254.1.1 dev hm-natin"), "{route}");
 
     // Service ids are dense from 0 in key order: dns (port 53) then web.
-    let (dns, web) = (0, 1);
-    host.ns.run(|| {
-        // TCP: the SYN is counted (its backend is unreachable here).
+    let web = 1;
+    let refused = host.ns.run(|| {
+        // TCP: the SYN starts a flow to one of web's backends (which are
+        // unreachable here).
         let _ = TcpStream::connect_timeout(&"10.96.0.10:80".parse::<SocketAddr>().unwrap(), Duration::from_millis(300));
+        // UDP to dns, which has no backends: hm_natout answers with a
+        // port unreachable, which a connected socket hears.
         let udp = UdpSocket::bind("0.0.0.0:0").unwrap();
-        for _ in 0..3 {
-            udp.send_to(b"q", "10.96.0.10:53").unwrap();
-        }
-        // Not a service: UDP to the TCP service's port (refused with an
-        // ICMP port unreachable, which this unconnected socket ignores;
-        // not counted).
-        udp.send_to(b"q", "10.96.0.10:80").unwrap();
+        udp.connect("10.96.0.10:53").unwrap();
+        udp.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        udp.send(b"q").unwrap();
+        udp.recv(&mut [0u8; 16]).unwrap_err().kind()
     });
-    assert!(service_packets(&host, web) >= 1, "the SYN to web was counted");
-    assert_eq!(service_packets(&host, dns), 3, "three datagrams to dns (no backends: refused)");
+    assert!(veth_flows(&host, web) >= 1, "the SYN to web started a veth-path flow");
+    assert_eq!(refused, std::io::ErrorKind::ConnectionRefused, "dns (no backends) refused");
 }
 
 #[test]

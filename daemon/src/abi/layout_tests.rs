@@ -58,7 +58,6 @@ fn mirrors() -> Vec<(&'static str, &'static str, usize, Vec<Field>)> {
         mirror!(SvcValue, "hm_svc_value", {
             id => "id", backend_count => "backend_count", flags => "flags", table_size => "table_size",
         }),
-        mirror!(SvcStats, "hm_svc_stats", { packets => "packets", bytes => "bytes" }),
         mirror!(BackendStatsKey, "hm_bstats_key", {
             addr => "addr", port_be => "port", pad => "_pad", svc_id => "svc_id",
         }),

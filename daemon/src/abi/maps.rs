@@ -17,7 +17,7 @@ use super::*;
 /// has the keys, their defaults and ranges).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Capacity {
-    /// HM_SERVICES, HM_SVC_STATS and HM_SVC_AFFINITY (VIP:port/protocol entries).
+    /// HM_SERVICES and HM_SVC_AFFINITY (VIP:port/protocol entries).
     Services,
     /// HM_BACKENDS and HM_SNAT (distinct backend addresses) and
     /// HM_BACKEND_STATS ((service, backend) pairs that carried traffic).
@@ -42,7 +42,6 @@ pub enum Capacity {
 pub enum HmMap {
     Config,
     Services,
-    SvcStats,
     BackendStats,
     Backends,
     Maglev,
@@ -65,6 +64,14 @@ pub enum HmMap {
     /// probes/netns_cookie.c's own map: loaded alone, never pinned.
     NetnsCookie,
 }
+
+/// Maps earlier builds pinned that this one no longer has: their pins are
+/// removed when the probes are loaded, and by teardown. Programs of an
+/// earlier build still attached keep their map until this build's replace
+/// them.
+/// - HM_SVC_STATS: per-service packet counters, written on every packet
+///   and connect, that nothing read (the metrics sum HM_BACKEND_STATS).
+pub const RETIRED_MAPS: [&str; 1] = ["HM_SVC_STATS"];
 
 /// One row of the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,16 +142,6 @@ pub const MAPS: [MapDef; HmMap::COUNT] = [
         size_of::<SvcValue>(),
         MAX_SERVICES,
         NO_PREALLOC,
-        Some(C::Services),
-    ),
-    row(
-        M::SvcStats,
-        "HM_SVC_STATS",
-        BPF_MAP_TYPE_PERCPU_ARRAY,
-        4,
-        size_of::<SvcStats>(),
-        MAX_SERVICES,
-        0,
         Some(C::Services),
     ),
     row(
@@ -325,7 +322,7 @@ const _: () = {
 };
 
 impl HmMap {
-    pub const COUNT: usize = 23;
+    pub const COUNT: usize = 22;
 
     /// Every map, in the table's order.
     pub const ALL: [HmMap; HmMap::COUNT] = {

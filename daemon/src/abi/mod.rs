@@ -14,7 +14,7 @@ mod mesh;
 mod objects;
 
 pub use gateway::*;
-pub use maps::{Capacity, HmMap, MapDef, MAPS};
+pub use maps::{Capacity, HmMap, MapDef, MAPS, RETIRED_MAPS};
 pub use mesh::{MeshKey, MeshValue};
 pub use objects::{ObjectDef, ProbeObject, OBJECTS};
 
@@ -50,14 +50,6 @@ pub struct SvcValue {
     pub flags: u32,
     /// Maglev table size (prime).
     pub table_size: u32,
-}
-
-/// One CPU's counters in `HM_SVC_STATS`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, FromBytes, IntoBytes, Immutable, KnownLayout)]
-pub struct SvcStats {
-    pub packets: u64,
-    pub bytes: u64,
 }
 
 /// `HM_BACKEND_STATS` key: a (service, backend) pair.

@@ -205,6 +205,10 @@ impl Loader {
                 removed.push(format!("unpinned map {map}"));
             }
         }
+        for p in self.pins.retired_maps() {
+            unpin(&p)?;
+            removed.push(format!("unpinned map {} (an earlier build's)", p.display()));
+        }
         Ok(removed)
     }
 
@@ -271,6 +275,10 @@ fn load(pins: &PinDir, features: &KernelFeatures, sizes: &MapSizes, notes: &mut 
     let mut retired = Vec::new();
     for def in &defs {
         retired.extend(retire_incompatible(pins, def, notes)?);
+    }
+    for p in pins.retired_maps() {
+        unpin(&p).map_err(|e| bpf_err(format!("unpin {}", p.display()), e))?;
+        notes.push(format!("map {} is not used by this build; unpinned it", p.display()));
     }
     let mut objects = BTreeMap::new();
     let loaded = objects::loaded_objects(features);

@@ -86,6 +86,11 @@ impl PinDir {
         self.maps().join(map.name())
     }
 
+    /// The pins of maps this build no longer has that are still there.
+    pub(crate) fn retired_maps(&self) -> Vec<PathBuf> {
+        crate::abi::RETIRED_MAPS.iter().map(|name| self.maps().join(name)).filter(|p| p.exists()).collect()
+    }
+
     pub(crate) fn link(&self, name: &str) -> PathBuf {
         self.links().join(name)
     }

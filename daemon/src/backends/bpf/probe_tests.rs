@@ -655,3 +655,35 @@ fn a_preload_is_waited_for_by_the_first_use_which_reports_its_failure() {
     assert!(first.contains("a-file/bpf") && first.contains("Not a directory"), "{first}");
     assert_eq!(bad.prepare().unwrap_err().to_string(), first);
 }
+
+/// An earlier build's map this one no longer has (HM_SVC_STATS): its pin
+/// goes at the load, which says so, and never holds teardown back.
+#[test]
+fn an_earlier_build_s_map_is_unpinned_at_the_load() {
+    use crate::backends::BpfBackend;
+    use aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_PERCPU_ARRAY;
+    assert!(nix::unistd::geteuid().is_root(), "the probe tests load BPF programs: run them as root");
+    own_netns();
+    super::raise_memlock_limit();
+    let dir = tempfile::tempdir().unwrap();
+    let pins = dir.path().join("bpf");
+    let pin_dir = PinDir::new(&pins);
+    pin_dir.prepare().unwrap();
+    pin_dir.ensure().unwrap();
+    let old = pins.join("maps").join(crate::abi::RETIRED_MAPS[0]);
+    let map = sys::map_create(BPF_MAP_TYPE_PERCPU_ARRAY as u32, 4, 16, 1024).unwrap();
+    sys::obj_pin(map.as_fd(), &old).unwrap();
+    drop(map);
+
+    let mut bpf = PinnedBpf::new(&pins, super::features::probe().unwrap());
+    bpf.prepare().unwrap();
+    assert!(!old.exists(), "the old pin is gone");
+    let notes = bpf.take_notes().join("\n");
+    assert!(notes.contains("HM_SVC_STATS is not used by this build; unpinned it"), "{notes}");
+
+    // Left behind (another daemon's load pinned it again): teardown takes it.
+    let map = sys::map_create(BPF_MAP_TYPE_PERCPU_ARRAY as u32, 4, 16, 1024).unwrap();
+    sys::obj_pin(map.as_fd(), &old).unwrap();
+    let removed = bpf.remove_all().unwrap().join("\n");
+    assert!(removed.contains("HM_SVC_STATS") && !pins.exists(), "{removed}");
+}
