@@ -147,13 +147,15 @@ pub(crate) fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
     crate::backends::bpf::raise_memlock_limit();
     let features = features::probe()?;
     info!(log, "kernel features probed"; "release" => report::kernel_release(), "result" => features.summary());
-    let backends = Backends {
+    let mut backends = Backends {
         host: Box::new(LiveHost::new(&paths.state_dir, features.clone()).map_err(RunError::Netlink)?),
         net: Box::new(Rtnetlink::open().map_err(RunError::Netlink)?),
         sysctl: Box::new(ProcSys::new()),
         bpf: Box::new(PinnedBpf::new(&paths.bpffs, features.clone())),
         nft: Box::new(NftCli::new()),
     };
+    // While the configuration is read: the loader's BTF.
+    backends.bpf.warm_up();
 
     let (tx, rx) = channel();
     let tx = events::EventSender::new(tx);

@@ -168,6 +168,9 @@ impl Reconciler {
             }
         };
         let full = full || resized || !self.applied || self.compiled.is_none();
+        if config.services.is_empty() {
+            self.backends.bpf.cool_down();
+        }
         let result = self.sync_inner(config, full, may_give_way, started);
         if !matches!(&result, Ok(o) if o.errors.is_empty()) {
             self.applied = false;

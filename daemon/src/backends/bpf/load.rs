@@ -36,6 +36,8 @@ pub(super) struct Loader {
     pending: Option<(Preloading, bool)>,
     /// Why the preload failed, for the first use to report.
     preload_failed: Option<BackendError>,
+    /// The objects' loader, made ahead (`warm_up`).
+    warm: Option<WarmLoader>,
     /// Whether sk_lookup programs load here (probed once, without pins).
     sk_lookup: Option<Option<String>>,
     /// Pinned maps that did not match this build's layout and were
@@ -45,6 +47,15 @@ pub(super) struct Loader {
 
 /// A preload's thread: what it loaded (or why not), and its notes.
 type Preloading = JoinHandle<(Result<Loaded>, Vec<String>)>;
+
+/// A thread making the objects' loader: making one parses the kernel's
+/// BTF (/sys/kernel/btf/vmlinux, 5 MiB), 20 ms.
+type WarmLoader = JoinHandle<EbpfLoader<'static>>;
+
+/// The loader `warm` made, or a new one.
+fn loader_from(warm: Option<WarmLoader>) -> EbpfLoader<'static> {
+    warm.and_then(|t| t.join().ok()).unwrap_or_default()
+}
 
 pub(super) struct Loaded {
     /// Each object as its programs name it (`Program::object`).
@@ -70,9 +81,38 @@ impl Loader {
             loaded: None,
             pending: None,
             preload_failed: None,
+            warm: None,
             sk_lookup: None,
             notes: Vec::new(),
         }
+    }
+
+    /// Starts making the objects' loader (and the programs' marks) on a
+    /// thread of its own, before the configuration is read: work no
+    /// configuration changes, done while the daemon parses its files. A
+    /// configuration without services lets it go (`cool_down`).
+    pub(super) fn warm_up(&mut self) {
+        if self.loaded.is_some() || self.pending.is_some() || self.warm.is_some() {
+            return;
+        }
+        let spawned = std::thread::Builder::new().name("hm-bpf-warm".into()).spawn(|| {
+            objects::mark_of(crate::abi::ProbeObject::Mesh);
+            EbpfLoader::new()
+        });
+        self.warm = spawned.ok();
+    }
+
+    /// Lets what `warm_up` made go: nothing will be loaded.
+    pub(super) fn cool_down(&mut self) {
+        if let Some(t) = self.warm.take() {
+            let _ = t.join();
+        }
+    }
+
+    /// Whether nothing `warm_up` made waits to be used (tests).
+    #[cfg(test)]
+    pub(super) fn warm_taken(&self) -> bool {
+        self.warm.is_none()
     }
 
     /// Starts loading the probes on a thread of its own unless they are
@@ -86,9 +126,10 @@ impl Loader {
         }
         let over_pins = self.has_pins();
         let (pins, features, sizes, likely) = (self.pins.clone(), self.features.clone(), self.sizes, likely.clone());
+        let warm = self.warm.take();
         let spawned = std::thread::Builder::new().name("hm-bpf-load".into()).spawn(move || {
             let mut notes = Vec::new();
-            let loaded = load(&pins, &features, &sizes, &mut notes).and_then(|mut loaded| {
+            let loaded = load(&pins, &features, &sizes, &mut notes, warm).and_then(|mut loaded| {
                 likely.iter().try_for_each(|p| loaded.verify(*p))?;
                 Ok(loaded)
             });
@@ -244,7 +285,8 @@ impl Loader {
             return Err(e);
         }
         if self.loaded.is_none() {
-            self.loaded = Some(load(&self.pins, &self.features, &self.sizes, &mut self.notes)?);
+            let warm = self.warm.take();
+            self.loaded = Some(load(&self.pins, &self.features, &self.sizes, &mut self.notes, warm)?);
         }
         Ok(self.loaded.as_mut().expect("just loaded"))
     }
@@ -265,8 +307,15 @@ impl Loader {
 }
 
 /// Loads the probe objects against the pins in `pins`, each map at the
-/// size `sizes` gives it; repairs made on the way go to `notes`.
-fn load(pins: &PinDir, features: &KernelFeatures, sizes: &MapSizes, notes: &mut Vec<String>) -> Result<Loaded> {
+/// size `sizes` gives it, with the loader `warm` makes (or a new one);
+/// repairs made on the way go to `notes`.
+fn load(
+    pins: &PinDir,
+    features: &KernelFeatures,
+    sizes: &MapSizes,
+    notes: &mut Vec<String>,
+    warm: Option<WarmLoader>,
+) -> Result<Loaded> {
     let _held = super::held_signals::HeldSignals::new();
     pins.ensure().map_err(|e| bpf_err(format!("prepare {}", pins.root.display()), e))?;
     // Every map as the configuration sizes it: a pin of another size
@@ -283,17 +332,17 @@ fn load(pins: &PinDir, features: &KernelFeatures, sizes: &MapSizes, notes: &mut 
 
     let mut objects = BTreeMap::new();
     let loaded = objects::loaded_objects(features);
-    let marks = loaded.map(|(_, variant)| objects::build_mark(objects::bytes(variant)));
     // One loader for every object: each new one parses the kernel's
     // BTF (/sys/kernel/btf/vmlinux, 5 MiB) again, a tenth of a start; it
     // does so while the maps are created.
-    let (mut loader, created) = create_missing_beside(pins, &defs, EbpfLoader::new);
+    let (mut loader, created) = create_missing_beside(pins, &defs, || loader_from(warm));
     created?;
     for def in &defs {
         loader.map_pin_path(def.name, pins.map(def.map));
         loader.map_max_entries(def.name, def.max_entries);
     }
-    for ((role, variant), mark) in loaded.into_iter().zip(&marks) {
+    for (role, variant) in loaded {
+        let mark = objects::mark_of(variant).ok_or_else(|| bpf_err(format!("load {variant:?}"), "no build mark"))?;
         let bytes = objects::bytes(variant);
         let source = format!("probes/{} ({})", variant.def().source, variant.def().name);
         loader.override_global("hm_build_mark", mark, true);

@@ -152,6 +152,14 @@ impl BpfBackend for PinnedBpf {
         self.maps.map_fd(HmMap::Config).map(|_| ())
     }
 
+    fn warm_up(&mut self) {
+        self.maps.warm_up();
+    }
+
+    fn cool_down(&mut self) {
+        self.maps.cool_down();
+    }
+
     fn preload(&mut self, likely: &std::collections::BTreeSet<crate::model::Program>) {
         self.maps.preload(likely);
     }

@@ -55,6 +55,12 @@ fn carried_marks() -> &'static [(ProbeObject, u64); 6] {
     MARKS.get_or_init(|| MARKED.map(|o| (o, build_mark(bytes(o)))))
 }
 
+/// The mark the loader gives the programs of `variant` (`build_mark`);
+/// `None` for an object that carries no programs.
+pub fn mark_of(variant: ProbeObject) -> Option<&'static u64> {
+    carried_marks().iter().find(|(o, _)| *o == variant).map(|(_, m)| m)
+}
+
 /// The marks this build's programs carry (probes/build_mark.h), for each
 /// object `program` can come from: both variants of the connect-time
 /// and the veth-path objects, else the one.

@@ -632,8 +632,12 @@ fn a_preload_is_waited_for_by_the_first_use_which_reports_its_failure() {
     let dir = tempfile::tempdir().unwrap();
     let pins = dir.path().join("bpf");
     PinDir::new(&pins).prepare().unwrap();
+    // Warmed up before the configuration is read: the preload takes the
+    // loader made meanwhile.
     let mut bpf = PinnedBpf::new(&pins, features.clone());
+    bpf.warm_up();
     bpf.preload(&Program::ALL.into());
+    assert!(bpf.maps.warm_taken(), "the preload took the warm loader");
     // Nothing was pinned: the maps it is making are new and empty, so
     // reading the maps does not wait for them.
     assert!(!bpf.maps.any());
@@ -644,6 +648,15 @@ fn a_preload_is_waited_for_by_the_first_use_which_reports_its_failure() {
     bpf.preload(&Program::ALL.into());
     bpf.prepare().unwrap();
     bpf.remove_all().unwrap();
+
+    // Warmed up, then nothing to load (no services): the loader goes, and
+    // a later load makes its own.
+    let mut cooled = PinnedBpf::new(&pins, features.clone());
+    cooled.warm_up();
+    cooled.cool_down();
+    assert!(cooled.maps.warm_taken());
+    cooled.prepare().unwrap();
+    cooled.remove_all().unwrap();
 
     // A pin dir that cannot be made: the first use says why, and the one
     // after tries again (and says it again).
