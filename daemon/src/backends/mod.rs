@@ -239,6 +239,10 @@ pub struct BpfSettings {
 pub trait NftBackend {
     /// The table's rules, or `None` when the table does not exist.
     fn mesh_table(&mut self) -> Result<Option<std::collections::BTreeSet<NftRule>>>;
+    /// Starts reading the table for the next `mesh_table`, which the
+    /// caller asks for after other work (the nft tool takes milliseconds
+    /// to start).
+    fn prefetch_mesh_table(&mut self) {}
     /// Replaces the whole table in one transaction.
     fn replace_mesh_table(&mut self, rules: &std::collections::BTreeSet<NftRule>) -> Result<()>;
     fn delete_mesh_table(&mut self) -> Result<()>;

@@ -14,7 +14,7 @@
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::net::IpAddr;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
 
@@ -25,17 +25,30 @@ pub(crate) const TABLE: &str = "hostmesh";
 
 pub(crate) struct NftCli {
     program: String,
+    /// A listing of the table `prefetch_mesh_table` started.
+    listing: Option<std::result::Result<Option<Child>, String>>,
 }
 
 impl NftCli {
     pub(crate) fn new() -> Self {
-        NftCli { program: "nft".into() }
+        NftCli { program: "nft".into(), listing: None }
     }
 
-    /// Whether the nft tool is installed (without it no table can have
-    /// been made through it either).
-    fn installed(&self) -> bool {
-        Command::new(&self.program).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok()
+    /// `nft -j list table inet hostmesh`, started; `None` when the nft tool
+    /// is not installed (without it no table can have been made through it
+    /// either).
+    fn start_listing(&self) -> std::result::Result<Option<Child>, String> {
+        let started = Command::new(&self.program)
+            .args(["-j", "list", "table", "inet", TABLE])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn();
+        match started {
+            Ok(child) => Ok(Some(child)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(format!("cannot run {}: {e}", self.program)),
+        }
     }
 
     fn run(&self, args: &[&str], input: Option<&str>) -> std::result::Result<String, String> {
@@ -130,18 +143,32 @@ pub(crate) fn parse_rules(json: &str) -> Option<BTreeSet<NftRule>> {
 
 impl NftBackend for NftCli {
     fn mesh_table(&mut self) -> Result<Option<BTreeSet<NftRule>>> {
-        if !self.installed() {
-            return Ok(None);
+        let listing = self.listing.take().unwrap_or_else(|| self.start_listing());
+        let Some(child) = listing.map_err(err("list table inet hostmesh"))? else { return Ok(None) };
+        let out = child.wait_with_output().map_err(|e| err("list table inet hostmesh")(e.to_string()))?;
+        if !out.status.success() {
+            let detail = String::from_utf8_lossy(&out.stderr).trim().replace('\n', "; ");
+            if detail.contains("No such file or directory") {
+                return Ok(None);
+            }
+            return Err(err("list table inet hostmesh")(detail));
         }
-        match self.run(&["-j", "list", "table", "inet", TABLE], None) {
-            Ok(json) => Ok(Some(parse_rules(&json).unwrap_or_else(|| {
-                // Rules hostmesh did not write: report a rule that cannot be
-                // desired so the planner replaces the table.
-                BTreeSet::from([NftRule { vip: IpAddr::from([0, 0, 0, 0]), port: 0, proto: 0, redirect_port: 0 }])
-            }))),
-            Err(e) if e.contains("No such file or directory") => Ok(None),
-            Err(e) => Err(err("list table inet hostmesh")(e)),
+        let json = String::from_utf8_lossy(&out.stdout);
+        Ok(Some(parse_rules(&json).unwrap_or_else(|| {
+            // Rules hostmesh did not write: report a rule that cannot be
+            // desired so the planner replaces the table.
+            BTreeSet::from([NftRule { vip: IpAddr::from([0, 0, 0, 0]), port: 0, proto: 0, redirect_port: 0 }])
+        })))
+    }
+
+    fn prefetch_mesh_table(&mut self) {
+        // One started before and never read (its observe gave way) is
+        // stale: ended, and a new one started.
+        if let Some(Ok(Some(mut old))) = self.listing.take() {
+            let _ = old.kill();
+            let _ = old.wait();
         }
+        self.listing = Some(self.start_listing());
     }
 
     fn replace_mesh_table(&mut self, rules: &BTreeSet<NftRule>) -> Result<()> {
@@ -160,6 +187,28 @@ impl NftBackend for NftCli {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Without the nft tool there is no table, prefetched or not; a tool
+    /// that fails says how, and a prefetched listing is read once.
+    #[test]
+    fn the_table_is_read_through_the_tool_prefetched_or_not() {
+        let mut missing = NftCli { program: "/nonexistent/nft".into(), listing: None };
+        assert_eq!(missing.mesh_table().unwrap(), None);
+        missing.prefetch_mesh_table();
+        assert_eq!(missing.mesh_table().unwrap(), None);
+
+        let mut failing = NftCli { program: "false".into(), listing: None };
+        failing.prefetch_mesh_table();
+        failing.prefetch_mesh_table();
+        assert!(failing.listing.is_some());
+        assert!(failing.mesh_table().unwrap_err().to_string().contains("list table inet hostmesh"));
+        assert!(failing.listing.is_none(), "read once");
+
+        // A tool that prints the table (`echo` stands in for nft): parsed.
+        let mut echo = NftCli { program: "echo".into(), listing: None };
+        echo.prefetch_mesh_table();
+        assert!(echo.mesh_table().unwrap().is_some());
+    }
 
     fn rule(vip: &str, port: u16, proto: u8, redirect: u16) -> NftRule {
         NftRule { vip: vip.parse().unwrap(), port, proto, redirect_port: redirect }

@@ -11,6 +11,8 @@ use crate::model::Observed;
 /// read separately: which ones matter depends on what is desired, see
 /// `observe_sysctls`.
 pub(crate) fn observe_until(b: &mut Backends, give_up: &dyn Fn() -> bool) -> Result<Option<Observed>> {
+    // The nft tool starts while the rest is read.
+    b.nft.prefetch_mesh_table();
     let links = b.net.links()?;
     let neighbours = b.net.neighbours()?;
     let Some(map_entries) = b.bpf.map_entries_until(give_up)? else { return Ok(None) };
