@@ -222,15 +222,8 @@ impl Reconciler {
         phases.compile += lap(&mut mark);
         // A patch plans from what its items were (the kernel held the
         // last compile); anything else from what the kernel holds.
-        let before;
-        let have = match (&observed, &touched) {
-            (Some(have), _) => have,
-            (None, Some(t)) => {
-                before = t.before(&compiled.desired);
-                &before
-            }
-            (None, None) => unreachable!("a sync that does not patch has read the kernel or the last compile"),
-        };
+        let before = touched.as_ref().filter(|_| observed.is_none()).map(|t| t.before(&compiled.desired));
+        let have = observed.as_ref().or(before.as_ref()).expect("a sync that does not patch read the kernel");
         // A resync of the last compile gives way during its plan too.
         let Some(steps) = self.plan_steps(have, &compiled.desired, touched.as_ref(), may_give_way && kept) else {
             drop(observed);

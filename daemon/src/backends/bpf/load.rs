@@ -20,7 +20,7 @@ use aya::{Ebpf, EbpfLoader};
 
 use super::pins::{unpin, PinDir};
 use super::sys::{self, ProgInfo};
-use super::{bpf_err, chain, objects, resize};
+use super::{bpf_err, chain, create, objects, resize};
 use crate::abi::{HmMap, MapDef, ProbeObject};
 use crate::backends::{BackendError, MapSizes, Result};
 use crate::model::{KernelFeatures, Program};
@@ -335,7 +335,7 @@ fn load(
     // One loader for every object: each new one parses the kernel's
     // BTF (/sys/kernel/btf/vmlinux, 5 MiB) again, a tenth of a start; it
     // does so while the maps are created.
-    let (mut loader, created) = create_missing_beside(pins, &defs, || loader_from(warm));
+    let (mut loader, created) = create::missing_beside(pins, &defs, || loader_from(warm));
     created?;
     for def in &defs {
         loader.map_pin_path(def.name, pins.map(def.map));
@@ -397,51 +397,6 @@ impl Loaded {
         self.programs.insert(program, info);
         Ok(())
     }
-}
-
-/// Creates and pins, a share on each of several threads, the maps that
-/// are not pinned (all of them on a first start), while `beside` runs on
-/// this one: the loader then finds their pins. The conntrack maps are
-/// allocated whole, 5 ms each to create; one after another, the maps took
-/// half of a first start's load.
-fn create_missing_beside<T>(pins: &PinDir, defs: &[MapDef], beside: impl FnOnce() -> T) -> (T, Result<()>) {
-    let mut missing: Vec<&MapDef> = defs.iter().filter(|d| !pins.map(d.map).exists()).collect();
-    // Largest first, each to the thread with the least so far.
-    missing.sort_by_key(|d| std::cmp::Reverse(creation_cost(d)));
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4).min(missing.len());
-    let mut shares: Vec<(u64, Vec<&MapDef>)> = vec![(0, Vec::new()); threads];
-    for d in missing {
-        let least = shares.iter_mut().min_by_key(|(cost, _)| *cost).expect("a thread for each map or more");
-        least.0 += creation_cost(d);
-        least.1.push(d);
-    }
-    let create = |share: &[&MapDef]| -> Result<()> {
-        for d in share {
-            let path = pins.map(d.map);
-            let fd = sys::map_create_as(d).map_err(|e| bpf_err(format!("create map {}", d.name), e))?;
-            sys::obj_pin(fd.as_fd(), &path).map_err(|e| bpf_err(format!("pin {}", path.display()), e))?;
-        }
-        Ok(())
-    };
-    std::thread::scope(|scope| {
-        let creating: Vec<_> = shares.iter().map(|(_, share)| scope.spawn(|| create(share))).collect();
-        let out = beside();
-        let mut result = Ok(());
-        for t in creating {
-            let joined = t.join().unwrap_or_else(|_| Err(bpf_err("create the maps", "a creating thread panicked")));
-            result = result.and(joined);
-        }
-        (out, result)
-    })
-}
-
-/// What creating a map costs, roughly: a map allocated whole (LRU hashes,
-/// arrays) its entries' bytes; one that allocates entries as they come,
-/// its table of buckets.
-fn creation_cost(d: &MapDef) -> u64 {
-    let per_entry =
-        if d.flags & aya_obj::generated::BPF_F_NO_PREALLOC != 0 { 8 } else { d.key_size + d.value_size + 64 };
-    u64::from(d.max_entries) * u64::from(per_entry)
 }
 
 /// A pinned map with another layout (an upgrade changed it) is unpinned

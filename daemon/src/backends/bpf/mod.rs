@@ -20,6 +20,7 @@ pub mod asm;
 pub(crate) mod attached;
 mod batch;
 mod conntrack;
+mod create;
 pub(crate) mod features;
 mod flows_drop;
 mod held_signals;

@@ -35,7 +35,7 @@ pub(super) fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<i64> {
     }
 }
 
-fn fd_from(rc: i64) -> OwnedFd {
+pub(super) fn fd_from(rc: i64) -> OwnedFd {
     // SAFETY: the kernel just returned this fd to us and nothing else owns it.
     unsafe { OwnedFd::from_raw_fd(rc as i32) }
 }
@@ -69,23 +69,6 @@ pub fn map_create(map_type: u32, key_size: u32, value_size: u32, max_entries: u3
     a.__bindgen_anon_1.key_size = key_size;
     a.__bindgen_anon_1.value_size = value_size;
     a.__bindgen_anon_1.max_entries = max_entries;
-    bpf(BPF_MAP_CREATE, &mut a).map(fd_from)
-}
-
-/// A map as `def` describes it, named as its pin (the kernel keeps 15
-/// bytes of a name).
-pub fn map_create_as(def: &crate::abi::MapDef) -> io::Result<OwnedFd> {
-    let mut a = attr();
-    a.__bindgen_anon_1.map_type = def.map_type;
-    a.__bindgen_anon_1.key_size = def.key_size;
-    a.__bindgen_anon_1.value_size = def.value_size;
-    a.__bindgen_anon_1.max_entries = def.max_entries;
-    a.__bindgen_anon_1.map_flags = def.flags;
-    let mut name = [0 as std::ffi::c_char; 16];
-    for (to, from) in name.iter_mut().zip(def.name.bytes().take(15)) {
-        *to = from as std::ffi::c_char;
-    }
-    a.__bindgen_anon_1.map_name = name;
     bpf(BPF_MAP_CREATE, &mut a).map(fd_from)
 }
 

@@ -24,6 +24,9 @@ use super::services::{chunks_of, key_of, owner_of, service_entries, service_keys
 use super::state::*;
 use super::{HostFacts, Prior};
 
+mod touched;
+pub(crate) use touched::Touched;
+
 /// The indexes' maps: foldhash (seeded per process) hashes 100,000 keys
 /// several times faster than the standard SipHash.
 type Hashed<K, V> = HashMap<K, V, foldhash::quality::RandomState>;
@@ -47,69 +50,6 @@ pub(crate) struct Compiled {
     /// The entries of each map in `desired`, kept by patches (the metrics
     /// report them after every sync).
     entry_counts: BTreeMap<BpfMap, usize>,
-}
-
-/// The map entries and routes a patch may have changed (nothing else
-/// did), and what they were before it: the kernel held the last compile,
-/// so the plan of a patch needs no copy of it beside the compile.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Touched {
-    pub map_entries: BTreeSet<MapEntryKey>,
-    pub routes: BTreeSet<RouteKey>,
-    /// The touched entries and routes the last compile had, as specs.
-    was_entries: BTreeMap<MapEntryKey, MapValue>,
-    was_routes: BTreeMap<RouteKey, RouteSpec>,
-}
-
-impl Touched {
-    /// What the kernel held of the touched items before the patch (it held
-    /// the last compile), with everything that is not per service (links,
-    /// sysctls, programs...) as `now` has it, which a patch leaves alone.
-    pub(crate) fn before(&self, now: &Desired) -> Observed {
-        fn specs<K: Ord + Clone, V: Clone>(m: &BTreeMap<K, Owned<V>>) -> BTreeMap<K, V> {
-            m.iter().map(|(k, v)| (k.clone(), v.spec.clone())).collect()
-        }
-        Observed {
-            links: specs(&now.links),
-            sysctls: specs(&now.sysctls),
-            neighbours: specs(&now.neighbours),
-            map_entries: self.was_entries.clone(),
-            attachments: now.attachments.keys().map(|a| (a.clone(), AttachStatus::Current)).collect(),
-            routes: self.was_routes.clone(),
-            nft_table: (!now.nft_rules.is_empty()).then(|| now.nft_rules.keys().cloned().collect()),
-        }
-    }
-
-    /// The same part of `want`.
-    pub(crate) fn desired(&self, want: &Desired) -> Desired {
-        Desired {
-            links: want.links.clone(),
-            sysctls: want.sysctls.clone(),
-            neighbours: want.neighbours.clone(),
-            map_entries: pick(&want.map_entries, &self.map_entries),
-            attachments: want.attachments.clone(),
-            routes: pick(&want.routes, &self.routes),
-            nft_rules: want.nft_rules.clone(),
-            mesh_path: want.mesh_path.clone(),
-            connect_time: want.connect_time,
-            warnings: want.warnings.clone(),
-            local_backends: want.local_backends.clone(),
-            ids: Default::default(),
-        }
-    }
-
-    /// The items a patch touches, with what `d` (the compile it patches)
-    /// has at them.
-    fn of(map_entries: BTreeSet<MapEntryKey>, routes: BTreeSet<RouteKey>, d: &Desired) -> Touched {
-        let was_entries =
-            map_entries.iter().filter_map(|k| d.map_entries.get(k).map(|v| (k.clone(), v.spec.clone()))).collect();
-        let was_routes = routes.iter().filter_map(|k| d.routes.get(k).map(|v| (k.clone(), v.spec.clone()))).collect();
-        Touched { map_entries, routes, was_entries, was_routes }
-    }
-}
-
-fn pick<K: Ord + Clone, V: Clone>(m: &BTreeMap<K, V>, keys: &BTreeSet<K>) -> BTreeMap<K, V> {
-    keys.iter().filter_map(|k| m.get(k).map(|v| (k.clone(), v.clone()))).collect()
 }
 
 /// Ids in use, and the free ones below the highest: the lowest free id is
