@@ -30,6 +30,9 @@ pub(crate) struct KernelState {
     /// after the maps, so a test makes something happen between its
     /// observe and its plan.
     pub raise_on_sysctl_read: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// The table as a prefetch found it, until read (as the nft tool's
+    /// listing: what the table was when it started).
+    pub nft_listing: Option<Option<std::collections::BTreeSet<NftRule>>>,
 }
 
 /// Cheap to clone: every clone sees the same state, so a test keeps one
@@ -296,7 +299,13 @@ impl BpfBackend for FakeKernel {
 
 impl NftBackend for FakeKernel {
     fn mesh_table(&mut self) -> Result<Option<std::collections::BTreeSet<NftRule>>> {
-        Ok(self.state().nft_table.clone())
+        let mut s = self.state();
+        Ok(s.nft_listing.take().unwrap_or_else(|| s.nft_table.clone()))
+    }
+
+    fn prefetch_mesh_table(&mut self) {
+        let mut s = self.state();
+        s.nft_listing = Some(s.nft_table.clone());
     }
 
     fn replace_mesh_table(&mut self, rules: &std::collections::BTreeSet<NftRule>) -> Result<()> {

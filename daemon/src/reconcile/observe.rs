@@ -11,8 +11,18 @@ use crate::model::Observed;
 /// read separately: which ones matter depends on what is desired, see
 /// `observe_sysctls`.
 pub(crate) fn observe_until(b: &mut Backends, give_up: &dyn Fn() -> bool) -> Result<Option<Observed>> {
-    // The nft tool starts while the rest is read.
+    // The nft tool starts while the rest is read; its listing is read
+    // however the rest ends, so none is left over to be taken, stale, by
+    // a later read.
     b.nft.prefetch_mesh_table();
+    let rest = observe_all_but_nft(b, give_up);
+    let nft_table = b.nft.mesh_table();
+    let Some(mut observed) = rest? else { return Ok(None) };
+    observed.nft_table = nft_table?;
+    Ok(Some(observed))
+}
+
+fn observe_all_but_nft(b: &mut Backends, give_up: &dyn Fn() -> bool) -> Result<Option<Observed>> {
     let links = b.net.links()?;
     let neighbours = b.net.neighbours()?;
     let Some(map_entries) = b.bpf.map_entries_until(give_up)? else { return Ok(None) };
@@ -23,7 +33,7 @@ pub(crate) fn observe_until(b: &mut Backends, give_up: &dyn Fn() -> bool) -> Res
         map_entries,
         attachments: b.bpf.attachments()?,
         routes: b.net.routes()?,
-        nft_table: b.nft.mesh_table()?,
+        nft_table: None,
     }))
 }
 

@@ -563,3 +563,21 @@ fn services_added_and_removed_by_a_patch_leave_the_kernel_as_a_full_sync_would()
         .collect();
     assert!(want == k.state().maps, "the kernel's map entries are the desired ones");
 }
+
+/// The nft table's listing, started before the rest of the kernel is read,
+/// is read however that ends: an observe that gives way leaves none for a
+/// later read to take, stale.
+#[test]
+fn an_observe_that_gives_way_leaves_no_stale_listing_of_the_nft_table() {
+    let k = kernel();
+    let mut b = k.backends();
+    assert!(super::observe::observe_until(&mut b, &|| true).unwrap().is_none(), "gave way");
+    let rules = std::collections::BTreeSet::from([crate::model::NftRule {
+        vip: "10.96.0.1".parse().unwrap(),
+        port: 80,
+        proto: 6,
+        redirect_port: 15001,
+    }]);
+    k.state().nft_table = Some(rules.clone());
+    assert_eq!(b.nft.mesh_table().unwrap(), Some(rules), "the table as it is now");
+}
