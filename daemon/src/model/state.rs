@@ -392,21 +392,33 @@ pub(crate) struct Observed {
 
 impl Desired {
     /// The kernel state this describes, as observe would report it once
-    /// applied: the baseline for the next incremental sync.
+    /// applied: what an edit that is no patch plans from.
     pub(crate) fn as_observed(&self) -> Observed {
-        fn specs<K: Ord + Clone, V: Clone>(m: &BTreeMap<K, Owned<V>>) -> BTreeMap<K, V> {
-            m.iter().map(|(k, v)| (k.clone(), v.spec.clone())).collect()
-        }
+        self.as_observed_with(specs(&self.map_entries), specs(&self.routes))
+    }
+
+    /// `as_observed`, with `map_entries` and `routes` for its own (a
+    /// patch's plan holds only the items it touched).
+    pub(crate) fn as_observed_with(
+        &self,
+        map_entries: BTreeMap<MapEntryKey, MapValue>,
+        routes: BTreeMap<RouteKey, RouteSpec>,
+    ) -> Observed {
         Observed {
             links: specs(&self.links),
             sysctls: specs(&self.sysctls),
             neighbours: specs(&self.neighbours),
-            map_entries: specs(&self.map_entries),
+            map_entries,
             attachments: self.attachments.keys().map(|a| (a.clone(), AttachStatus::Current)).collect(),
-            routes: specs(&self.routes),
+            routes,
             nft_table: (!self.nft_rules.is_empty()).then(|| self.nft_rules.keys().cloned().collect()),
         }
     }
+}
+
+/// Each item's spec, without its owners.
+fn specs<K: Ord + Clone, V: Clone>(m: &BTreeMap<K, Owned<V>>) -> BTreeMap<K, V> {
+    m.iter().map(|(k, v)| (k.clone(), v.spec.clone())).collect()
 }
 
 /// Adds `owner` to the item at `key`, inserting `spec` if it is new. A

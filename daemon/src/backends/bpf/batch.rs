@@ -144,12 +144,17 @@ const SHARED_RUN: usize = 4 * BATCH;
 /// How many threads write a run of `n` entries: one per CPU (at most 4),
 /// each with two batches or more.
 fn writers_for(n: usize) -> usize {
-    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     if n < SHARED_RUN {
         return 1;
     }
-    let cpus = *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(4));
-    cpus.min(n / (2 * BATCH)).max(1)
+    helper_threads().min(n / (2 * BATCH)).max(1)
+}
+
+/// How many threads share the kernel's work on maps (writing a long run,
+/// creating maps): one per CPU, at most 4.
+pub(super) fn helper_threads() -> usize {
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4))
 }
 
 /// `write` run on `parts` parts of `items` at once, each a whole number of

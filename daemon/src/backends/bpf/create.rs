@@ -21,7 +21,7 @@ pub(super) fn missing_beside<T>(pins: &PinDir, defs: &[MapDef], beside: impl FnO
     let mut missing: Vec<&MapDef> = defs.iter().filter(|d| !pins.map(d.map).exists()).collect();
     // Largest first, each to the thread with the least so far.
     missing.sort_by_key(|d| std::cmp::Reverse(creation_cost(d)));
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4).min(missing.len());
+    let threads = super::batch::helper_threads().min(missing.len());
     let mut shares: Vec<(u64, Vec<&MapDef>)> = vec![(0, Vec::new()); threads];
     for d in missing {
         let least = shares.iter_mut().min_by_key(|(cost, _)| *cost).expect("a thread for each map or more");

@@ -22,18 +22,7 @@ impl Touched {
     /// the last compile), with everything that is not per service (links,
     /// sysctls, programs...) as `now` has it, which a patch leaves alone.
     pub(crate) fn before(&self, now: &Desired) -> Observed {
-        fn specs<K: Ord + Clone, V: Clone>(m: &BTreeMap<K, Owned<V>>) -> BTreeMap<K, V> {
-            m.iter().map(|(k, v)| (k.clone(), v.spec.clone())).collect()
-        }
-        Observed {
-            links: specs(&now.links),
-            sysctls: specs(&now.sysctls),
-            neighbours: specs(&now.neighbours),
-            map_entries: self.was_entries.clone(),
-            attachments: now.attachments.keys().map(|a| (a.clone(), AttachStatus::Current)).collect(),
-            routes: self.was_routes.clone(),
-            nft_table: (!now.nft_rules.is_empty()).then(|| now.nft_rules.keys().cloned().collect()),
-        }
+        now.as_observed_with(self.was_entries.clone(), self.was_routes.clone())
     }
 
     /// The same part of `want`.
