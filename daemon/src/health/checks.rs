@@ -246,17 +246,22 @@ mod tests {
     fn udp_needs_an_answer_with_the_expected_payload() {
         let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let addr = s.local_addr().unwrap();
+        let answering = s.try_clone().unwrap();
         let t = std::thread::spawn(move || {
             let mut buf = [0u8; 64];
             for answer in [&b"xx pong xx"[..], b"nope"] {
-                let (_, from) = s.recv_from(&mut buf).unwrap();
-                s.send_to(answer, from).unwrap();
+                let (_, from) = answering.recv_from(&mut buf).unwrap();
+                answering.send_to(answer, from).unwrap();
             }
         });
         let kind = CheckKind::Udp { send: b"ping".to_vec(), expect: b"pong".to_vec() };
         assert_eq!(run(addr, &hc(kind.clone())), Ok(()));
         assert_eq!(run(addr, &hc(kind.clone())), Err("udp: an answer of 4 bytes without the expected payload".into()));
         t.join().unwrap();
+        // The port stays ours (a test beside this one could otherwise be
+        // given it, and not answer): connected elsewhere, it takes nothing
+        // from the check, which hears the port unreachable.
+        s.connect("127.0.0.1:9").unwrap();
         assert_eq!(run(addr, &hc(kind)), Err("udp: connection refused".into()), "nothing listens any more");
     }
 
