@@ -43,19 +43,26 @@ fn max_entries(t: &Topology, map: &str) -> u32 {
     sys::map_info(fd.as_fd()).unwrap().max_entries
 }
 
-fn assert_sizes(t: &Topology, sizes: &MapSizes, when: &str) {
+/// Every sized map has its configured capacity, but for `unused` ones
+/// (allocated whole and unused by the configuration: their key's minimum).
+fn assert_sizes(t: &Topology, sizes: &MapSizes, unused: &[Capacity], when: &str) {
     for (map, capacity) in SIZED {
-        assert_eq!(max_entries(t, map), sizes.get(capacity), "{when}: max_entries of {map}");
+        let want = if unused.contains(&capacity) { capacity.key().min } else { sizes.get(capacity) };
+        assert_eq!(max_entries(t, map), want, "{when}: max_entries of {map}");
     }
     assert_eq!(max_entries(t, "HM_CONFIG"), 1, "{when}: HM_CONFIG is not sized by the config");
 }
+
+/// Mode "off", no service with affinity: no connect-time LB, no client
+/// affinity.
+const OFF_UNUSED: [Capacity; 2] = [Capacity::ReverseSock, Capacity::Affinity];
 
 #[test]
 fn size_keys_set_max_entries_and_a_resize_keeps_an_established_veth_flow() {
     let (small, small_sizes) = sizes_config(1);
     let t = Topology::new(&format!("connect_time_lb = \"off\"\n{small}"));
     let mut d = t.host.start_ready();
-    assert_sizes(&t, &small_sizes, "at start");
+    assert_sizes(&t, &small_sizes, &OFF_UNUSED, "at start");
     let mut held = t.hold("10.96.0.10", 80);
     let first = held.answer();
     let flows = |t: &Topology| t.conntrack(hostmesh::abi::HmMap::Ct).into_iter().filter(|(k, _)| k.proto == 6).count();
@@ -67,7 +74,7 @@ fn size_keys_set_max_entries_and_a_resize_keeps_an_established_veth_flow() {
     let (large, large_sizes) = sizes_config(2);
     t.host.set_daemon_config(&format!("connect_time_lb = \"off\"\n{large}"));
     let d = t.host.start_ready();
-    assert_sizes(&t, &large_sizes, "after a restart with other sizes");
+    assert_sizes(&t, &large_sizes, &OFF_UNUSED, "after a restart with other sizes");
     assert_eq!(held.again(), first, "the established flow kept its backend across the resize");
     assert!(flows(&t) >= 2, "the held flow was copied into the resized conntrack");
     let log = d.log_text();
@@ -77,11 +84,53 @@ fn size_keys_set_max_entries_and_a_resize_keeps_an_established_veth_flow() {
     let generation = t.host.status().generation;
     t.host.set_daemon_config(&format!("connect_time_lb = \"off\"\n{small}"));
     t.wait_sync_after(generation);
-    assert_sizes(&t, &small_sizes, "after a live resize");
+    assert_sizes(&t, &small_sizes, &OFF_UNUSED, "after a live resize");
     assert_eq!(held.again(), first, "the established flow kept its backend across a live resize");
     let (answers, _, errors) = t.requests("tcp", "10.96.0.10", 80, 20);
     assert!(errors.is_empty(), "new connections after the resize: {errors:?}");
     assert_eq!(answers.iter().map(|(_, n)| n).sum::<u64>(), 20);
+}
+
+#[test]
+fn maps_allocated_whole_are_small_until_the_configuration_uses_them_and_never_shrink() {
+    let defaults = MapSizes::default();
+    let t = Topology::new("connect_time_lb = \"all\"");
+    let mut d = t.host.start_ready();
+    // Connect-time LB for every protocol, no flows from the network, no
+    // client affinity: 4 of the 5 maps allocated whole are at 4,096.
+    assert_sizes(&t, &defaults, &[Capacity::Conntrack, Capacity::Affinity], "connect-time only");
+    assert_eq!(max_entries(&t, "HM_NAT"), 4096);
+
+    // A service with client affinity grows its map, which then works.
+    let sticky = "[[service]]\nname = \"sticky\"\nvip = \"10.96.0.50\"\nport = 80\nbackends = \
+                  [\"192.168.10.11:8080\", \"192.168.10.12:8080\"]\naffinity = \"client-ip\"\n";
+    let generation = t.host.status().generation;
+    t.host.write("sticky.toml", sticky);
+    t.wait_sync_after(generation);
+    assert_sizes(&t, &defaults, &[Capacity::Conntrack], "with affinity");
+    let (answers, _, errors) = t.requests("tcp", "10.96.0.50", 80, 20);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(answers.len(), 1, "one client, one backend: {answers:?}");
+
+    // The veth path grows conntrack; UDP takes it.
+    let generation = t.host.status().generation;
+    t.host.set_daemon_config("connect_time_lb = \"tcp\"");
+    t.wait_sync_after(generation);
+    assert_sizes(&t, &defaults, &[], "with the veth path");
+    let (answers, _, errors) = t.requests("udp", "10.96.0.10", 53, 20);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(answers.iter().map(|(_, n)| n).sum::<u64>(), 20);
+    assert!(t.conntrack(hostmesh::abi::HmMap::Ct).iter().any(|(k, _)| k.proto == 17), "UDP flows in conntrack");
+
+    // Unused again: the maps keep their size, running or restarted.
+    let generation = t.host.status().generation;
+    std::fs::remove_file(t.host.opts.config_dir.join("sticky.toml")).unwrap();
+    t.host.set_daemon_config("connect_time_lb = \"all\"");
+    t.wait_sync_after(generation);
+    assert_sizes(&t, &defaults, &[], "unused again");
+    d.stop(hm_testkit::SOON);
+    let _d = t.host.start_ready();
+    assert_sizes(&t, &defaults, &[], "restarted");
 }
 
 /// `n` services, service `i` at 10.{100+i/65536}.x.y port 80, its one

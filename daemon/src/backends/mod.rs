@@ -180,6 +180,12 @@ pub trait BpfBackend {
     /// attached. Returns true when that replaced loaded maps or changed the
     /// TC mode (the kernel must then be re-read).
     fn configure(&mut self, settings: &BpfSettings) -> Result<bool>;
+    /// The capacities the maps have (or are created at), where they differ
+    /// from the configured ones: `BpfSettings::unused`. `None`: as
+    /// configured.
+    fn map_sizes(&self) -> Option<MapSizes> {
+        None
+    }
     /// Why the sk_lookup program cannot be used here, if it cannot.
     fn sk_lookup_unavailable(&mut self) -> Option<String>;
     /// After a sync that attached this build's programs: copies the flows
@@ -231,7 +237,11 @@ pub struct Sweep {
 /// What the configuration decides about the BPF backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct BpfSettings {
+    /// The configured capacities.
     pub sizes: MapSizes,
+    /// Capacities the configuration does not use: maps allocated whole
+    /// are created small for them (`MapSizes::to_create`).
+    pub unused: crate::config::Capacities,
     pub tc_attach: TcAttachPref,
 }
 

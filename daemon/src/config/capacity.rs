@@ -101,6 +101,45 @@ impl Default for MapSizes {
     }
 }
 
+/// The capacities whose maps the kernel allocates whole when they are
+/// created (LRU hashes: the conntrack maps, connect-time LB's reverse map,
+/// client affinity), 121 MiB at the default sizes. A configuration that
+/// does not use one has its maps created at the key's minimum, and grown
+/// to the key's size when it comes to use them (`MapSizes::to_create`).
+pub const ALLOCATED_WHOLE: [Capacity; 3] = [Capacity::Conntrack, Capacity::ReverseSock, Capacity::Affinity];
+
+/// A set of capacities.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capacities(u8);
+
+impl Capacities {
+    pub fn with(self, c: Capacity) -> Self {
+        Capacities(self.0 | 1 << c as u8)
+    }
+
+    pub fn contains(self, c: Capacity) -> bool {
+        self.0 & 1 << c as u8 != 0
+    }
+}
+
+impl MapSizes {
+    /// The sizes to create the maps at, `self` being the configured ones:
+    /// a capacity the configuration leaves `unused` among those allocated
+    /// whole gets its key's minimum, unless its maps already have the
+    /// configured size (`current`, `None` when they do not exist). So a
+    /// map grows when the configuration comes to use it, and is never
+    /// shrunk (nor its programs replaced) for going unused.
+    pub fn to_create(&self, unused: Capacities, current: impl Fn(Capacity) -> Option<u32>) -> MapSizes {
+        let mut out = *self;
+        for c in ALLOCATED_WHOLE {
+            if unused.contains(c) && current(c) != Some(self.get(c)) {
+                out.set(c, c.key().min);
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,5 +157,30 @@ mod tests {
         for k in &SIZE_KEYS {
             assert!(k.min <= k.default && k.default <= k.max, "{}", k.key);
         }
+    }
+
+    #[test]
+    fn unused_maps_allocated_whole_are_created_at_their_minimum_and_never_shrunk() {
+        let configured = MapSizes { conntrack: 1 << 18, affinity: 1 << 18, services: 1 << 20, ..MapSizes::default() };
+        let none = |_: Capacity| None;
+        assert_eq!(configured.to_create(Capacities::default(), none), configured, "everything used");
+
+        let unused = Capacities::default().with(Capacity::Conntrack).with(Capacity::Affinity).with(Capacity::Services);
+        let fresh = configured.to_create(unused, none);
+        assert_eq!(fresh.conntrack, 4096);
+        assert_eq!(fresh.affinity, 4096);
+        assert_eq!(fresh.services, 1 << 20, "a map allocated as it fills is created at its size");
+        assert_eq!(fresh.reverse_sock, configured.reverse_sock, "used");
+
+        // Maps that have the configured size keep it when unused; maps of
+        // another size (the minimum, an earlier key's) are made small.
+        let current = |c: Capacity| match c {
+            Capacity::Conntrack => Some(1 << 18),
+            Capacity::Affinity => Some(1 << 17),
+            _ => None,
+        };
+        let kept = configured.to_create(unused, current);
+        assert_eq!(kept.conntrack, 1 << 18);
+        assert_eq!(kept.affinity, 4096);
     }
 }

@@ -10,7 +10,7 @@ use slog::Logger;
 
 use crate::abi::{HmMap, MAPS};
 use crate::backends::bpf::objects::sized;
-use crate::config::Config;
+use crate::config::{Config, MapSizes};
 use crate::http_endpoint::Listening;
 use crate::metrics::{MapRow, Metrics, Published};
 use crate::model::BpfMap;
@@ -41,20 +41,25 @@ impl MetricsFeed {
     /// endpoint does not use, are not in it yet) and the configuration
     /// (nothing while it is off); the scrape thread builds its snapshot
     /// from them.
-    pub(super) fn publish(&mut self, config: &Arc<Config>, status: &Status, entries: Option<&BTreeMap<BpfMap, usize>>) {
+    pub(super) fn publish(
+        &mut self,
+        config: &Arc<Config>,
+        status: &Status,
+        entries: Option<&BTreeMap<BpfMap, usize>>,
+        sizes: Option<MapSizes>,
+    ) {
         if !self.listening.serving() {
             return;
         }
-        let maps = self.map_rows(config, status, entries);
+        let maps = self.map_rows(status, entries, &sizes.unwrap_or(config.daemon.sizes));
         self.metrics.publish(Published::new(config, status.clone(), maps));
     }
 
-    /// Every map's capacity; the entries of those the daemon writes (the
-    /// desired state's, which the compile counts and patches keep) and
-    /// conntrack's (from the last sweep).
-    fn map_rows(&self, config: &Config, status: &Status, entries: Option<&BTreeMap<BpfMap, usize>>) -> Vec<MapRow> {
+    /// Every map's capacity (`sizes`, the maps'); the entries of those the
+    /// daemon writes (the desired state's, which the compile counts and
+    /// patches keep) and conntrack's (from the last sweep).
+    fn map_rows(&self, status: &Status, entries: Option<&BTreeMap<BpfMap, usize>>, sizes: &MapSizes) -> Vec<MapRow> {
         let count = |map: BpfMap| entries.and_then(|e| e.get(&map)).copied().unwrap_or(0) as u64;
-        let sizes = &config.daemon.sizes;
         MAPS.iter()
             .filter(|m| m.pinned)
             .map(|m| {

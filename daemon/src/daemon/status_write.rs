@@ -155,7 +155,8 @@ impl Daemon {
         let (status, services) = self.status();
         let line = report::status_line(&status);
         let config = Arc::clone(self.config.config());
-        self.metrics.publish(&config, &status, self.runner.reconciler.entry_counts());
+        let r = &self.runner.reconciler;
+        self.metrics.publish(&config, &status, r.entry_counts(), r.map_sizes());
         self.status_writer.submit(Job { status, services, asked });
         line
     }

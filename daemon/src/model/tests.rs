@@ -689,17 +689,19 @@ fn entries_are_ordered_by_map_then_by_id_as_a_number_or_else_by_key_bytes() {
     assert_eq!(backend(7).cmp(&backend(7)), std::cmp::Ordering::Equal);
 }
 
-/// The preload's hint names what compile attaches: every mode, on kernels
-/// that force another, with node ports, a mesh and a gateway.
-#[test]
-fn the_programs_a_preload_verifies_are_those_compile_attaches() {
+/// Configurations of every mode, with node ports, client affinity, a mesh
+/// and a gateway; and kernels that force another mode.
+fn hint_cases() -> (Vec<String>, [KernelFeatures; 3]) {
     let external = "[[service]]\nname = \"ext\"\nvip = \"10.96.0.20\"\nport = 80\nbackends = \
                     [\"192.168.10.11:8080\"]\nnode_port = 30080\nexternal = true\n";
+    let sticky = "[[service]]\nname = \"sticky\"\nvip = \"10.96.0.30\"\nport = 80\nbackends = \
+                  [\"192.168.10.11:8080\"]\naffinity = \"client-ip\"\n";
     let daemon = |m: &str| format!("[daemon]\nconnect_time_lb = \"{m}\"\n");
     let mut cases = vec![String::new(), MESH.to_string(), MEMBER.to_string(), GATEWAY.to_string()];
     for m in ["tcp", "all", "off"] {
         cases.push(format!("{}{TWO}", daemon(m)));
         cases.push(format!("{}{external}", daemon(m)));
+        cases.push(format!("{}{sticky}", daemon(m)));
         cases.push(format!("{}{TWO}{MESH}{GATEWAY}", daemon(m)));
     }
     let kernels = [
@@ -707,6 +709,39 @@ fn the_programs_a_preload_verifies_are_those_compile_attaches() {
         KernelFeatures::lacking([Feature::ConnectTimeHooks]),
         KernelFeatures::lacking([Feature::RedirectNeigh]),
     ];
+    (cases, kernels)
+}
+
+/// The maps created small for being unused are those compile leaves
+/// unused: the conntrack maps are the veth-path object's programs'
+/// (hm_natout, hm_reply, hm_direct), the reverse map the connect-time
+/// programs', client affinity's the services' with affinity.
+#[test]
+fn the_capacities_left_unused_are_those_a_compile_does_not_use() {
+    use crate::config::Capacity;
+    let (cases, kernels) = hint_cases();
+    for text in &cases {
+        for features in &kernels {
+            let c = config(text);
+            let d = compile(&c, &HostFacts { features: features.clone(), ..facts() }, &Prior::default());
+            let attached: BTreeSet<Program> = d.attachments.keys().map(|a| a.program).collect();
+            let unused = unused_capacities(&c, features);
+            let case = format!("{text}\non a kernel lacking {features:?}");
+            let nat = [Program::NatOut, Program::Reply, Program::Direct];
+            assert_eq!(unused.contains(Capacity::Conntrack), !nat.iter().any(|p| attached.contains(p)), "{case}");
+            let ctlb = Program::CONNECT_TIME.iter().any(|p| attached.contains(p));
+            assert_eq!(unused.contains(Capacity::ReverseSock), !ctlb, "{case}");
+            let affinity = d.map_entries.keys().any(|k| k.map == BpfMap::SvcAffinity);
+            assert_eq!(unused.contains(Capacity::Affinity), !affinity, "{case}");
+        }
+    }
+}
+
+/// The preload's hint names what compile attaches: every mode, on kernels
+/// that force another, with node ports, a mesh and a gateway.
+#[test]
+fn the_programs_a_preload_verifies_are_those_compile_attaches() {
+    let (cases, kernels) = hint_cases();
     for text in &cases {
         for features in &kernels {
             let c = config(text);

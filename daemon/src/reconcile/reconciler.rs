@@ -140,6 +140,12 @@ impl Reconciler {
         self.compiled.as_ref().map(|c| c.entry_counts())
     }
 
+    /// The capacities of the BPF maps, which differ from the configured
+    /// ones for maps the configuration leaves unused.
+    pub(crate) fn map_sizes(&self) -> Option<crate::config::MapSizes> {
+        self.backends.bpf.map_sizes()
+    }
+
     pub(crate) fn sync(&mut self, config: &Arc<Config>, full: bool) -> Result<SyncOutcome, BackendError> {
         self.sync_with(config, full, false)
     }
@@ -159,8 +165,12 @@ impl Reconciler {
         // New map capacities replace maps, and another TC mode moves every
         // TC hook: the kernel must be re-read.
         let d = &config.daemon;
-        let settings = BpfSettings { sizes: d.sizes, tc_attach: d.tc_attach };
-        let resized = match self.backends.bpf.configure(&settings) {
+        let configured = self.host_facts(config).and_then(|facts| {
+            let unused = crate::model::unused_capacities(config, &facts.features);
+            let settings = BpfSettings { sizes: d.sizes, unused, tc_attach: d.tc_attach };
+            Ok((facts, self.backends.bpf.configure(&settings)?))
+        });
+        let (facts, resized) = match configured {
             Ok(r) => r,
             Err(e) => {
                 self.applied = false;
@@ -171,7 +181,7 @@ impl Reconciler {
         if config.services.is_empty() {
             self.backends.bpf.cool_down();
         }
-        let result = self.sync_inner(config, full, may_give_way, started);
+        let result = self.sync_inner(config, &facts, full, may_give_way, started);
         if !matches!(&result, Ok(o) if o.errors.is_empty()) {
             self.applied = false;
         }
@@ -181,20 +191,20 @@ impl Reconciler {
     fn sync_inner(
         &mut self,
         config: &Arc<Config>,
+        facts: &HostFacts,
         full: bool,
         may_give_way: bool,
         started: Instant,
     ) -> Result<SyncOutcome, BackendError> {
         let mut phases = Phases::default();
         let mut mark = started;
-        let facts = self.host_facts(config)?;
         // Any service needs the probes: their load (a tenth of a second,
         // the maps' creation and the verifier's work) runs beside the
         // compile.
         if !config.services.is_empty() {
             self.backends.bpf.preload(&crate::model::programs_likely(config, &facts.features));
         }
-        let (want, observed) = self.want(config, &facts, full, may_give_way, &mut phases, &mut mark)?;
+        let (want, observed) = self.want(config, facts, full, may_give_way, &mut phases, &mut mark)?;
         let kept = matches!(want, Want::Kept(_));
         let nothing_done = |r: &mut Self, stopped: bool, gave_way: bool, phases: Phases| SyncOutcome {
             full,
@@ -217,7 +227,7 @@ impl Reconciler {
             Want::Compiled(_) if self.stopping.load(Ordering::Relaxed) => {
                 return Ok(nothing_done(self, true, false, phases))
             }
-            Want::Compiled(desired) => (Compiled::new(desired, config, &facts), None),
+            Want::Compiled(desired) => (Compiled::new(desired, config, facts), None),
         };
         phases.compile += lap(&mut mark);
         // A patch plans from what its items were (the kernel held the

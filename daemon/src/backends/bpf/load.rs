@@ -176,6 +176,17 @@ impl Loader {
         }
     }
 
+    /// The size the maps of `c` have: `sizes`' while loaded or loading,
+    /// else the pinned one's (a restart's), `None` when none exists.
+    pub(super) fn current_size(&self, c: crate::abi::Capacity) -> Option<u32> {
+        let loading = self.loaded.is_some() || self.pending.is_some();
+        if loading {
+            Some(self.sizes.get(c))
+        } else {
+            self.pins.capacity_of(c)
+        }
+    }
+
     /// Drops what is loaded: the next use loads again (new sizes).
     /// Returns whether anything was loaded.
     pub(super) fn unload(&mut self) -> bool {
@@ -323,7 +334,7 @@ fn load(
     let defs: Vec<MapDef> = HmMap::pinned().map(|m| objects::sized(m, sizes)).collect();
     let mut retired = Vec::new();
     for def in &defs {
-        retired.extend(retire_incompatible(pins, def, notes)?);
+        retired.extend(resize::retire_incompatible(pins, def, notes)?);
     }
     for p in pins.retired_maps() {
         unpin(&p).map_err(|e| bpf_err(format!("unpin {}", p.display()), e))?;
@@ -397,58 +408,6 @@ impl Loaded {
         self.programs.insert(program, info);
         Ok(())
     }
-}
-
-/// A pinned map with another layout (an upgrade changed it) is unpinned
-/// so a new one is created. Programs still attached keep using the old
-/// map until this build's programs replace them (they show as
-/// outdated: their maps differ), so traffic keeps flowing. A map that
-/// differs only in capacity is resized instead: returned, still open,
-/// for its entries to be copied into the new one.
-fn retire_incompatible(pins: &PinDir, def: &MapDef, notes: &mut Vec<String>) -> Result<Option<resize::Retired>> {
-    let path = pins.map(def.map);
-    let fd = match sys::obj_get(&path) {
-        Ok(fd) => fd,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(bpf_err(format!("open pinned map {}", path.display()), e)),
-    };
-    let info = sys::map_info(fd.as_fd()).map_err(|e| bpf_err(format!("info of {}", path.display()), e))?;
-    let same_kind = info.map_type == def.map_type && info.key_size == def.key_size && info.flags == def.flags;
-    let same_layout = same_kind && info.value_size == def.value_size;
-    if same_layout && info.max_entries == def.max_entries {
-        return Ok(None);
-    }
-    unpin(&path).map_err(|e| bpf_err(format!("unpin {}", path.display()), e))?;
-    let grown = same_kind && resize::grows(def, info.value_size);
-    if (same_layout || grown) && resize::copyable(def) {
-        return Ok(Some(resize::Retired {
-            def: *def,
-            old: fd,
-            old_entries: info.max_entries,
-            old_value_size: info.value_size,
-        }));
-    }
-    notes.push(if same_layout {
-        format!(
-            "map {} resized from {} to {} entries; sidecar listeners are registered again",
-            def.name, info.max_entries, def.max_entries
-        )
-    } else {
-        format!(
-            "pinned map {} has another layout (type {} key {} value {} entries {}); replacing it with this build's \
-             (type {} key {} value {} entries {})",
-            def.name,
-            info.map_type,
-            info.key_size,
-            info.value_size,
-            info.max_entries,
-            def.map_type,
-            def.key_size,
-            def.value_size,
-            def.max_entries
-        )
-    });
-    Ok(None)
 }
 
 /// Loads the mesh object alone, with throwaway maps, to learn whether

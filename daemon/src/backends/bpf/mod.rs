@@ -290,13 +290,18 @@ impl BpfBackend for PinnedBpf {
         // and moves each one over.
         let moved = tc_mode != self.hooks.tc_mode;
         self.hooks.tc_mode = tc_mode;
-        if settings.sizes == self.maps.sizes {
+        let sizes = settings.sizes.to_create(settings.unused, |c| self.maps.current_size(c));
+        if sizes == self.maps.sizes {
             return Ok(moved);
         }
-        self.maps.sizes = settings.sizes;
+        self.maps.sizes = sizes;
         // Reload at next use: maps of the old size are retired and the
         // programs, now using other maps, show as outdated and are swapped.
         Ok(self.maps.unload() || self.maps.has_pins() || moved)
+    }
+
+    fn map_sizes(&self) -> Option<crate::backends::MapSizes> {
+        Some(self.maps.sizes)
     }
 
     fn sk_lookup_unavailable(&mut self) -> Option<String> {

@@ -82,6 +82,13 @@ impl PinDir {
         self.root.join("links")
     }
 
+    /// The capacity of the pinned maps of `c`, `None` when none is pinned.
+    pub(crate) fn capacity_of(&self, c: crate::abi::Capacity) -> Option<u32> {
+        let map = crate::abi::HmMap::pinned().find(|m| m.def().sized_by == Some(c))?;
+        let fd = super::sys::obj_get(&self.map(map)).ok()?;
+        super::sys::map_info(std::os::fd::AsFd::as_fd(&fd)).ok().map(|i| i.max_entries)
+    }
+
     pub(crate) fn map(&self, map: crate::abi::HmMap) -> PathBuf {
         self.maps().join(map.name())
     }

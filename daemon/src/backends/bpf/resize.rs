@@ -14,8 +14,10 @@ use aya_obj::generated::bpf_map_type::{
     BPF_MAP_TYPE_SOCKHASH,
 };
 
-use super::sys;
+use super::pins::{unpin, PinDir};
+use super::{bpf_err, sys};
 use crate::abi::MapDef;
+use crate::backends::Result;
 
 /// A pinned map retired by a resize, kept open until the flows written to
 /// it after the first copy are moved over.
@@ -114,6 +116,58 @@ fn copy_entries(
         }
     }
     Ok(out)
+}
+
+/// A pinned map with another layout (an upgrade changed it) is unpinned
+/// so a new one is created. Programs still attached keep using the old
+/// map until this build's programs replace them (they show as
+/// outdated: their maps differ), so traffic keeps flowing. A map that
+/// differs only in capacity is resized instead: returned, still open,
+/// for its entries to be copied into the new one.
+pub(super) fn retire_incompatible(pins: &PinDir, def: &MapDef, notes: &mut Vec<String>) -> Result<Option<Retired>> {
+    let path = pins.map(def.map);
+    let fd = match sys::obj_get(&path) {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(bpf_err(format!("open pinned map {}", path.display()), e)),
+    };
+    let info = sys::map_info(fd.as_fd()).map_err(|e| bpf_err(format!("info of {}", path.display()), e))?;
+    let same_kind = info.map_type == def.map_type && info.key_size == def.key_size && info.flags == def.flags;
+    let same_layout = same_kind && info.value_size == def.value_size;
+    if same_layout && info.max_entries == def.max_entries {
+        return Ok(None);
+    }
+    unpin(&path).map_err(|e| bpf_err(format!("unpin {}", path.display()), e))?;
+    let grown = same_kind && grows(def, info.value_size);
+    if (same_layout || grown) && copyable(def) {
+        return Ok(Some(Retired {
+            def: *def,
+            old: fd,
+            old_entries: info.max_entries,
+            old_value_size: info.value_size,
+        }));
+    }
+    notes.push(if same_layout {
+        format!(
+            "map {} resized from {} to {} entries; sidecar listeners are registered again",
+            def.name, info.max_entries, def.max_entries
+        )
+    } else {
+        format!(
+            "pinned map {} has another layout (type {} key {} value {} entries {}); replacing it with this build's \
+             (type {} key {} value {} entries {})",
+            def.name,
+            info.map_type,
+            info.key_size,
+            info.value_size,
+            info.max_entries,
+            def.map_type,
+            def.key_size,
+            def.value_size,
+            def.max_entries
+        )
+    });
+    Ok(None)
 }
 
 #[cfg(test)]
