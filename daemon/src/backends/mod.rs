@@ -93,6 +93,9 @@ pub trait SysctlBackend {
     fn set(&mut self, path: &str, value: &str) -> Result<()>;
 }
 
+/// What takes one map's entries at a time (`map_entries_each_until`).
+pub type MapEntriesSink<'a> = dyn FnMut(Vec<(MapEntryKey, MapValue)>) + 'a;
+
 pub trait BpfBackend {
     /// Loads the programs and maps (once): the gate before any step that
     /// needs them.
@@ -121,13 +124,33 @@ pub trait BpfBackend {
     /// Every configuration map entry (`BpfMap`), as `MapValue::read_back`
     /// keeps it.
     fn map_entries(&mut self) -> Result<BTreeMap<MapEntryKey, MapValue>>;
-    /// `map_entries`, or `None` when `give_up` said so part way (checked
-    /// between maps and between batches of a map).
-    fn map_entries_until(&mut self, give_up: &dyn Fn() -> bool) -> Result<Option<BTreeMap<MapEntryKey, MapValue>>> {
+    /// `map_entries`, handed to `each` one map at a time (in `BpfMap`
+    /// order, each map's sorted by key: all of them in key order); false
+    /// when `give_up` said so part way (checked between maps and between
+    /// batches of a map).
+    fn map_entries_each_until(&mut self, give_up: &dyn Fn() -> bool, each: &mut MapEntriesSink<'_>) -> Result<bool> {
         if give_up() {
-            return Ok(None);
+            return Ok(false);
         }
-        self.map_entries().map(Some)
+        let mut run: Vec<(MapEntryKey, MapValue)> = Vec::new();
+        for (k, v) in self.map_entries()? {
+            if run.last().is_some_and(|(last, _)| last.map != k.map) {
+                each(std::mem::take(&mut run));
+            }
+            run.push((k, v));
+        }
+        if !run.is_empty() {
+            each(run);
+        }
+        Ok(true)
+    }
+    /// `map_entries`, or `None` when `give_up` said so part way.
+    fn map_entries_until(&mut self, give_up: &dyn Fn() -> bool) -> Result<Option<BTreeMap<MapEntryKey, MapValue>>> {
+        // Made into the tree at once: inserted one by one at its end, its
+        // nodes would stay half empty.
+        let mut all = Vec::new();
+        let whole = self.map_entries_each_until(give_up, &mut |mut entries| all.append(&mut entries))?;
+        Ok(whole.then(|| all.into_iter().collect()))
     }
     fn put_map_entry(&mut self, key: &MapEntryKey, value: &[u8]) -> Result<()>;
     fn delete_map_entry(&mut self, key: &MapEntryKey) -> Result<()>;

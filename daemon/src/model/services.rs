@@ -48,6 +48,9 @@ pub(super) fn compile(
     };
     want(&mut out.map_entries, MapEntryKey { map: BpfMap::Config, key: 0u32.to_bytes().into() }, cfg.to_bytes(), OWNER);
 
+    // Made into the tree at once (`wanted_all`), after the entries before.
+    let mut entries: Vec<_> = std::mem::take(&mut out.map_entries).into_iter().collect();
+    entries.reserve(config.services.len() * 4);
     let mut chunks_left = d.sizes.maglev_chunks as usize;
     for (n, svc) in config.services.iter().enumerate() {
         if n % STOP_CHECK_EVERY == 0 && stopping.load(Ordering::Relaxed) {
@@ -73,18 +76,17 @@ pub(super) fn compile(
         // Each backend's id looked up once, not once per slot (a quarter of
         // a 60,000-service compile went to those lookups).
         let ids: Vec<u32> = svc.backends.iter().map(|b| backend_ids[&b.addr]).collect();
-        for (k, v) in service_entries(svc, id, &ids, table_size, &config.meshes) {
-            want(&mut out.map_entries, k, v, &owner);
-        }
+        let owned =
+            |(k, v): (MapEntryKey, MapValue)| (k, Owned { spec: v, owners: [owner.clone()].into_iter().collect() });
+        entries.extend(service_entries(svc, id, &ids, table_size, &config.meshes).into_iter().map(owned));
         if svc.serves_network() {
-            for (k, v) in network_entries(svc, id, &ids, table_size, here.as_deref()) {
-                want(&mut out.map_entries, k, v, &owner);
-            }
+            entries.extend(network_entries(svc, id, &ids, table_size, here.as_deref()).into_iter().map(owned));
         }
         if let Some(here) = here {
             out.local_backends.insert(svc.name.clone(), here.len());
         }
     }
+    out.map_entries = wanted_all(entries);
     out.ids = AssignedIds(Some(std::sync::Arc::new((svc_ids, backend_ids))));
     attach_connect_time(config, facts, out);
 }

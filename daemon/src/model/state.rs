@@ -388,6 +388,12 @@ pub(crate) struct Observed {
     pub routes: BTreeMap<RouteKey, RouteSpec>,
     /// `table inet hostmesh`'s rules; `None` when the table does not exist.
     pub nft_table: Option<BTreeSet<NftRule>>,
+    /// `Some` when the map entries were read against a desired state
+    /// (`observe_until` given one): `map_entries` then holds only the
+    /// kernel's entries that differ from its or that it lacks, and this
+    /// its keys the kernel lacks, in order. Entries equal to its are not
+    /// kept: a resync at 100,000 services reads 265,000.
+    pub map_entries_missing: Option<Vec<MapEntryKey>>,
 }
 
 impl Desired {
@@ -412,6 +418,7 @@ impl Desired {
             attachments: self.attachments.keys().map(|a| (a.clone(), AttachStatus::Current)).collect(),
             routes,
             nft_table: (!self.nft_rules.is_empty()).then(|| self.nft_rules.keys().cloned().collect()),
+            map_entries_missing: None,
         }
     }
 }
@@ -429,6 +436,24 @@ pub(crate) fn want<K: Ord, T>(map: &mut BTreeMap<K, Owned<T>>, key: K, spec: imp
         .or_insert_with(|| Owned { spec: spec.into(), owners: Owners::new() })
         .owners
         .insert(owner.into_owner());
+}
+
+/// The items `want` one at a time would make of `items` (any order, keys
+/// repeated: one item with every owner and the first spec), built at once.
+/// A tree filled by ascending inserts, as a compile's are, keeps its nodes
+/// about half empty (36 MB instead of 19 for the 265,000 map entries of
+/// 100,000 services); one built from sorted items fills them.
+pub(crate) fn wanted_all<K: Ord, T>(mut items: Vec<(K, Owned<T>)>) -> BTreeMap<K, Owned<T>> {
+    // Stable: of equal keys the first stays first, as `want` keeps it.
+    items.sort_by(|a, b| a.0.cmp(&b.0));
+    items.dedup_by(|next, kept| {
+        let same = next.0 == kept.0;
+        if same {
+            kept.1.owners.extend_from(&next.1.owners);
+        }
+        same
+    });
+    items.into_iter().collect()
 }
 
 pub(crate) fn fmt_mac(mac: &[u8; 6]) -> String {

@@ -752,3 +752,23 @@ fn the_programs_a_preload_verifies_are_those_compile_attaches() {
         }
     }
 }
+
+proptest::proptest! {
+    /// Items made at once are the items `want` makes one at a time: keys
+    /// repeated in any order are one item, with every owner and the first
+    /// spec.
+    #[test]
+    fn items_wanted_all_at_once_are_those_wanted_one_at_a_time(
+        items in proptest::collection::vec((0u16..64, 0u8..4, 0u8..3), 0..300)
+    ) {
+        let owners = ["service/a", "service/b", "bpfnat"];
+        let mut one_by_one = BTreeMap::new();
+        let mut all = Vec::new();
+        for (key, spec, owner) in &items {
+            want(&mut one_by_one, *key, *spec, owners[*owner as usize]);
+            let owned = Owned { spec: *spec, owners: [owners[*owner as usize]].into_iter().collect() };
+            all.push((*key, owned));
+        }
+        proptest::prop_assert_eq!(wanted_all(all), one_by_one);
+    }
+}

@@ -116,15 +116,19 @@ pub(crate) fn plan(have: &Observed, want: &Desired, sysctl_originals: &BTreeMap<
     plan_until(have, want, sysctl_originals, &|| false).expect("never gives up")
 }
 
-/// `plan`, or `None` as soon as `give_up` says so: it is asked every
-/// GIVE_UP_EVERY map entries of the walks (a resync's plan at 100,000
-/// services compares 265,000 entries a side).
+/// `plan`, or `None` as soon as `give_up` says so: it is asked first, and
+/// every GIVE_UP_EVERY map entries of the walks (a plan from everything the
+/// kernel holds at 100,000 services compares 265,000 entries a side).
 pub(crate) fn plan_until(
     have: &Observed,
     want: &Desired,
     sysctl_originals: &BTreeMap<String, String>,
     give_up: &dyn Fn() -> bool,
 ) -> Option<Vec<PlannedStep>> {
+    // A change that came while the kernel was read goes first.
+    if give_up() {
+        return None;
+    }
     // Sized for the map entries a cold start writes (600,000 at 100,000
     // services): growing by doubling would hold up to twice that.
     let capacity = want.map_entries.len().saturating_sub(have.map_entries.len()) + 64;
@@ -234,19 +238,7 @@ fn plan_additions(
             steps.push(Step::ReplaceNeighbour(k.clone(), w.spec.clone()), &w.owners);
         }
     }
-    // Both maps are sorted by key: one walk side by side, not a lookup
-    // per entry (565,545 entries at 100,000 services).
-    let mut kernel = have.map_entries.iter().peekable();
-    for (n, (k, w)) in want.map_entries.iter().enumerate() {
-        if n % GIVE_UP_EVERY == GIVE_UP_EVERY - 1 && give_up() {
-            return None;
-        }
-        while kernel.next_if(|(h, _)| *h < k).is_some() {}
-        let current = kernel.peek().filter(|(h, _)| *h == k).map(|(_, v)| *v);
-        if current != Some(&w.spec) {
-            steps.push(Step::PutMapEntry(k.clone(), w.spec.clone()), &w.owners);
-        }
-    }
+    plan_map_puts(steps, have, want, give_up)?;
     for (a, w) in &want.attachments {
         let current = if a.device().is_some_and(on_gone_link) { None } else { have.attachments.get(a) };
         if current != Some(&AttachStatus::Current) {
@@ -279,6 +271,45 @@ fn plan_additions(
     Some(())
 }
 
+/// The map entries to write: those the kernel lacks or has otherwise.
+fn plan_map_puts(steps: &mut Steps, have: &Observed, want: &Desired, give_up: &dyn Fn() -> bool) -> Option<()> {
+    let mut put = |n: usize, k: &MapEntryKey, w: &Owned<MapValue>| {
+        if n % GIVE_UP_EVERY == GIVE_UP_EVERY - 1 && give_up() {
+            return None;
+        }
+        steps.push(Step::PutMapEntry(k.clone(), w.spec.clone()), &w.owners);
+        Some(())
+    };
+    let Some(missing) = &have.map_entries_missing else {
+        // Both maps are sorted by key: one walk side by side, not a lookup
+        // per entry (565,545 entries at 100,000 services).
+        let mut kernel = have.map_entries.iter().peekable();
+        for (n, (k, w)) in want.map_entries.iter().enumerate() {
+            while kernel.next_if(|(h, _)| *h < k).is_some() {}
+            let current = kernel.peek().filter(|(h, _)| *h == k).map(|(_, v)| *v);
+            if current != Some(&w.spec) {
+                put(n, k, w)?;
+            }
+        }
+        return Some(());
+    };
+    // Read against `want`: what the kernel lacks, and what it has
+    // otherwise, in key order.
+    let wanted = |k: &MapEntryKey| want.map_entries.get_key_value(k);
+    let mut missing = missing.iter().filter_map(wanted).peekable();
+    let mut differ = have.map_entries.keys().filter_map(wanted).peekable();
+    for n in 0.. {
+        let next = match (missing.peek(), differ.peek()) {
+            (Some((m, _)), Some((d, _))) if m > d => differ.next(),
+            (Some(_), _) => missing.next(),
+            (None, _) => differ.next(),
+        };
+        let Some((k, w)) = next else { break };
+        put(n, k, w)?;
+    }
+    Some(())
+}
+
 /// Removals, top-down. Items on links being deleted go with them, but are
 /// removed explicitly first so nothing depends on link teardown.
 fn plan_removals(
@@ -301,14 +332,21 @@ fn plan_removals(
         steps.push(Step::DeleteNftTable, &none);
     }
     // Reverse order: a service goes before the table and backends it uses.
-    // Both sorted: one walk side by side, as for the puts.
+    // Both sorted: one walk side by side, as for the puts (read against
+    // `want`, the kernel's entries are only those that differ).
     let mut wanted = want.map_entries.keys().rev().peekable();
     for (n, k) in have.map_entries.keys().rev().enumerate() {
         if n % GIVE_UP_EVERY == GIVE_UP_EVERY - 1 && give_up() {
             return None;
         }
-        while wanted.next_if(|w| *w > k).is_some() {}
-        if wanted.peek() != Some(&k) {
+        let stale = match have.map_entries_missing {
+            Some(_) => !want.map_entries.contains_key(k),
+            None => {
+                while wanted.next_if(|w| *w > k).is_some() {}
+                wanted.peek() != Some(&k)
+            }
+        };
+        if stale {
             steps.push(Step::DeleteMapEntry(k.clone()), &none);
         }
     }

@@ -352,7 +352,10 @@ impl Reconciler {
         phases.compile += lap(mark);
         let give_way = may_give_way && kept.is_some();
         let give_up = move || give_way && waiting.load(Ordering::Relaxed);
-        let have = observe_until(&mut self.backends, &give_up)?.filter(|_| !give_up());
+        // The last compile kept is what the kernel is compared with: its
+        // entries the kernel has as they are are not kept.
+        let against = kept.as_ref().map(|c| &c.desired);
+        let have = observe_until(&mut self.backends, &give_up, against)?.filter(|_| !give_up());
         let Some(mut have) = have else {
             self.compiled = kept;
             phases.observe = lap(mark);

@@ -278,8 +278,6 @@ fn a_resync_gives_way_to_a_waiting_change_and_leaves_everything_as_it_was() {
 
 #[test]
 fn a_resync_gives_way_during_its_plan_too() {
-    // 2,000 services: over 6,000 map entries, so the plan's walk looks at
-    // the flag on its way.
     let k = kernel();
     let waiting = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut r = reconciler(&k).with_waiting_flag(Arc::clone(&waiting));
@@ -571,7 +569,7 @@ fn services_added_and_removed_by_a_patch_leave_the_kernel_as_a_full_sync_would()
 fn an_observe_that_gives_way_leaves_no_stale_listing_of_the_nft_table() {
     let k = kernel();
     let mut b = k.backends();
-    assert!(super::observe::observe_until(&mut b, &|| true).unwrap().is_none(), "gave way");
+    assert!(super::observe::observe_until(&mut b, &|| true, None).unwrap().is_none(), "gave way");
     let rules = std::collections::BTreeSet::from([crate::model::NftRule {
         vip: "10.96.0.1".parse().unwrap(),
         port: 80,
@@ -580,4 +578,48 @@ fn an_observe_that_gives_way_leaves_no_stale_listing_of_the_nft_table() {
     }]);
     k.state().nft_table = Some(rules.clone());
     assert_eq!(b.nft.mesh_table().unwrap(), Some(rules), "the table as it is now");
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
+    /// A resync reads the kernel against the compile it keeps, keeping
+    /// only the entries that differ: it plans what reading every entry
+    /// plans, whatever happened to the kernel's entries (some deleted,
+    /// some changed, some not hostmesh's desire at all).
+    #[test]
+    fn a_kernel_read_against_the_desired_state_plans_what_reading_everything_plans(
+        deleted in proptest::collection::vec(0usize..1000, 0..6),
+        changed in proptest::collection::vec(0usize..1000, 0..6),
+        extra in proptest::collection::vec(0u32..64, 0..4),
+    ) {
+        let k = kernel();
+        let mut r = reconciler(&k);
+        r.sync(&config(&format!("{WEB}{}", many_services(12, Some(3)))), false).unwrap();
+        {
+            let mut s = k.state();
+            let keys: Vec<MapEntryKey> = s.maps.keys().cloned().collect();
+            for i in deleted {
+                s.maps.remove(&keys[i % keys.len()]);
+            }
+            for i in changed {
+                if let Some(v) = s.maps.get_mut(&keys[i % keys.len()]) {
+                    v[0] ^= 0x5a;
+                }
+            }
+            for id in extra {
+                let key = MapEntryKey { map: BpfMap::Backends, key: (5000 + id).to_bytes().into() };
+                s.maps.insert(key, vec![1; std::mem::size_of::<abi::BackendValue>()]);
+            }
+        }
+        let want = r.desired().unwrap().clone();
+        let mut b = k.backends();
+        let everything = super::observe::observe_until(&mut b, &|| false, None).unwrap().unwrap();
+        let against = super::observe::observe_until(&mut b, &|| false, Some(&want)).unwrap().unwrap();
+        proptest::prop_assert!(against.map_entries.len() <= everything.map_entries.len());
+        let originals = BTreeMap::new();
+        proptest::prop_assert_eq!(
+            super::plan::plan(&against, &want, &originals),
+            super::plan::plan(&everything, &want, &originals)
+        );
+    }
 }
