@@ -90,7 +90,7 @@ pub(super) fn host_devices(want: &Desired) -> Vec<String> {
 /// Whether node ports need the host interfaces' addresses: one step into
 /// the entries, which are ordered by map first.
 fn wants_host_addresses(want: &Desired) -> bool {
-    let first = MapEntryKey { map: BpfMap::HostAddrs, key: std::sync::Arc::from([]) };
+    let first = MapEntryKey { map: BpfMap::HostAddrs, key: Default::default() };
     want.map_entries.range(first..).next().is_some_and(|(k, _)| k.map == BpfMap::HostAddrs)
 }
 

@@ -11,6 +11,7 @@ pub(crate) mod ids;
 pub(crate) mod incremental;
 mod kernel;
 pub(crate) mod maglev;
+mod map_key;
 mod map_value;
 mod mesh;
 mod owners;

@@ -91,8 +91,7 @@ pub(crate) use super::map_value::{MaglevTable, MapValue};
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 pub struct MapEntryKey {
     pub map: BpfMap,
-    /// Shared by the desired state, the plan and the baseline.
-    pub key: std::sync::Arc<[u8]>,
+    pub key: super::map_key::KeyBytes,
 }
 
 /// By map, then by key: as numbers for the maps keyed by ids (a backend's
