@@ -1,6 +1,6 @@
 //! A BPF map entry's value as the desired state holds it. Most values are
-//! a few bytes and are kept as bytes, shared (`Arc`) by the desired state,
-//! the plan that writes them and the baseline the next sync diffs against.
+//! a few bytes and are held inline (up to 24), or else as bytes shared
+//! (`Arc`) by the desired state and the plan that writes them.
 //!
 //! A Maglev chunk is 256 bytes and a service has one per 64 slots of its
 //! table: at 100,000 one-backend services, 1 KiB of every service's ~1.3
@@ -23,6 +23,7 @@ use crate::abi::{MaglevChunk, Pod, MAGLEV_CHUNK};
 
 use super::bpf_map::BpfMap;
 use super::maglev::{self, Entry};
+use super::map_key::{KeyBytes, KEY_INLINE};
 use crate::table_size::chunks_for;
 
 #[derive(Clone)]
@@ -30,6 +31,9 @@ pub struct MapValue(Repr);
 
 #[derive(Clone)]
 enum Repr {
+    /// A value of up to `KEY_INLINE` bytes (a service's, a backend's),
+    /// held inline: no allocation of its own.
+    Short(KeyBytes),
     Bytes(Arc<[u8]>),
     Chunk {
         table: Arc<MaglevTable>,
@@ -129,6 +133,7 @@ impl MapValue {
     pub fn bytes(&self) -> Option<Cow<'_, [u8]>> {
         Some(match &self.0 {
             Repr::ReadBack(_) => return None,
+            Repr::Short(b) => Cow::Borrowed(&b[..]),
             Repr::Bytes(b) => Cow::Borrowed(b),
             Repr::Chunk { table, chunk } => LAST_BUILT.with(|last| {
                 let mut last = last.borrow_mut();
@@ -146,6 +151,7 @@ impl MapValue {
     /// chunk's).
     pub fn as_bytes(&self) -> Option<&[u8]> {
         match &self.0 {
+            Repr::Short(b) => Some(b),
             Repr::Bytes(b) => Some(b),
             Repr::Chunk { .. } | Repr::ReadBack(_) => None,
         }
@@ -154,6 +160,7 @@ impl MapValue {
     /// The digest compared with a chunk's, if this can be a chunk.
     fn chunk_digest(&self) -> Option<u64> {
         match &self.0 {
+            Repr::Short(_) => None,
             Repr::Bytes(b) => (b.len() == CHUNK_BYTES).then(|| digest(b)),
             Repr::Chunk { table, chunk } => Some(table.digests[*chunk as usize]),
             Repr::ReadBack(d) => Some(*d),
@@ -163,18 +170,24 @@ impl MapValue {
 
 impl From<Vec<u8>> for MapValue {
     fn from(bytes: Vec<u8>) -> Self {
-        MapValue(Repr::Bytes(bytes.into()))
+        if bytes.len() <= KEY_INLINE {
+            MapValue(Repr::Short(KeyBytes::of(&bytes)))
+        } else {
+            MapValue(Repr::Bytes(bytes.into()))
+        }
     }
 }
 
 impl PartialEq for MapValue {
     fn eq(&self, other: &Self) -> bool {
         match (&self.0, &other.0) {
-            (Repr::Bytes(a), Repr::Bytes(b)) => a == b,
             (Repr::Chunk { table: a, chunk: i }, Repr::Chunk { table: b, chunk: j }) if Arc::ptr_eq(a, b) && i == j => {
                 true
             }
-            _ => self.chunk_digest().is_some_and(|d| other.chunk_digest() == Some(d)),
+            _ => match (self.as_bytes(), other.as_bytes()) {
+                (Some(a), Some(b)) => a == b,
+                _ => self.chunk_digest().is_some_and(|d| other.chunk_digest() == Some(d)),
+            },
         }
     }
 }
@@ -202,6 +215,19 @@ impl Serialize for MapValue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn values_short_and_long_are_their_bytes() {
+        for len in 0..40u8 {
+            let bytes: Vec<u8> = (0..len).collect();
+            let v = MapValue::from(bytes.clone());
+            assert_eq!(v.bytes().as_deref(), Some(&bytes[..]));
+            assert_eq!(v.as_bytes(), Some(&bytes[..]));
+            assert_eq!(v, MapValue::read_back(BpfMap::Services, bytes.clone()));
+            assert_ne!(v, MapValue::from([bytes.clone(), vec![0]].concat()));
+            assert_eq!(serde_json::to_string(&v).unwrap(), serde_json::to_string(&bytes).unwrap());
+        }
+    }
 
     fn backends(n: usize) -> Vec<Entry> {
         (0..n).map(|i| Entry { addr: format!("10.1.0.{}:80", i + 1).parse().unwrap(), weight: 1 }).collect()
@@ -270,7 +296,8 @@ mod tests {
         let table = MaglevTable::new(backends(1), vec![1], 251);
         let chunks: Vec<MapValue> = (0..4).map(|c| MapValue::chunk(&table, c)).collect();
         assert_eq!(Arc::strong_count(&table), 5, "the service's chunks share one table");
-        assert!(std::mem::size_of::<MapValue>() <= 24);
+        // 24 bytes inline for short values, and the tag.
+        assert!(std::mem::size_of::<MapValue>() <= 32);
         assert!(chunks.iter().all(|c| c.as_bytes().is_none()));
     }
 
