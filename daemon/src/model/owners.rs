@@ -114,7 +114,7 @@ enum Set {
 }
 
 impl Owners {
-    pub(crate) fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Owners(Set::Empty)
     }
 

@@ -57,29 +57,19 @@ pub(super) fn apply(
             out.stopped = true;
             break;
         }
-        if planned.needs_bpf && !bpf_checked {
+        if planned.needs_bpf() && !bpf_checked {
             bpf_checked = true;
             if let Err(e) = b.bpf.prepare() {
                 out.bpf_unavailable = Some(e.to_string());
             }
         }
-        if planned.needs_bpf && out.bpf_unavailable.is_some() {
+        if planned.needs_bpf() && out.bpf_unavailable.is_some() {
             skipped += 1;
-            skipped_owners.extend_from(&planned.owners);
-            if let Some(link) = &planned.link {
+            skipped_owners.extend_from(planned.owners());
+            if let Some(link) = planned.link() {
                 broken.entry(link.clone()).or_insert_with(|| "loading the BPF programs".to_string());
             }
             continue;
-        }
-        if let (Step::ReplaceRoute(..), Some(link)) = (&planned.step, &planned.link) {
-            if let Some(why) = broken.get(link) {
-                out.errors.push(StepError {
-                    step: planned.step.to_string(),
-                    owners: planned.owners.clone(),
-                    error: format!("not steering traffic into {link}: {why} failed"),
-                });
-                continue;
-            }
         }
         let run = map_run(&steps[at - 1..]);
         if run > 0 {
@@ -87,15 +77,22 @@ pub(super) fn apply(
             at += run - 1;
             continue;
         }
-        if let Err(e) = apply_one(b, &planned.step, originals) {
-            if let (false, Some(link)) = (matches!(planned.step, Step::ReplaceRoute(..)), &planned.link) {
-                broken.entry(link.clone()).or_insert_with(|| planned.step.to_string());
+        let PlannedStep::Other(o) = planned else { unreachable!("a map step is a run of one at least") };
+        if let (Step::ReplaceRoute(..), Some(link)) = (&o.step, &o.link) {
+            if let Some(why) = broken.get(link) {
+                out.errors.push(StepError {
+                    step: o.step.to_string(),
+                    owners: o.owners.clone(),
+                    error: format!("not steering traffic into {link}: {why} failed"),
+                });
+                continue;
             }
-            out.errors.push(StepError {
-                step: planned.step.to_string(),
-                owners: planned.owners.clone(),
-                error: e.to_string(),
-            });
+        }
+        if let Err(e) = apply_one(b, &o.step, originals) {
+            if let (false, Some(link)) = (matches!(o.step, Step::ReplaceRoute(..)), &o.link) {
+                broken.entry(link.clone()).or_insert_with(|| o.step.to_string());
+            }
+            out.errors.push(StepError { step: o.step.to_string(), owners: o.owners.clone(), error: e.to_string() });
         }
     }
     if let Some(why) = &out.bpf_unavailable {
@@ -121,17 +118,13 @@ const MAP_RUN: usize = 16 * 1024;
 /// (or deletes) to one map, which the backend carries out together (in
 /// batches where the kernel has them); 0 when the first is no map step.
 fn map_run(steps: &[PlannedStep]) -> usize {
-    let same = |a: &Step, b: &Step| match (a, b) {
-        (Step::PutMapEntry(x, _), Step::PutMapEntry(y, _)) | (Step::DeleteMapEntry(x), Step::DeleteMapEntry(y)) => {
-            x.map == y.map
-        }
-        _ => false,
+    let map_of = |s: &PlannedStep| match s {
+        PlannedStep::Put(k, _) => Some((true, k.map)),
+        PlannedStep::Delete(k) => Some((false, k.map)),
+        PlannedStep::Other(_) => None,
     };
-    let Some(first) = steps.first() else { return 0 };
-    if !matches!(first.step, Step::PutMapEntry(..) | Step::DeleteMapEntry(_)) || first.link.is_some() {
-        return 0;
-    }
-    steps.iter().take(MAP_RUN).take_while(|s| s.link.is_none() && same(&first.step, &s.step)).count()
+    let Some(first) = steps.first().and_then(map_of) else { return 0 };
+    steps.iter().take(MAP_RUN).take_while(|s| map_of(s) == Some(first)).count()
 }
 
 /// Carries out a run of `map_run`: every entry is tried, each failure is
@@ -139,19 +132,19 @@ fn map_run(steps: &[PlannedStep]) -> usize {
 fn apply_map_run(b: &mut Backends, run: &[PlannedStep]) -> Vec<StepError> {
     // (step index in the run, error)
     let mut failed: Vec<(usize, String)> = Vec::new();
-    match &run[0].step {
-        Step::DeleteMapEntry(_) => {
+    match &run[0] {
+        PlannedStep::Delete(_) => {
             let keys: Vec<&MapEntryKey> =
-                run.iter().filter_map(|s| if let Step::DeleteMapEntry(k) = &s.step { Some(k) } else { None }).collect();
+                run.iter().filter_map(|s| if let PlannedStep::Delete(k) = s { Some(k) } else { None }).collect();
             failed.extend(b.bpf.delete_map_entries(&keys).into_iter().map(|(i, e)| (i, e.to_string())));
         }
         _ => {
             // (step index, key, bytes): a Maglev chunk is built here.
             let mut entries = Vec::with_capacity(run.len());
             for (i, s) in run.iter().enumerate() {
-                let Step::PutMapEntry(k, v) = &s.step else { continue };
-                match v.bytes() {
-                    Some(bytes) => entries.push((i, k, bytes)),
+                let PlannedStep::Put(k, w) = s else { continue };
+                match w.spec.bytes() {
+                    Some(bytes) => entries.push((i, *k, bytes)),
                     // The plan writes desired values only; a read-back one is a bug.
                     None => failed.push((i, no_bytes(k).to_string())),
                 }
@@ -162,8 +155,11 @@ fn apply_map_run(b: &mut Backends, run: &[PlannedStep]) -> Vec<StepError> {
         }
     }
     failed.sort_by_key(|(i, _)| *i);
-    let error =
-        |(i, error): (usize, String)| StepError { step: run[i].step.to_string(), owners: run[i].owners.clone(), error };
+    let error = |(i, error): (usize, String)| StepError {
+        step: run[i].step().to_string(),
+        owners: run[i].owners().clone(),
+        error,
+    };
     failed.into_iter().map(error).collect()
 }
 

@@ -234,8 +234,11 @@ impl Reconciler {
         // last compile); anything else from what the kernel holds.
         let before = touched.as_ref().filter(|_| observed.is_none()).map(|t| t.before(&compiled.desired));
         let have = observed.as_ref().or(before.as_ref()).expect("a sync that does not patch read the kernel");
+        // A patch's plan covers the items it touched only.
+        let touched_want = touched.as_ref().map(|t| t.desired(&compiled.desired));
+        let plan_want = touched_want.as_ref().unwrap_or(&compiled.desired);
         // A resync of the last compile gives way during its plan too.
-        let Some(steps) = self.plan_steps(have, &compiled.desired, touched.as_ref(), may_give_way && kept) else {
+        let Some(steps) = self.plan_steps(have, plan_want, touched.is_some(), may_give_way && kept) else {
             drop(observed);
             self.compiled = Some(compiled);
             phases.plan = lap(&mut mark);
@@ -248,10 +251,9 @@ impl Reconciler {
             apply(&mut self.backends, &steps, &mut self.originals, &self.stopping);
         phases.apply = lap(&mut mark);
         let step_count = steps.len();
-        let described = steps.iter().take(DESCRIBED_STEPS).map(|s| s.step.to_string()).collect();
-        // Freed before the baseline is built: a cold start's plan (600,000
-        // steps at 100,000 services) and baseline are not held at once.
+        let described = steps.iter().take(DESCRIBED_STEPS).map(|s| s.step().to_string()).collect();
         drop(steps);
+        drop(touched_want);
         let notes = self.record(compiled, stopped, errors.is_empty());
         phases.record = lap(&mut mark);
         Ok(SyncOutcome {
@@ -269,23 +271,21 @@ impl Reconciler {
         })
     }
 
-    /// The steps from `have` to `want`, of the touched items only after a
-    /// patch (`have` is then what they were); `None` when a resync that may give way (`giving_way`) did so
-    /// in the middle of its plan.
-    fn plan_steps(
+    /// The steps from `have` to `want` (after a patch, the touched items
+    /// only, and `have` what they were); `None` when a resync that may give
+    /// way (`giving_way`) did so in the middle of its plan.
+    fn plan_steps<'a>(
         &self,
         have: &Observed,
-        want: &Desired,
-        touched: Option<&Touched>,
+        want: &'a Desired,
+        patched: bool,
         giving_way: bool,
-    ) -> Option<Vec<PlannedStep>> {
-        match touched {
-            Some(t) => Some(plan(have, &t.desired(want), self.originals.values())),
-            None => {
-                let waiting = Arc::clone(&self.waiting);
-                plan_until(have, want, self.originals.values(), &move || giving_way && waiting.load(Ordering::Relaxed))
-            }
+    ) -> Option<Vec<PlannedStep<'a>>> {
+        if patched {
+            return Some(plan(have, want, self.originals.values()));
         }
+        let waiting = Arc::clone(&self.waiting);
+        plan_until(have, want, self.originals.values(), &move || giving_way && waiting.load(Ordering::Relaxed))
     }
 
     /// What compile needs from the host, this sync.

@@ -18,7 +18,7 @@ use crate::model::{AttachStatus, Desired, Observed};
 use super::apply::{apply, StepError};
 use super::observe::observe_sysctls;
 use super::originals::SysctlOriginals;
-use super::plan::{plan, Step};
+use super::plan::{plan, PlannedStep, Step};
 
 /// What the reconcile to empty did.
 #[derive(Debug, Default)]
@@ -40,8 +40,9 @@ pub(crate) fn reconcile_to_empty(b: &mut Backends, originals: &mut SysctlOrigina
     };
     let recorded: BTreeSet<String> = originals.values().keys().cloned().collect();
     observe_sysctls(b, &recorded, &mut have)?;
-    let steps = plan(&have, &Desired::default(), originals.values());
+    let nothing = Desired::default();
+    let steps = plan(&have, &nothing, originals.values());
     // Nothing can ask teardown to stop half way.
     let applied = apply(b, &steps, originals, &AtomicBool::new(false));
-    Ok(Emptied { steps: steps.into_iter().map(|s| s.step).collect(), errors: applied.errors })
+    Ok(Emptied { steps: steps.into_iter().map(PlannedStep::into_step).collect(), errors: applied.errors })
 }

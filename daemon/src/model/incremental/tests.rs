@@ -184,7 +184,8 @@ proptest! {
             prop_assert_eq!(&was.map_entries, &held(&touched.map_entries));
             let routes = touched.routes.iter().filter_map(|k| have.routes.get(k).map(|v| (k.clone(), v.clone())));
             prop_assert_eq!(&was.routes, &routes.collect());
-            let part = plan(&was, &touched.desired(&c.desired), &none);
+            let touched_want = touched.desired(&c.desired);
+            let part = plan(&was, &touched_want, &none);
             prop_assert_eq!(part, whole);
             // And the patched compile patches again.
             let again = recompile(c, &shared(&before), &facts());
