@@ -244,8 +244,7 @@ impl Reconciler {
             phases.plan = lap(&mut mark);
             return Ok(nothing_done(self, false, true, phases));
         };
-        // What observe read is planned against and no longer needed.
-        drop(observed);
+        drop(observed); // planned against, no longer needed
         phases.plan = lap(&mut mark);
         let Applied { errors, bpf_unavailable, stopped } =
             apply(&mut self.backends, &steps, &mut self.originals, &self.stopping);
@@ -253,7 +252,6 @@ impl Reconciler {
         let step_count = steps.len();
         let described = steps.iter().take(DESCRIBED_STEPS).map(|s| s.step().to_string()).collect();
         drop(steps);
-        drop(touched_want);
         let notes = self.record(compiled, stopped, errors.is_empty());
         phases.record = lap(&mut mark);
         Ok(SyncOutcome {
