@@ -50,7 +50,8 @@ pub(super) fn compile(
 
     // Made into the tree at once (`wanted_all`), after the entries before.
     let mut entries: Vec<_> = std::mem::take(&mut out.map_entries).into_iter().collect();
-    entries.reserve(config.services.len() * 4);
+    // Each service's own entries, its backends' and its table's chunks.
+    entries.reserve(config.services.iter().map(|s| 2 + s.backends.len() + chunks_of(s, table_size_of(s, d))).sum());
     let mut chunks_left = d.sizes.maglev_chunks as usize;
     for (n, svc) in config.services.iter().enumerate() {
         if n % STOP_CHECK_EVERY == 0 && stopping.load(Ordering::Relaxed) {
