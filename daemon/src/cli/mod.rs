@@ -101,6 +101,7 @@ pub fn main() -> ExitCode {
     }
     match cli.command {
         Command::Run(paths) => {
+            limit_malloc_arenas();
             let log = crate::log::stderr_logger();
             match crate::daemon::run(paths.into(), log.clone()) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -121,6 +122,27 @@ pub fn main() -> ExitCode {
             bpffs: paths.bpffs,
         }),
         Command::Teardown { paths, force } => teardown(paths.into(), force),
+    }
+}
+
+/// Bounds glibc's allocator to one arena per CPU, at most 4 (its default
+/// is 8 per CPU). The daemon's threads (the parse's, the status
+/// writer's, the loader's, the map writers') each filled an arena of
+/// their own whose freed pieces no other thread reused: at 100,000
+/// services 8 MiB more at the peak on 2 CPUs, and no faster. An arena
+/// limit the environment sets (MALLOC_ARENA_MAX, GLIBC_TUNABLES) stands.
+fn limit_malloc_arenas() {
+    let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+    if std::env::var_os("MALLOC_ARENA_MAX").is_some() || tunables.contains("arena_max") {
+        return;
+    }
+    #[cfg(target_env = "gnu")]
+    {
+        let arenas = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4);
+        // SAFETY: an allocator setting, made before any thread starts.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, arenas as libc::c_int);
+        }
     }
 }
 
