@@ -31,5 +31,5 @@ mod table_size;
 mod teardown;
 mod trust;
 
-pub use config::{Capacities, Capacity, MapSizes, SizeKey, ALLOCATED_WHOLE, SIZE_KEYS};
+pub use config::{Capacity, MapSizes, SizeKey, SIZE_KEYS};
 pub use model::{Feature, TcAttach};

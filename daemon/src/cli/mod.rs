@@ -132,12 +132,12 @@ pub fn main() -> ExitCode {
 /// services 8 MiB more at the peak on 2 CPUs, and no faster. An arena
 /// limit the environment sets (MALLOC_ARENA_MAX, GLIBC_TUNABLES) stands.
 fn limit_malloc_arenas() {
-    let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
-    if std::env::var_os("MALLOC_ARENA_MAX").is_some() || tunables.contains("arena_max") {
-        return;
-    }
     #[cfg(target_env = "gnu")]
     {
+        let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+        if std::env::var_os("MALLOC_ARENA_MAX").is_some() || tunables.contains("arena_max") {
+            return;
+        }
         let arenas = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4);
         // SAFETY: an allocator setting, made before any thread starts.
         unsafe {

@@ -106,7 +106,7 @@ impl Default for MapSizes {
 /// client affinity), 121 MiB at the default sizes. A configuration that
 /// does not use one has its maps created at the key's minimum, and grown
 /// to the key's size when it comes to use them (`MapSizes::to_create`).
-pub const ALLOCATED_WHOLE: [Capacity; 3] = [Capacity::Conntrack, Capacity::ReverseSock, Capacity::Affinity];
+const ALLOCATED_WHOLE: [Capacity; 3] = [Capacity::Conntrack, Capacity::ReverseSock, Capacity::Affinity];
 
 /// A set of capacities.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

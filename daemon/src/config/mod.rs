@@ -18,7 +18,8 @@ mod store;
 mod types;
 mod validate;
 
-pub use capacity::{Capacities, Capacity, MapSizes, SizeKey, ALLOCATED_WHOLE, SIZE_KEYS};
+pub(crate) use capacity::Capacities;
+pub use capacity::{Capacity, MapSizes, SizeKey, SIZE_KEYS};
 pub(crate) use duration::show_duration;
 pub(crate) use error::{clip, ConfigError};
 pub use store::FileState;

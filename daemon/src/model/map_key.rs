@@ -1,9 +1,8 @@
 //! A map entry's key bytes (and a short value's), held inline. The keys
-//! of the maps hostmesh
-//! writes are at most 20 bytes (a service's address, port and protocol; a
-//! prefix); held as shared slices, each of the 265,000 of 100,000
-//! services was an allocation of its own (48 bytes with its header) and
-//! a pointer to follow on every comparison.
+//! of the maps hostmesh writes are at most 20 bytes (a service's address,
+//! port and protocol; a prefix); held as shared slices, each of the
+//! 265,000 of 100,000 services was an allocation of its own (48 bytes
+//! with its header) and a pointer to follow on every comparison.
 
 use std::fmt;
 use std::hash::{Hash, Hasher};

@@ -164,15 +164,15 @@ pub(crate) fn programs_likely(config: &Config, features: &KernelFeatures) -> BTr
 }
 
 /// The capacities among those allocated whole (`config::ALLOCATED_WHOLE`)
-/// whose maps a compile of `config` leaves unused: conntrack without the
-/// veth path and flows from the network, connect-time LB's reverse map
-/// without connect-time LB, client affinity without a service that has
-/// it. Their maps are created small until the configuration uses them.
-/// Like `programs_likely`, kept true by a test against compile; where the
-/// hint names a program compile does not attach, the map is only larger.
-pub(crate) fn unused_capacities(config: &Config, features: &KernelFeatures) -> crate::config::Capacities {
+/// whose maps a compile of `config` leaves unused, `programs` being what
+/// `programs_likely` says it attaches: conntrack without the veth path and
+/// flows from the network, connect-time LB's reverse map without
+/// connect-time LB, client affinity without a service that has it. Their
+/// maps are created small until the configuration uses them. Kept true by
+/// a test against compile; where the hint names a program compile does
+/// not attach, the map is only larger.
+pub(crate) fn unused_capacities(config: &Config, programs: &BTreeSet<Program>) -> crate::config::Capacities {
     use crate::config::Capacity;
-    let programs = programs_likely(config, features);
     let mut unused = crate::config::Capacities::default();
     if ![Program::NatOut, Program::Reply, Program::Direct].iter().any(|p| programs.contains(p)) {
         unused = unused.with(Capacity::Conntrack);

@@ -689,9 +689,10 @@ fn entries_are_ordered_by_map_then_by_id_as_a_number_or_else_by_key_bytes() {
     assert_eq!(backend(7).cmp(&backend(7)), std::cmp::Ordering::Equal);
 }
 
-/// Configurations of every mode, with node ports, client affinity, a mesh
-/// and a gateway; and kernels that force another mode.
-fn hint_cases() -> (Vec<String>, [KernelFeatures; 3]) {
+/// Each configuration of every mode (with node ports, client affinity, a
+/// mesh and a gateway) on each kernel (and kernels that force another
+/// mode), with what compile makes of it and the programs it attaches.
+fn for_each_hint_case(check: impl Fn(&str, &Config, &KernelFeatures, &Desired, &BTreeSet<Program>)) {
     let external = "[[service]]\nname = \"ext\"\nvip = \"10.96.0.20\"\nport = 80\nbackends = \
                     [\"192.168.10.11:8080\"]\nnode_port = 30080\nexternal = true\n";
     let sticky = "[[service]]\nname = \"sticky\"\nvip = \"10.96.0.30\"\nport = 80\nbackends = \
@@ -709,7 +710,14 @@ fn hint_cases() -> (Vec<String>, [KernelFeatures; 3]) {
         KernelFeatures::lacking([Feature::ConnectTimeHooks]),
         KernelFeatures::lacking([Feature::RedirectNeigh]),
     ];
-    (cases, kernels)
+    for text in &cases {
+        for features in &kernels {
+            let c = config(text);
+            let d = compile(&c, &HostFacts { features: features.clone(), ..facts() }, &Prior::default());
+            let attached: BTreeSet<Program> = d.attachments.keys().map(|a| a.program).collect();
+            check(&format!("{text}\non a kernel lacking {features:?}"), &c, features, &d, &attached);
+        }
+    }
 }
 
 /// The maps created small for being unused are those compile leaves
@@ -719,38 +727,24 @@ fn hint_cases() -> (Vec<String>, [KernelFeatures; 3]) {
 #[test]
 fn the_capacities_left_unused_are_those_a_compile_does_not_use() {
     use crate::config::Capacity;
-    let (cases, kernels) = hint_cases();
-    for text in &cases {
-        for features in &kernels {
-            let c = config(text);
-            let d = compile(&c, &HostFacts { features: features.clone(), ..facts() }, &Prior::default());
-            let attached: BTreeSet<Program> = d.attachments.keys().map(|a| a.program).collect();
-            let unused = unused_capacities(&c, features);
-            let case = format!("{text}\non a kernel lacking {features:?}");
-            let nat = [Program::NatOut, Program::Reply, Program::Direct];
-            assert_eq!(unused.contains(Capacity::Conntrack), !nat.iter().any(|p| attached.contains(p)), "{case}");
-            let ctlb = Program::CONNECT_TIME.iter().any(|p| attached.contains(p));
-            assert_eq!(unused.contains(Capacity::ReverseSock), !ctlb, "{case}");
-            let affinity = d.map_entries.keys().any(|k| k.map == BpfMap::SvcAffinity);
-            assert_eq!(unused.contains(Capacity::Affinity), !affinity, "{case}");
-        }
-    }
+    for_each_hint_case(|case, c, features, d, attached| {
+        let unused = unused_capacities(c, &programs_likely(c, features));
+        let nat = [Program::NatOut, Program::Reply, Program::Direct];
+        assert_eq!(unused.contains(Capacity::Conntrack), !nat.iter().any(|p| attached.contains(p)), "{case}");
+        let ctlb = Program::CONNECT_TIME.iter().any(|p| attached.contains(p));
+        assert_eq!(unused.contains(Capacity::ReverseSock), !ctlb, "{case}");
+        let affinity = d.map_entries.keys().any(|k| k.map == BpfMap::SvcAffinity);
+        assert_eq!(unused.contains(Capacity::Affinity), !affinity, "{case}");
+    });
 }
 
 /// The preload's hint names what compile attaches: every mode, on kernels
 /// that force another, with node ports, a mesh and a gateway.
 #[test]
 fn the_programs_a_preload_verifies_are_those_compile_attaches() {
-    let (cases, kernels) = hint_cases();
-    for text in &cases {
-        for features in &kernels {
-            let c = config(text);
-            let f = HostFacts { features: features.clone(), ..facts() };
-            let attached: BTreeSet<Program> =
-                compile(&c, &f, &Prior::default()).attachments.keys().map(|a| a.program).collect();
-            assert_eq!(programs_likely(&c, features), attached, "{text}\non a kernel lacking {features:?}");
-        }
-    }
+    for_each_hint_case(|case, c, features, _, attached| {
+        assert_eq!(&programs_likely(c, features), attached, "{case}");
+    });
 }
 
 proptest::proptest! {

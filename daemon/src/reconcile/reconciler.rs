@@ -166,11 +166,14 @@ impl Reconciler {
         // TC hook: the kernel must be re-read.
         let d = &config.daemon;
         let configured = self.host_facts(config).and_then(|facts| {
-            let unused = crate::model::unused_capacities(config, &facts.features);
+            // The programs the compile will likely attach: which maps it
+            // leaves unused, and what the preload verifies.
+            let likely = crate::model::programs_likely(config, &facts.features);
+            let unused = crate::model::unused_capacities(config, &likely);
             let settings = BpfSettings { sizes: d.sizes, unused, tc_attach: d.tc_attach };
-            Ok((facts, self.backends.bpf.configure(&settings)?))
+            Ok((facts, likely, self.backends.bpf.configure(&settings)?))
         });
-        let (facts, resized) = match configured {
+        let (facts, likely, resized) = match configured {
             Ok(r) => r,
             Err(e) => {
                 self.applied = false;
@@ -178,8 +181,13 @@ impl Reconciler {
             }
         };
         let full = full || resized || !self.applied || self.compiled.is_none();
+        // Any service needs the probes: their load (a tenth of a second,
+        // the maps' creation and the verifier's work) runs beside the
+        // compile.
         if config.services.is_empty() {
             self.backends.bpf.cool_down();
+        } else {
+            self.backends.bpf.preload(&likely);
         }
         let result = self.sync_inner(config, &facts, full, may_give_way, started);
         if !matches!(&result, Ok(o) if o.errors.is_empty()) {
@@ -198,12 +206,6 @@ impl Reconciler {
     ) -> Result<SyncOutcome, BackendError> {
         let mut phases = Phases::default();
         let mut mark = started;
-        // Any service needs the probes: their load (a tenth of a second,
-        // the maps' creation and the verifier's work) runs beside the
-        // compile.
-        if !config.services.is_empty() {
-            self.backends.bpf.preload(&crate::model::programs_likely(config, &facts.features));
-        }
         let (want, observed) = self.want(config, facts, full, may_give_way, &mut phases, &mut mark)?;
         let kept = matches!(want, Want::Kept(_));
         let nothing_done = |r: &mut Self, stopped: bool, gave_way: bool, phases: Phases| SyncOutcome {
