@@ -281,10 +281,7 @@ impl BpfBackend for FakeKernel {
         Ok(0)
     }
 
-    fn prune_backend_stats(
-        &mut self,
-        _configured: &std::collections::HashSet<(crate::abi::SvcKey, std::net::SocketAddr)>,
-    ) -> Result<usize> {
+    fn prune_backend_stats(&mut self, _configured: crate::backends::ConfiguredPairs<'_>) -> Result<usize> {
         Ok(0)
     }
 

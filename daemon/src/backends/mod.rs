@@ -193,12 +193,10 @@ pub trait BpfBackend {
         serving: &BTreeMap<abi::SvcKey, std::collections::BTreeSet<std::net::SocketAddr>>,
     ) -> Result<usize>;
     /// After a clean full sync: deletes the traffic counters
-    /// (HM_BACKEND_STATS) of (service, backend) pairs not in `configured`;
-    /// returns how many.
-    fn prune_backend_stats(
-        &mut self,
-        configured: &std::collections::HashSet<(abi::SvcKey, std::net::SocketAddr)>,
-    ) -> Result<usize>;
+    /// (HM_BACKEND_STATS) of (service, backend) pairs not configured;
+    /// returns how many. `configured` is asked once, about the services
+    /// the counters name only.
+    fn prune_backend_stats(&mut self, configured: ConfiguredPairs<'_>) -> Result<usize>;
     /// Sets the capacity of configurable maps and how TC programs are
     /// attached. Returns true when that replaced loaded maps or changed the
     /// TC mode (the kernel must then be re-read).
@@ -220,6 +218,13 @@ pub trait BpfBackend {
 }
 
 pub use crate::config::MapSizes;
+
+/// Of the services asked about, the (service, backend) pairs configured.
+/// Asked rather than given whole: counters exist for the pairs that carried
+/// traffic only, and the set of every pair at 100,000 services is 10 MB.
+pub type ConfiguredPairs<'a> = &'a dyn Fn(
+    &std::collections::HashSet<abi::SvcKey>,
+) -> std::collections::HashSet<(abi::SvcKey, std::net::SocketAddr)>;
 
 /// A backend that left a service's Maglev table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

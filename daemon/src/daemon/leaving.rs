@@ -107,14 +107,17 @@ impl Leaving {
 /// whatever their state: O(services + counters), so only after a full
 /// sync, which costs that anyway.
 fn prune_backend_stats(rec: &mut Reconciler, config: &Config, log: &Logger) {
-    let configured: HashSet<(SvcKey, SocketAddr)> = config
-        .services
-        .iter()
-        .flat_map(|s| {
-            let key = SvcKey::new(s.vip, s.port, s.protocol.number());
-            s.backends.iter().map(move |b| (key, b.addr))
-        })
-        .collect();
+    let configured = |named: &HashSet<SvcKey>| -> HashSet<(SvcKey, SocketAddr)> {
+        config
+            .services
+            .iter()
+            .filter_map(|s| {
+                let key = SvcKey::new(s.vip, s.port, s.protocol.number());
+                named.contains(&key).then_some((key, s))
+            })
+            .flat_map(|(key, s)| s.backends.iter().map(move |b| (key, b.addr)))
+            .collect()
+    };
     match rec.prune_backend_stats(&configured) {
         Ok(0) => {}
         Ok(n) => info!(log, "traffic counters of backends no longer configured deleted"; "entries" => n),

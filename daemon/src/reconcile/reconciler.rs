@@ -453,7 +453,7 @@ impl Reconciler {
     /// configured (`BpfBackend::prune_backend_stats`).
     pub(crate) fn prune_backend_stats(
         &mut self,
-        configured: &std::collections::HashSet<(crate::abi::SvcKey, std::net::SocketAddr)>,
+        configured: crate::backends::ConfiguredPairs<'_>,
     ) -> Result<usize, BackendError> {
         self.backends.bpf.prune_backend_stats(configured)
     }

@@ -278,10 +278,7 @@ impl BpfBackend for PinnedBpf {
         affinity::prune_entries(&mut self.maps, serving)
     }
 
-    fn prune_backend_stats(
-        &mut self,
-        configured: &std::collections::HashSet<(crate::abi::SvcKey, std::net::SocketAddr)>,
-    ) -> Result<usize> {
+    fn prune_backend_stats(&mut self, configured: crate::backends::ConfiguredPairs<'_>) -> Result<usize> {
         stats_prune::prune_stats(&mut self.maps, configured)
     }
 

@@ -8,17 +8,16 @@
 
 use std::collections::HashSet;
 use std::io;
-use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd};
 
 use crate::abi::*;
 
 use super::load::Loader;
 use super::{bpf_err, sys};
-use crate::backends::Result;
+use crate::backends::{ConfiguredPairs, Result};
 
-/// Deletes the counters of pairs not in `configured`; returns how many.
-pub(super) fn prune_stats(loader: &mut Loader, configured: &HashSet<(SvcKey, SocketAddr)>) -> Result<usize> {
+/// Deletes the counters of pairs not configured; returns how many.
+pub(super) fn prune_stats(loader: &mut Loader, configured: ConfiguredPairs<'_>) -> Result<usize> {
     if !loader.any() {
         return Ok(0);
     }
@@ -28,21 +27,20 @@ pub(super) fn prune_stats(loader: &mut Loader, configured: &HashSet<(SvcKey, Soc
 }
 
 /// Deletes every entry whose service (by id, through HM_SERVICES) does not
-/// list its backend in `configured`, or whose id no service has; returns
-/// how many.
-fn prune(
-    services: BorrowedFd<'_>,
-    stats: BorrowedFd<'_>,
-    configured: &HashSet<(SvcKey, SocketAddr)>,
-) -> io::Result<usize> {
+/// list its backend among the pairs `configured`, or whose id no service
+/// has; returns how many.
+fn prune(services: BorrowedFd<'_>, stats: BorrowedFd<'_>, configured: ConfiguredPairs<'_>) -> io::Result<usize> {
     let keys = sys::map_keys(stats, std::mem::size_of::<BackendStatsKey>())?;
     if keys.is_empty() {
         return Ok(0);
     }
     let ids = super::inspect::service_keys_by_id(services)?;
+    let keys: Vec<(Vec<u8>, BackendStatsKey)> =
+        keys.into_iter().filter_map(|k| BackendStatsKey::from_bytes(&k).map(|key| (k, key))).collect();
+    let named: HashSet<SvcKey> = keys.iter().filter_map(|(_, key)| ids.get(&key.svc_id).copied()).collect();
+    let configured = configured(&named);
     let mut gone = 0;
-    for k in keys {
-        let Some(key) = BackendStatsKey::from_bytes(&k) else { continue };
+    for (k, key) in keys {
         let backend = socket_addr16(key.addr, key.port_be);
         let kept = ids.get(&key.svc_id).is_some_and(|svc| configured.contains(&(*svc, backend)));
         if !kept {

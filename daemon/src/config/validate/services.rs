@@ -16,7 +16,9 @@ impl Check<'_, '_> {
         let vip = self.vip(&ctx, &s.vip);
         let port = self.port(&ctx, "port", &s.port, false);
         let protocol = self.protocol(&ctx, s.protocol.as_ref());
-        let mut backends: Vec<Backend> = Vec::new();
+        // As many as listed, not the doubling a push leaves (a service of
+        // one backend would hold four: 11 MB at 100,000 services).
+        let mut backends: Vec<Backend> = Vec::with_capacity(s.backends.len().min(crate::abi::MAX_BACKENDS as usize));
         let mut seen = std::collections::HashSet::new();
         if s.backends.len() > crate::abi::MAX_BACKENDS as usize {
             // Said once, not once per backend.
