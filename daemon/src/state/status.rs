@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 
 use serde::ser::SerializeSeq;
 use serde::{Deserialize, Serialize, Serializer};
-use serde_json::value::RawValue;
 
 pub use crate::config::FileState;
 
@@ -233,12 +232,32 @@ impl Status {
         })
     }
 
-    /// `write`, with `rows` (rendered by `render_row`) among the objects
-    /// at index `at`: what `write` of the status holding those objects
-    /// there writes, but for those rows' layout (each on one line).
-    pub fn write_with_rows(&self, state_dir: &Path, at: usize, rows: &[&RawValue]) -> io::Result<()> {
+    /// `write`, with `rows` (each one object's JSON on one line, as
+    /// `render_row` renders it) among the objects at index `at`: what
+    /// `write` of the status holding those objects there writes, but for
+    /// those rows' layout (each on one line). The rows are written as
+    /// they are, not parsed again: the status is laid out with a marker
+    /// in their place, and written around them.
+    pub fn write_with_rows(&self, state_dir: &Path, at: usize, rows: &[&str]) -> io::Result<()> {
+        if rows.is_empty() {
+            return self.write(state_dir);
+        }
+        let marker = rows_marker();
+        let laid_out = serde_json::to_vec_pretty(&StatusWithRows::new(self, at, &marker)).map_err(io::Error::other)?;
+        let quoted = serde_json::to_vec(&marker).map_err(io::Error::other)?;
+        let at = laid_out
+            .windows(quoted.len())
+            .position(|w| w == quoted.as_slice())
+            .ok_or_else(|| io::Error::other("the status's layout lost the place of its services' rows"))?;
         super::write_atomic_with(&Self::path(state_dir), |w| {
-            serde_json::to_writer_pretty(w, &StatusWithRows::new(self, at, rows)).map_err(io::Error::other)
+            w.write_all(&laid_out[..at])?;
+            for (i, row) in rows.iter().enumerate() {
+                if i > 0 {
+                    w.write_all(ROW_SEPARATOR)?;
+                }
+                w.write_all(row.as_bytes())?;
+            }
+            w.write_all(&laid_out[at + quoted.len()..])
         })
     }
 
@@ -253,8 +272,22 @@ impl Status {
 
 /// One object as `Status::write_with_rows` takes it: its JSON, on one
 /// line (100,000 services' rows are one line each in the file).
-pub fn render_row(object: &ObjectStatus) -> Box<RawValue> {
-    serde_json::value::to_raw_value(object).expect("an object's status is JSON")
+pub fn render_row(object: &ObjectStatus) -> String {
+    serde_json::to_string(object).expect("an object's status is JSON")
+}
+
+/// Between two rows: the end of one element of `objects` and the
+/// indentation of the next, as the pretty layout has them.
+const ROW_SEPARATOR: &[u8] = b",\n    ";
+
+/// The string laid out where the rows go: no other string of a status
+/// holds it (this process's random number between two control
+/// characters, which names and paths never hold).
+fn rows_marker() -> String {
+    use std::hash::BuildHasher;
+    static NONCE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let nonce = NONCE.get_or_init(|| std::collections::hash_map::RandomState::new().hash_one(std::process::id()));
+    format!("\u{1}hostmesh rows {nonce:016x}\u{1}")
 }
 
 /// `Status` as `write_with_rows` writes it: every field of `Status`, in
@@ -282,7 +315,7 @@ struct StatusWithRows<'a> {
 }
 
 impl<'a> StatusWithRows<'a> {
-    fn new(s: &'a Status, at: usize, rows: &'a [&'a RawValue]) -> Self {
+    fn new(s: &'a Status, at: usize, marker: &'a str) -> Self {
         let Status {
             version,
             pid,
@@ -318,7 +351,7 @@ impl<'a> StatusWithRows<'a> {
             counts,
             files,
             skipped,
-            objects: ObjectsWithRows { objects, at: at.min(objects.len()), rows },
+            objects: ObjectsWithRows { objects, at: at.min(objects.len()), marker },
             warnings,
             kernel,
             backends,
@@ -326,21 +359,20 @@ impl<'a> StatusWithRows<'a> {
     }
 }
 
+/// The objects, with the rows' marker at `at`.
 struct ObjectsWithRows<'a> {
     objects: &'a [ObjectStatus],
     at: usize,
-    rows: &'a [&'a RawValue],
+    marker: &'a str,
 }
 
 impl Serialize for ObjectsWithRows<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut seq = serializer.serialize_seq(Some(self.objects.len() + self.rows.len()))?;
+        let mut seq = serializer.serialize_seq(Some(self.objects.len() + 1))?;
         for o in &self.objects[..self.at] {
             seq.serialize_element(o)?;
         }
-        for r in self.rows {
-            seq.serialize_element(r)?;
-        }
+        seq.serialize_element(self.marker)?;
         for o in &self.objects[self.at..] {
             seq.serialize_element(o)?;
         }
@@ -408,8 +440,8 @@ mod tests {
             }],
         };
         let rows = [object("web", &[], None), object("api", &["update HM_SERVICES entry: E2BIG"], None)];
-        let rendered: Vec<Box<RawValue>> = rows.iter().map(render_row).collect();
-        let refs: Vec<&RawValue> = rendered.iter().map(|r| &**r).collect();
+        let rendered: Vec<String> = rows.iter().map(render_row).collect();
+        let refs: Vec<&str> = rendered.iter().map(String::as_str).collect();
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         status.write_with_rows(a.path(), 1, &refs).unwrap();
         status.objects.splice(1..1, rows);
