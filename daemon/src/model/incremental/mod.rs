@@ -42,9 +42,9 @@ pub(crate) struct Compiled {
     config: Arc<Config>,
     facts: HostFacts,
     service_ids: IdPool<SvcKey>,
-    backend_ids: IdPool<SocketAddr>,
-    /// How many services list each backend address.
-    backend_users: Hashed<SocketAddr, u32>,
+    /// With how many services list each backend address (one table, not
+    /// a second of the same keys: 5 MB at 100,000 backends).
+    backend_ids: IdPool<SocketAddr, u32>,
     chunks_used: usize,
     v6_services: usize,
     /// The entries of each map in `desired`, kept by patches (the metrics
@@ -52,26 +52,32 @@ pub(crate) struct Compiled {
     entry_counts: BTreeMap<BpfMap, usize>,
 }
 
-/// Ids in use, and the free ones below the highest: the lowest free id is
-/// found without a scan, and it is the one `ids::assign` would pick.
+/// Ids in use, each with what its user keeps beside it (`U`), and the
+/// free ones below the highest: the lowest free id is found without a
+/// scan, and it is the one `ids::assign` would pick.
 #[derive(Debug, Clone)]
-struct IdPool<K> {
-    ids: Hashed<K, u32>,
+struct IdPool<K, U = ()> {
+    ids: Hashed<K, (u32, U)>,
     free: BTreeSet<u32>,
     next: u32,
 }
 
-impl IdPool<SocketAddr> {
+impl IdPool<SocketAddr, u32> {
     /// The ids of a service's backends, in its order; `None` if one has none.
     fn of(&self, backends: &[Backend]) -> Option<Vec<u32>> {
         backends.iter().map(|b| self.get(&b.addr)).collect()
     }
+
+    /// How many services list `a`; `None` when it has no id.
+    fn users_mut(&mut self, a: &SocketAddr) -> Option<&mut u32> {
+        self.ids.get_mut(a).map(|(_, users)| users)
+    }
 }
 
-impl<K: Eq + Hash + Clone> IdPool<K> {
+impl<K: Eq + Hash + Clone, U: Copy + Default> IdPool<K, U> {
     fn new(ids: impl IntoIterator<Item = (K, u32)>) -> Self {
-        let ids: Hashed<K, u32> = ids.into_iter().collect();
-        let mut used: Vec<u32> = ids.values().copied().collect();
+        let ids: Hashed<K, (u32, U)> = ids.into_iter().map(|(k, id)| (k, (id, U::default()))).collect();
+        let mut used: Vec<u32> = ids.values().map(|(id, _)| *id).collect();
         used.sort_unstable();
         let next = used.last().map_or(0, |&m| m + 1);
         // The gaps between the used ids, found in one walk.
@@ -85,17 +91,22 @@ impl<K: Eq + Hash + Clone> IdPool<K> {
     }
 
     fn get(&self, k: &K) -> Option<u32> {
-        self.ids.get(k).copied()
+        self.ids.get(k).map(|(id, _)| *id)
+    }
+
+    fn len(&self) -> usize {
+        self.ids.len()
     }
 
     fn release(&mut self, k: &K) {
-        if let Some(id) = self.ids.remove(k) {
+        if let Some((id, _)) = self.ids.remove(k) {
             self.free.insert(id);
         }
     }
 
-    /// The lowest free id for `k`, or `None` when all `capacity` are taken.
-    fn assign(&mut self, k: K, capacity: u32) -> Option<u32> {
+    /// The lowest free id for `k` (kept with `with`), or `None` when all
+    /// `capacity` are taken.
+    fn assign(&mut self, k: K, capacity: u32, with: U) -> Option<u32> {
         let id = match self.free.pop_first() {
             Some(id) => id,
             None if self.next < capacity => {
@@ -104,7 +115,7 @@ impl<K: Eq + Hash + Clone> IdPool<K> {
             }
             None => return None,
         };
-        self.ids.insert(k, id);
+        self.ids.insert(k, (id, with));
         Some(id)
     }
 }
@@ -159,9 +170,13 @@ impl Compiled {
                 (prior.services, prior.backends)
             }
         };
-        let mut backend_users: Hashed<SocketAddr, u32> = Hashed::default();
+        let mut backend_ids = IdPool::new(backends);
+        // A backend without an id (a compile that applied no service)
+        // makes every patch fall back to the full compile.
         for b in config.services.iter().flat_map(|s| &s.backends) {
-            *backend_users.entry(b.addr).or_default() += 1;
+            if let Some(users) = backend_ids.users_mut(&b.addr) {
+                *users += 1;
+            }
         }
         let d = &config.daemon;
         Compiled {
@@ -169,8 +184,7 @@ impl Compiled {
             chunks_used: config.services.iter().map(|s| chunks_of(s, table_size_of(s, d))).sum(),
             v6_services: config.services.iter().filter(|s| s.vip.is_ipv6()).count(),
             service_ids: IdPool::new(services),
-            backend_ids: IdPool::new(backends),
-            backend_users,
+            backend_ids,
             config: Arc::clone(config),
             facts: facts.clone(),
             desired,
@@ -395,36 +409,37 @@ fn reassign_ids(prev: &mut Compiled, d: &DaemonSettings, gone: &[Arc<Service>], 
             prev.service_ids.release(&k);
         }
         for b in &s.backends {
-            *prev.backend_users.get_mut(&b.addr)? -= 1;
+            *prev.backend_ids.users_mut(&b.addr)? -= 1;
         }
     }
-    let mut new_backends = BTreeSet::new();
+    // Backends no service listed before, with how many list them now.
+    let mut new_backends: BTreeMap<SocketAddr, u32> = BTreeMap::new();
     for s in came {
         for b in &s.backends {
-            let users = prev.backend_users.entry(b.addr).or_default();
-            *users += 1;
-            if *users == 1 && prev.backend_ids.get(&b.addr).is_none() {
-                new_backends.insert(b.addr);
+            match prev.backend_ids.users_mut(&b.addr) {
+                Some(users) => *users += 1,
+                None => *new_backends.entry(b.addr).or_default() += 1,
             }
         }
     }
-    let unused: Vec<SocketAddr> =
-        gone.iter().flat_map(|s| s.backends.iter().map(|b| b.addr)).filter(|a| prev.backend_users[a] == 0).collect();
+    let unused: Vec<SocketAddr> = gone
+        .iter()
+        .flat_map(|s| s.backends.iter().map(|b| b.addr))
+        .filter(|a| prev.backend_ids.users_mut(a).is_some_and(|u| *u == 0))
+        .collect();
     for a in unused {
-        if prev.backend_users.remove(&a).is_some() {
-            prev.backend_ids.release(&a);
-        }
+        prev.backend_ids.release(&a);
     }
-    if prev.backend_users.len() > d.sizes.backends as usize {
+    if prev.backend_ids.len() + new_backends.len() > d.sizes.backends as usize {
         return None;
     }
     for k in came_keys {
         if prev.service_ids.get(&k).is_none() {
-            prev.service_ids.assign(k, d.sizes.services)?;
+            prev.service_ids.assign(k, d.sizes.services, ())?;
         }
     }
-    for a in new_backends {
-        prev.backend_ids.assign(a, d.sizes.backends)?;
+    for (a, users) in new_backends {
+        prev.backend_ids.assign(a, d.sizes.backends, users)?;
     }
     Some(())
 }

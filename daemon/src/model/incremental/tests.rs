@@ -174,6 +174,11 @@ proptest! {
         if let Some((c, touched)) = patched {
             prop_assert_eq!(&c.desired, &full);
             prop_assert_eq!(c.entry_counts(), &count_entries(&full));
+            // The ids it keeps, and how many services list each backend,
+            // are those the full compile's index has.
+            let rebuilt = Compiled::new(full.clone(), &shared(&after), &facts());
+            prop_assert_eq!(&c.service_ids.ids, &rebuilt.service_ids.ids);
+            prop_assert_eq!(&c.backend_ids.ids, &rebuilt.backend_ids.ids);
             let none = BTreeMap::new();
             let whole = plan(&have, &full, &none);
             // What the patch says its items were is what the kernel held.
