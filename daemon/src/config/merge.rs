@@ -227,7 +227,7 @@ impl<'a> Merge<'a> {
                     }
                 }
             }
-            for (_, i, j) in shared(&ix.services, &theirs.services) {
+            for (i, j) in ix.shared_services(f, theirs, other) {
                 taken.insert((Claimed::Service, i), (other, j));
             }
             for (_, i, j) in shared(&ix.meshes, &theirs.meshes) {
@@ -284,7 +284,7 @@ impl<'a> Merge<'a> {
         let services = self.service_count + ix.service_entries;
         let what = format!("this file's {} services would make {services} in all", f.services.len());
         over(&first.origin, "service", services, sizes.services, what, Capacity::Services)?;
-        let new = self.new_backends(ix);
+        let new = self.new_backends(f, ix);
         let backends = self.backend_count + new;
         let what = format!("this file's backends would make {backends} distinct backend addresses in all");
         over(&first.origin, "backends", backends, sizes.backends, what, Capacity::Backends)?;
@@ -293,19 +293,19 @@ impl<'a> Merge<'a> {
 
     /// The backend addresses of `ix`'s file that no accepted file has,
     /// counted from the smaller side.
-    fn new_backends(&self, ix: &FileIndex) -> usize {
-        let earlier: usize = self.accepted.iter().map(|f| index_of(f).backends.len()).sum();
+    fn new_backends(&self, f: &FileConfig, ix: &FileIndex) -> usize {
+        let earlier: usize = self.accepted.iter().map(|a| index_of(a).backends.len()).sum();
         if earlier <= ix.backends.len() {
             let mut seen = HashSet::with_capacity_and_hasher(earlier, RandomState::default());
             let known = self
                 .accepted
                 .iter()
-                .flat_map(|f| &index_of(f).backends)
-                .filter(|a| seen.insert(**a) && ix.backends.contains(*a))
+                .flat_map(|a| index_of(a).backends.iter(a))
+                .filter(|b| seen.insert(*b) && ix.backends.contains(f, b))
                 .count();
             ix.backends.len() - known
         } else {
-            ix.backends.iter().filter(|a| !self.accepted.iter().any(|f| index_of(f).backends.contains(*a))).count()
+            ix.backends.iter(f).filter(|b| !self.accepted.iter().any(|a| index_of(a).backends.contains(a, b))).count()
         }
     }
 }

@@ -1025,3 +1025,43 @@ fn a_service_holds_its_backends_in_a_list_of_their_size() {
         assert_eq!((b.len(), b.capacity()), (n, n));
     }
 }
+
+#[test]
+fn backends_other_files_have_count_once_against_the_backend_map() {
+    // n services, each with its own backend 192.168.<net>.<i>:<port>.
+    let text = |name: &str, vip_net: u8, nets: &[u8], port: u16| -> String {
+        nets.iter()
+            .flat_map(|&net| (1..=250u16).map(move |i| (net, i)))
+            .enumerate()
+            .map(|(n, (net, i))| {
+                format!(
+                    "[[service]]\nname = \"{name}-{n}\"\nvip = \"10.{vip_net}.{}.{}\"\nport = 80\nbackends = [\"192.168.{net}.{i}:{port}\"]\n",
+                    n / 250,
+                    n % 250 + 1
+                )
+            })
+            .collect()
+    };
+    let d = Dir::new();
+    d.write("00-daemon.toml", "[daemon]\nbackend_map_size = 1024\n");
+    // 1,000 backends; then a small file of 250 of them and a big one of
+    // the same 1,000: each counted from the smaller side, none new.
+    d.write("10-a.toml", &text("a", 1, &[1, 2, 3, 4], 80));
+    d.write("20-b.toml", &text("b", 2, &[2], 80));
+    let l = load(&d, &mut ConfigStore::new());
+    assert_eq!(l.config.services.len(), 1250);
+    d.write("05-small.toml", &text("c", 3, &[4], 80));
+    let l = load(&d, &mut ConfigStore::new());
+    assert_eq!(l.config.services.len(), 1500, "{:?}", l.files.iter().map(|f| &f.errors).collect::<Vec<_>>());
+    // 250 on another port are new: 1,250 distinct in all.
+    d.write("30-new.toml", &text("n", 4, &[1], 81));
+    let l = load(&d, &mut ConfigStore::new());
+    assert_eq!(l.files[4].state, FileState::Rejected);
+    assert!(
+        l.files[4].errors[0]
+            .to_string()
+            .contains("this file's backends would make 1250 distinct backend addresses in all"),
+        "{:?}",
+        l.files[4].errors
+    );
+}
