@@ -26,6 +26,63 @@ pub(super) enum Unread {
 
 /// The whole text of `path` (following a symlink to its target).
 pub(super) fn read_drop_in(path: &Path) -> Result<Vec<u8>, Unread> {
+    read_drop_in_with(path, |f, len| {
+        let mut bytes = Vec::with_capacity(len);
+        f.read_to_end(&mut bytes)?;
+        Ok(bytes)
+    })
+}
+
+/// The length and `TextHash` of `path`'s text, read as `read_drop_in`
+/// reads it but a piece at a time: a file of 100,000 services (9 MB) is
+/// never held whole to learn that it did not change.
+pub(super) fn hash_drop_in(path: &Path) -> Result<(usize, u64), Unread> {
+    read_drop_in_with(path, |f, _| {
+        let mut hash = TextHash::default();
+        let mut piece = vec![0u8; 64 << 10];
+        loop {
+            match f.read(&mut piece) {
+                Ok(0) => return Ok(hash.finish()),
+                Ok(n) => hash.add(&piece[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    })
+}
+
+/// A hash of a file's text (SipHash, as the standard library's), fed in
+/// pieces: the same however the text is cut.
+#[derive(Default)]
+pub(super) struct TextHash {
+    hasher: std::collections::hash_map::DefaultHasher,
+    len: usize,
+}
+
+impl TextHash {
+    pub(super) fn of(bytes: &[u8]) -> (usize, u64) {
+        let mut h = TextHash::default();
+        h.add(bytes);
+        h.finish()
+    }
+
+    pub(super) fn add(&mut self, bytes: &[u8]) {
+        use std::hash::Hasher;
+        self.hasher.write(bytes);
+        self.len += bytes.len();
+    }
+
+    /// The text's length and hash.
+    pub(super) fn finish(mut self) -> (usize, u64) {
+        use std::hash::Hasher;
+        self.hasher.write_usize(self.len);
+        (self.len, self.hasher.finish())
+    }
+}
+
+/// Opens `path` as a drop-in may be opened and, if it may be read now,
+/// hands it and its length to `read`.
+fn read_drop_in_with<T>(path: &Path, read: impl FnOnce(&mut File, usize) -> io::Result<T>) -> Result<T, Unread> {
     // O_NONBLOCK: opening a FIFO put in place of a file must not hang.
     let mut f = OpenOptions::new()
         .read(true)
@@ -38,13 +95,11 @@ pub(super) fn read_drop_in(path: &Path) -> Result<Vec<u8>, Unread> {
     }
     crate::trust::check_trusted(path, meta.uid(), meta.mode()).map_err(Unread::Unsafe)?;
     let leased = take_read_lease(&f)?;
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    let read = f.read_to_end(&mut bytes);
+    let got = read(&mut f, meta.len() as usize);
     if leased {
         release_lease(&f);
     }
-    read.map_err(Unread::Io)?;
-    Ok(bytes)
+    got.map_err(Unread::Io)
 }
 
 /// What kind of non-regular file this is, for the message.

@@ -130,22 +130,22 @@ enum Reread {
     Changed,
 }
 
-fn text_hash(bytes: &[u8]) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    bytes.hash(&mut h);
-    h.finish()
-}
-
 impl ConfigStore {
     pub(crate) fn new() -> Self {
         Self::default()
     }
 
-    /// How many files this store has read (opened and read whole).
+    /// How many files this store has read (opened and read, whole or in
+    /// pieces to hash).
     #[cfg(test)]
     pub(crate) fn reads(&self) -> usize {
         self.reads
+    }
+
+    /// How many files this store has parsed.
+    #[cfg(test)]
+    pub(crate) fn parses(&self) -> usize {
+        self.parses
     }
 
     /// Reads every file of the dir and returns the configuration in
@@ -337,15 +337,20 @@ impl ConfigStore {
             }
         }
         self.reads += 1;
-        let bytes = read_whole(path)?;
-        let (len, hash) = (bytes.len(), text_hash(&bytes));
         let stamp = stamp.map(|(s, _)| s);
-        if let Some(p) = self.parsed.get_mut(path).filter(|p| p.len == len && p.hash == hash) {
-            if let Some(s) = stamp {
-                p.stamp = s;
+        // A file parsed before is first only hashed as it is read: when
+        // its text is the same, its parse stands.
+        if self.parsed.contains_key(path) {
+            let (len, hash) = hash_whole(path)?;
+            if let Some(p) = self.parsed.get_mut(path).filter(|p| p.len == len && p.hash == hash) {
+                if let Some(s) = stamp {
+                    p.stamp = s;
+                }
+                return Ok(p.result.clone());
             }
-            return Ok(p.result.clone());
         }
+        let bytes = read_whole(path)?;
+        let (len, hash) = super::read::TextHash::of(&bytes);
         let result = parse_bytes(path, bytes).map(Arc::new);
         self.parses += 1;
         match stamp {
@@ -364,8 +369,19 @@ impl ConfigStore {
 /// A drop-in's bytes, or why it is not read now (an unsafe or unreadable
 /// file reads as a file of errors).
 fn read_whole(path: &Path) -> Result<Vec<u8>, NotRead> {
-    use super::read::{read_drop_in, Unread};
-    let bytes = match read_drop_in(path) {
+    not_read(path, super::read::read_drop_in(path))
+}
+
+/// A drop-in's length and hash (`read::hash_drop_in`), or why it is not
+/// read now, as `read_whole`.
+fn hash_whole(path: &Path) -> Result<(usize, u64), NotRead> {
+    not_read(path, super::read::hash_drop_in(path))
+}
+
+/// What was read, or why it was not read now.
+fn not_read<T>(path: &Path, read: Result<T, super::read::Unread>) -> Result<T, NotRead> {
+    use super::read::Unread;
+    let bytes = match read {
         Ok(b) => b,
         Err(Unread::BeingWritten) => {
             return Err(NotRead {

@@ -1065,3 +1065,31 @@ fn backends_other_files_have_count_once_against_the_backend_map() {
         l.files[4].errors
     );
 }
+
+#[test]
+fn a_text_s_hash_is_the_same_however_it_is_cut_and_a_reload_reads_an_unchanged_file_in_pieces() {
+    use super::read::{hash_drop_in, TextHash};
+    let text: Vec<u8> = (0..200_000u32).map(|i| b"abcdefghij\n"[(i % 11) as usize]).collect();
+    let whole = TextHash::of(&text);
+    assert_eq!(whole.0, text.len());
+    for cut in [1, 7, 4096, 65_536, 199_999] {
+        let mut h = TextHash::default();
+        text.chunks(cut).for_each(|c| h.add(c));
+        assert_eq!(h.finish(), whole, "cut every {cut}");
+    }
+    assert_ne!(TextHash::of(&text[1..]), whole);
+    let d = Dir::new();
+    d.write("a.toml", std::str::from_utf8(&text).unwrap());
+    assert_eq!(hash_drop_in(&d.0.join("a.toml")).unwrap(), whole);
+    // A full load of an unchanged file keeps its parse; a changed one is
+    // parsed again.
+    let mut store = ConfigStore::new();
+    d.write("b.toml", "[[service]]\nname = \"aaa\"\nvip = \"10.0.0.1\"\nport = 80\n");
+    store.load(&d.0).unwrap();
+    let parses = store.parses();
+    store.load(&d.0).unwrap();
+    assert_eq!(store.parses(), parses);
+    d.write("b.toml", "[[service]]\nname = \"bbb\"\nvip = \"10.0.0.1\"\nport = 80\n");
+    let l = store.load(&d.0).unwrap();
+    assert_eq!((store.parses(), service_names(&l)), (parses + 1, vec!["bbb"]));
+}
