@@ -30,7 +30,7 @@ pub(crate) fn fnv1a(seed: u64, bytes: &[u8]) -> u64 {
 }
 
 /// A backend as Maglev sees it: an identity and a weight.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Entry {
     pub addr: SocketAddr,
     pub weight: u32,
@@ -127,11 +127,8 @@ mod tests {
     #[test]
     fn weights_are_honoured_within_five_percent() {
         for weights in [vec![1, 2], vec![1, 1, 3], vec![5, 1, 1, 1], vec![10, 20, 30, 40]] {
-            let b: Vec<Entry> = weights
-                .iter()
-                .enumerate()
-                .map(|(i, &w)| Entry { weight: w, ..backends(weights.len())[i].clone() })
-                .collect();
+            let b: Vec<Entry> =
+                weights.iter().enumerate().map(|(i, &w)| Entry { weight: w, ..backends(weights.len())[i] }).collect();
             let t = build(&b, 1021);
             let total: u32 = weights.iter().sum();
             for (i, &w) in weights.iter().enumerate() {

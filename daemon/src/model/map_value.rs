@@ -45,13 +45,44 @@ enum Repr {
 }
 
 /// What one service's Maglev table is rebuilt from, and its chunks'
-/// digests.
+/// digests: in one block of the heap for a table of up to one backend
+/// and one chunk, two ids (128 bytes; four blocks, 192, before).
 pub struct MaglevTable {
-    backends: Box<[Entry]>,
+    backends: Few<Entry, 1>,
     /// HM_BACKENDS ids, in the order of `backends`.
-    ids: Box<[u32]>,
+    ids: Few<u32, 2>,
     size: u32,
-    digests: Box<[u64]>,
+    digests: Few<u64, 1>,
+}
+
+/// A list of up to `N` held inline, a longer one boxed.
+enum Few<T: Copy, const N: usize> {
+    Inline(u8, [T; N]),
+    Boxed(Box<[T]>),
+}
+
+impl<T: Copy, const N: usize> From<Vec<T>> for Few<T, N> {
+    fn from(v: Vec<T>) -> Self {
+        match v.first() {
+            Some(&first) if v.len() <= N => {
+                let mut inline = [first; N];
+                inline[..v.len()].copy_from_slice(&v);
+                Few::Inline(v.len() as u8, inline)
+            }
+            _ => Few::Boxed(v.into()),
+        }
+    }
+}
+
+impl<T: Copy, const N: usize> std::ops::Deref for Few<T, N> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        match self {
+            Few::Inline(n, inline) => &inline[..*n as usize],
+            Few::Boxed(b) => b,
+        }
+    }
 }
 
 /// The bytes of one HM_MAGLEV value.
@@ -62,9 +93,10 @@ impl MaglevTable {
     /// it once to take its chunks' digests.
     pub fn new(backends: Vec<Entry>, ids: Vec<u32>, size: u32) -> Arc<MaglevTable> {
         assert_eq!(backends.len(), ids.len(), "one id per backend");
-        let mut table = MaglevTable { backends: backends.into(), ids: ids.into(), size, digests: Box::new([]) };
+        let mut table = MaglevTable { backends: backends.into(), ids: ids.into(), size, digests: Vec::new().into() };
         let slots = table.slots();
-        table.digests = (0..table.chunks()).map(|c| digest(&chunk_of(&slots, &table.ids, c))).collect();
+        table.digests =
+            (0..table.chunks()).map(|c| digest(&chunk_of(&slots, &table.ids, c))).collect::<Vec<_>>().into();
         Arc::new(table)
     }
 
@@ -261,6 +293,18 @@ mod tests {
             assert_eq!(MapValue::chunk(&table, c).bytes().unwrap().as_ref(), want[c as usize].as_slice(), "chunk {c}");
             assert_ne!(MapValue::chunk(&other, c).bytes().unwrap().as_ref(), want[c as usize].as_slice());
         }
+    }
+
+    #[test]
+    fn a_table_of_one_backend_is_one_block_of_the_heap() {
+        // 100,000 one-backend services hold 100,000 tables (of one slot).
+        assert!(std::mem::size_of::<MaglevTable>() <= 104, "{}", std::mem::size_of::<MaglevTable>());
+        let one = MaglevTable::new(backends(1), vec![7], crate::table_size::ONE_BACKEND_TABLE_SIZE);
+        assert!(matches!((&one.backends, &one.ids, &one.digests), (Few::Inline(..), Few::Inline(..), Few::Inline(..))));
+        assert_eq!((&one.ids[..], one.digests.len()), (&[7][..], 1));
+        let three = MaglevTable::new(backends(3), vec![1, 2, 3], 251);
+        assert_eq!((three.backends.len(), &three.ids[..], three.digests.len()), (3, &[1, 2, 3][..], 4));
+        assert!(MaglevTable::new(Vec::new(), Vec::new(), 251).ids.is_empty());
     }
 
     #[test]
