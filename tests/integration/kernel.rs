@@ -307,3 +307,15 @@ fn a_foreign_filter_that_ends_classification_hides_nothing_from_hostmesh() {
     assert!(t.host.status().warnings.is_empty(), "{:?}", t.host.status().warnings);
     asked(&t);
 }
+
+#[test]
+fn a_cgroup_that_is_not_of_cgroup_v2_is_named_with_what_to_set() {
+    let host = Host::new();
+    let plain = host.opts.state_dir.with_file_name("not-a-cgroup");
+    std::fs::create_dir_all(&plain).unwrap();
+    host.set_daemon_config_in(&plain, "connect_time_lb = \"all\"");
+    host.write("web.toml", WEB);
+    let _d = host.start_ready();
+    let (text, _) = host.status_text();
+    assert!(text.contains(&format!("{} is not a cgroup v2 directory; set [daemon] cgroup", plain.display())), "{text}");
+}

@@ -217,6 +217,18 @@ fn new_link(loader: &mut Loader, a: &Attachment) -> Result<FdLink> {
         }
         (Hook::Cgroup(path), Some(aya::programs::Program::CgroupSockAddr(p))) => {
             let cgroup = File::open(path).map_err(|e| bpf_err(format!("attach {a}: open the cgroup"), e))?;
+            // The kernel's answer for any other directory is EBADF, which
+            // says nothing of the cause.
+            if !is_cgroup2(&cgroup) {
+                return Err(bpf_err(
+                    format!("attach {a}"),
+                    format!(
+                        "{} is not a cgroup v2 directory; set [daemon] cgroup to a directory of the cgroup v2 \
+                         hierarchy (where cgroup2 is mounted), or leave it out for that mount's root",
+                        path.display()
+                    ),
+                ));
+            }
             // A bpf link: it takes no flags (the kernel rejects
             // BPF_F_ALLOW_MULTI here) and always runs next to other
             // programs on the cgroup.
@@ -234,6 +246,13 @@ fn new_link(loader: &mut Loader, a: &Attachment) -> Result<FdLink> {
         }
         _ => return Err(bpf_err(format!("attach {a}"), "the program does not fit the hook")),
     })
+}
+
+/// Whether `dir` is on a cgroup v2 filesystem (true when that cannot be
+/// told: the attach then says what is wrong).
+fn is_cgroup2(dir: &File) -> bool {
+    use nix::sys::statfs::{fstatfs, CGROUP2_SUPER_MAGIC};
+    fstatfs(dir).map_or(true, |s| s.filesystem_type() == CGROUP2_SUPER_MAGIC)
 }
 
 /// The inode number of the daemon's network namespace.
