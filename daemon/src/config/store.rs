@@ -338,19 +338,20 @@ impl ConfigStore {
         }
         self.reads += 1;
         let stamp = stamp.map(|(s, _)| s);
-        // A file parsed before is first only hashed as it is read: when
-        // its text is the same, its parse stands.
-        if self.parsed.contains_key(path) {
-            let (len, hash) = hash_whole(path)?;
-            if let Some(p) = self.parsed.get_mut(path).filter(|p| p.len == len && p.hash == hash) {
-                if let Some(s) = stamp {
-                    p.stamp = s;
-                }
-                return Ok(p.result.clone());
+        // A reload of every file first only hashes one parsed before, as
+        // it reads it: most are unchanged, and a file of 100,000 services
+        // is then never held whole. A file whose stamp changed is read
+        // whole at once (hashing it first would read it twice).
+        if reread == Reread::All && self.parsed.contains_key(path) {
+            if let Some(kept) = self.same_text(path, hash_whole(path)?, stamp) {
+                return Ok(kept);
             }
         }
         let bytes = read_whole(path)?;
         let (len, hash) = super::read::TextHash::of(&bytes);
+        if let Some(kept) = self.same_text(path, (len, hash), stamp) {
+            return Ok(kept);
+        }
         let result = parse_bytes(path, bytes).map(Arc::new);
         self.parses += 1;
         match stamp {
@@ -363,6 +364,16 @@ impl ConfigStore {
             }
         }
         Ok(result)
+    }
+
+    /// `path`'s earlier parse, restamped, when its text (length and hash)
+    /// is the same as then.
+    fn same_text(&mut self, path: &Path, (len, hash): (usize, u64), stamp: Option<Stamp>) -> Option<FileResult> {
+        let p = self.parsed.get_mut(path).filter(|p| p.len == len && p.hash == hash)?;
+        if let Some(s) = stamp {
+            p.stamp = s;
+        }
+        Some(p.result.clone())
     }
 }
 
