@@ -493,18 +493,51 @@ static __always_inline __u32 flow_hash(const struct flow *f)
  * packets, which the network's flows never are. */
 #define HM_LOOPBACK_IFINDEX 1
 
+/* The one's complement difference `from` -> `to` of `n` 32-bit words, a
+ * 32-bit partial sum as bpf_csum_diff() gives it, computed here: a helper
+ * call costs more than these few additions. */
+static __always_inline __u32 csum_words_diff(const __be32 *from, const __be32 *to, int n)
+{
+	__u64 s = 0;
+
+#pragma unroll
+	for (int i = 0; i < n; i++)
+		s += (__u64)(__u32)~from[i] + (__u32)to[i];
+	s = (s & 0xffffffff) + (s >> 32);
+	s = (s & 0xffffffff) + (s >> 32);
+	return (__u32)s;
+}
+
+/* A 16-bit checksum field with a partial sum `diff` applied (the IPv4
+ * header's, which no offload computes: bpf_l3_csum_replace's arithmetic). */
+static __always_inline __u16 csum_apply(__u16 check, __u32 diff)
+{
+	__u64 s = (__u64)(__u16)~check + diff;
+
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return (__u16)~s;
+}
+
 /* Rewrites a packet as its flow's entry says (addresses and ports), and
- * `f` with it: both addresses in one checksum difference, applied and
- * stored once, and both ports the same way (rewrite() above, one address
- * and port at a time, takes twice the helper calls for a flow whose
- * source and destination both change). */
+ * `f` with it. The L4 checksum goes through bpf_l4_csum_replace, which
+ * alone knows how the skb's checksum is offloaded: both addresses in one
+ * difference (the pseudo-header's), both ports in another. Everything
+ * else is written straight into the packet, the IPv4 header's checksum
+ * included: parse() found these headers in the skb's linear data, which
+ * the helper keeps (making it the skb's own if it was shared). Where a
+ * helper call each took 8, this takes at most 2. */
 static __always_inline int nat_rewrite(struct __sk_buff *skb, struct flow *f, const struct hm_nat_value *v)
 {
 	__u32 csum_off = f->l4_off + (f->proto == IPPROTO_TCP ? OFF(struct tcphdr, check) : OFF(struct udphdr, check));
 	__u64 mangled = f->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 	__be16 ports_from[2] = { f->sport, f->dport }, ports_to[2] = { v->sport, v->dport };
 	__be32 to[8];
-	__s64 diff;
+	__u32 diff = 0;
+	int addrs, ports = f->sport != v->sport || f->dport != v->dport;
+	__u32 l4_off = f->l4_off;
+	void *data, *end;
 
 	if (!f->v6) {
 		__be32 from[2];
@@ -513,28 +546,53 @@ static __always_inline int nat_rewrite(struct __sk_buff *skb, struct flow *f, co
 		__builtin_memcpy(&from[1], f->dst + 12, 4);
 		__builtin_memcpy(&to[0], v->src + 12, 4);
 		__builtin_memcpy(&to[1], v->dst + 12, 4);
-		if (from[0] != to[0] || from[1] != to[1]) {
-			diff = bpf_csum_diff(from, 8, to, 8, 0);
-			if (bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR | mangled) ||
-			    bpf_l3_csum_replace(skb, ETH_HLEN + OFF(struct iphdr, check), 0, diff, 0) ||
-			    bpf_skb_store_bytes(skb, ETH_HLEN + OFF(struct iphdr, saddr), to, 8, 0))
-				return -1;
+		addrs = from[0] != to[0] || from[1] != to[1];
+		if (addrs)
+			diff = csum_words_diff(from, to, 2);
+	} else {
+		addrs = !hm_same_addr(f->src, v->src) || !hm_same_addr(f->dst, v->dst);
+		if (addrs) {
+			/* struct flow holds the two addresses side by side, as
+			 * the IPv6 header does. */
+			__builtin_memcpy(to, v->src, 16);
+			__builtin_memcpy(&to[4], v->dst, 16);
+			diff = csum_words_diff((const __be32 *)f->src, to, 8);
 		}
-	} else if (!hm_same_addr(f->src, v->src) || !hm_same_addr(f->dst, v->dst)) {
-		/* struct flow holds the two addresses side by side, as the
-		 * IPv6 header does. */
-		__builtin_memcpy(to, v->src, 16);
-		__builtin_memcpy(&to[4], v->dst, 16);
-		diff = bpf_csum_diff((__be32 *)f->src, 32, to, 32, 0);
-		if (bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR | mangled) ||
-		    bpf_skb_store_bytes(skb, ETH_HLEN + OFF(struct ipv6hdr, saddr), to, 32, 0))
-			return -1;
 	}
-	if (f->sport != v->sport || f->dport != v->dport) {
-		diff = bpf_csum_diff((__be32 *)ports_from, 4, (__be32 *)ports_to, 4, 0);
-		if (bpf_l4_csum_replace(skb, csum_off, 0, diff, mangled) ||
-		    bpf_skb_store_bytes(skb, f->l4_off + OFF(struct tcphdr, source), ports_to, 4, 0))
+	if (addrs && bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR | mangled))
+		return -1;
+	if (ports && bpf_l4_csum_replace(skb, csum_off, 0,
+					 csum_words_diff((const __be32 *)ports_from, (const __be32 *)ports_to, 1), mangled))
+		return -1;
+
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	if (addrs && !f->v6) {
+		struct iphdr *ip = data + ETH_HLEN;
+
+		if ((void *)(ip + 1) > end)
 			return -1;
+		ip->saddr = to[0];
+		ip->daddr = to[1];
+		ip->check = csum_apply(ip->check, diff);
+	} else if (addrs) {
+		struct ipv6hdr *ip6 = data + ETH_HLEN;
+
+		if ((void *)(ip6 + 1) > end)
+			return -1;
+		__builtin_memcpy(&ip6->saddr, to, 32);
+	}
+	if (ports) {
+		__be16 *l4;
+
+		/* At most an IPv4 header with every option (60 bytes). */
+		if (l4_off > ETH_HLEN + 60)
+			return -1;
+		l4 = data + l4_off;
+		if ((void *)(l4 + 2) > end)
+			return -1;
+		l4[0] = v->sport;
+		l4[1] = v->dport;
 	}
 	__builtin_memcpy(f->src, v->src, 16);
 	__builtin_memcpy(f->dst, v->dst, 16);
@@ -842,8 +900,12 @@ static __attribute__((noinline)) int nat_send(struct __sk_buff *skb, struct flow
 	    skb->ifindex != HM_LOOPBACK_IFINDEX)
 		return to_host_via_lo(skb);
 	if (v->fib_ifindex) {
-		if (bpf_skb_store_bytes(skb, OFF(struct ethhdr, h_dest), v->fib_macs, sizeof(v->fib_macs), 0))
+		/* Both MACs, straight into the header (nat_rewrite). */
+		void *data = (void *)(long)skb->data;
+
+		if (data + sizeof(v->fib_macs) > (void *)(long)skb->data_end)
 			return TC_ACT_SHOT;
+		__builtin_memcpy(data, v->fib_macs, sizeof(v->fib_macs));
 		return noted(skb, bpf_redirect(v->fib_ifindex, 0));
 	}
 	return noted(skb, forward(skb, f, f->dst));
