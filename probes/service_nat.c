@@ -523,11 +523,14 @@ static __always_inline __u16 csum_apply(__u16 check, __u32 diff)
 /* Rewrites a packet as its flow's entry says (addresses and ports), and
  * `f` with it. The L4 checksum goes through bpf_l4_csum_replace, which
  * alone knows how the skb's checksum is offloaded: both addresses in one
- * difference (the pseudo-header's), both ports in another. Everything
- * else is written straight into the packet, the IPv4 header's checksum
- * included: parse() found these headers in the skb's linear data, which
- * the helper keeps (making it the skb's own if it was shared). Where a
- * helper call each took 8, this takes at most 2. */
+ * difference (the pseudo-header's), both ports in another, differences
+ * computed here. The stores are bpf_skb_store_bytes, one for the
+ * addresses (with the IPv4 header's checksum, computed here, beside
+ * them) and one for the ports: 4 helper calls where there were 8. Not
+ * written straight into the packet: a program that does makes the
+ * verifier add a prologue that copies every shared (cloned) skb it sees,
+ * and these programs see every TCP segment the host sends (clones of its
+ * retransmit queue's), at lo and host interfaces alike. */
 static __always_inline int nat_rewrite(struct __sk_buff *skb, struct flow *f, const struct hm_nat_value *v)
 {
 	__u32 csum_off = f->l4_off + (f->proto == IPPROTO_TCP ? OFF(struct tcphdr, check) : OFF(struct udphdr, check));
@@ -536,8 +539,6 @@ static __always_inline int nat_rewrite(struct __sk_buff *skb, struct flow *f, co
 	__be32 to[8];
 	__u32 diff = 0;
 	int addrs, ports = f->sport != v->sport || f->dport != v->dport;
-	__u32 l4_off = f->l4_off;
-	void *data, *end;
 
 	if (!f->v6) {
 		__be32 from[2];
@@ -565,35 +566,26 @@ static __always_inline int nat_rewrite(struct __sk_buff *skb, struct flow *f, co
 					 csum_words_diff((const __be32 *)ports_from, (const __be32 *)ports_to, 1), mangled))
 		return -1;
 
-	data = (void *)(long)skb->data;
-	end = (void *)(long)skb->data_end;
 	if (addrs && !f->v6) {
-		struct iphdr *ip = data + ETH_HLEN;
+		/* The header's checksum and both addresses, side by side. */
+		struct {
+			__u16 check;
+			__be32 addrs[2];
+		} __attribute__((packed)) h;
+		struct iphdr *ip = (void *)(long)skb->data + ETH_HLEN;
 
-		if ((void *)(ip + 1) > end)
+		if ((void *)(ip + 1) > (void *)(long)skb->data_end)
 			return -1;
-		ip->saddr = to[0];
-		ip->daddr = to[1];
-		ip->check = csum_apply(ip->check, diff);
-	} else if (addrs) {
-		struct ipv6hdr *ip6 = data + ETH_HLEN;
-
-		if ((void *)(ip6 + 1) > end)
+		h.check = csum_apply(ip->check, diff);
+		h.addrs[0] = to[0];
+		h.addrs[1] = to[1];
+		if (bpf_skb_store_bytes(skb, ETH_HLEN + OFF(struct iphdr, check), &h, sizeof(h), 0))
 			return -1;
-		__builtin_memcpy(&ip6->saddr, to, 32);
+	} else if (addrs && bpf_skb_store_bytes(skb, ETH_HLEN + OFF(struct ipv6hdr, saddr), to, 32, 0)) {
+		return -1;
 	}
-	if (ports) {
-		__be16 *l4;
-
-		/* At most an IPv4 header with every option (60 bytes). */
-		if (l4_off > ETH_HLEN + 60)
-			return -1;
-		l4 = data + l4_off;
-		if ((void *)(l4 + 2) > end)
-			return -1;
-		l4[0] = v->sport;
-		l4[1] = v->dport;
-	}
+	if (ports && bpf_skb_store_bytes(skb, f->l4_off + OFF(struct tcphdr, source), ports_to, 4, 0))
+		return -1;
 	__builtin_memcpy(f->src, v->src, 16);
 	__builtin_memcpy(f->dst, v->dst, 16);
 	f->sport = v->sport;
@@ -900,12 +892,8 @@ static __attribute__((noinline)) int nat_send(struct __sk_buff *skb, struct flow
 	    skb->ifindex != HM_LOOPBACK_IFINDEX)
 		return to_host_via_lo(skb);
 	if (v->fib_ifindex) {
-		/* Both MACs, straight into the header (nat_rewrite). */
-		void *data = (void *)(long)skb->data;
-
-		if (data + sizeof(v->fib_macs) > (void *)(long)skb->data_end)
+		if (bpf_skb_store_bytes(skb, OFF(struct ethhdr, h_dest), v->fib_macs, sizeof(v->fib_macs), 0))
 			return TC_ACT_SHOT;
-		__builtin_memcpy(data, v->fib_macs, sizeof(v->fib_macs));
 		return noted(skb, bpf_redirect(v->fib_ifindex, 0));
 	}
 	return noted(skb, forward(skb, f, f->dst));
