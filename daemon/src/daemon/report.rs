@@ -78,6 +78,17 @@ impl<'a> ErrorIndex<'a> {
         self.by_owner.is_empty()
     }
 
+    /// How many errors are charged to any of `owners`, and the first of
+    /// them, in plan order ("step: error"); None when none is.
+    pub(super) fn first_of(&self, owners: &[Object]) -> Option<(usize, String)> {
+        let mut idx: Vec<usize> =
+            owners.iter().filter_map(|o| self.by_owner.get(o.to_string().as_str())).flatten().copied().collect();
+        idx.sort_unstable();
+        idx.dedup();
+        let first = &self.errors[*idx.first()?];
+        Some((idx.len(), format!("{}: {}", first.step, first.error)))
+    }
+
     pub(super) fn for_owners(&self, owners: &[Object]) -> Vec<String> {
         let owners: Vec<String> = owners.iter().map(Object::to_string).collect();
         let mut idx: Vec<usize> =

@@ -36,6 +36,7 @@ impl ServiceRows {
     /// its errors); the others are `cache`'s.
     pub(crate) fn render<'c>(&self, cache: &'c mut RowCache) -> Vec<&'c str> {
         let index = ErrorIndex::new(&self.errors);
+        let shared = shared_line(&index, self.veth);
         let services = &self.config.services;
         let same_path = cache.veth == self.veth && cache.connect_time == Some(self.connect_time);
         let before = cache.config.take().filter(|_| same_path);
@@ -56,7 +57,13 @@ impl ServiceRows {
             } else {
                 None
             };
-            let errors = if index.is_empty() { Vec::new() } else { index.for_owners(&service_owners(s, self.veth)) };
+            let errors = if index.is_empty() {
+                Vec::new()
+            } else {
+                let mut own = index.for_owners(&[Object::Service(&s.name)]);
+                own.extend(shared.iter().cloned());
+                own
+            };
             let digest = errors_digest(&errors);
             slots.push(match kept {
                 Some(slot) if slot.errors == digest => slot,
@@ -234,14 +241,27 @@ impl serde::Serialize for Shown<'_> {
     }
 }
 
-/// What a service's errors are charged to: itself, the services, and
-/// the bpfnat veth when it is in use.
-fn service_owners(s: &Service, veth: bool) -> Vec<Object<'_>> {
-    let mut owners = vec![Object::Service(&s.name), Object::Services];
-    if veth {
-        owners.push(Object::Bpfnat);
+/// The most of an error a service's row repeats from what every service
+/// shares, in characters.
+const SHARED_ERROR_CHARS: usize = 240;
+
+/// The errors charged to what every service uses (the services' own maps
+/// and programs, the bpfnat veth while it is in use) as one line of each
+/// service's row: the first of them (cut at SHARED_ERROR_CHARS) and how
+/// many more. Each row repeating all of them made 50 MB of status at
+/// 10,000 services with five long errors; the last sync lists them all
+/// (and the connect-time and bpfnat rows theirs).
+fn shared_line(index: &ErrorIndex, veth: bool) -> Option<String> {
+    let owners: &[Object] = if veth { &[Object::Services, Object::Bpfnat] } else { &[Object::Services] };
+    let (count, mut first) = index.first_of(owners)?;
+    if let Some((cut, _)) = first.char_indices().nth(SHARED_ERROR_CHARS) {
+        first.truncate(cut);
+        first.push('…');
     }
-    owners
+    Some(match count {
+        1 => format!("{first} (shared by every service; the last sync lists it)"),
+        n => format!("{first}; and {} more shared by every service (the last sync lists them)", n - 1),
+    })
 }
 
 /// A service's row: where its traffic goes and by which path (as
@@ -352,5 +372,36 @@ mod tests {
             assert!(cache.text.len() <= live + live / 4 + BLOCK, "{} bytes for {live} live", cache.text.len());
         }
         assert!(renders_whole >= 1, "never rendered anew");
+    }
+
+    #[test]
+    fn errors_every_service_shares_take_one_line_of_each_row_not_all_of_them() {
+        // An attach of the connect-time programs that fails, with long
+        // errors, beside one service's own error: 10,000 rows stay small.
+        let config = services(10_000);
+        let shared = |i: usize| StepError {
+            step: format!("attach connect-time program {i}"),
+            owners: ["services"].into(),
+            error: format!("{i}: {}", "x".repeat(1_000)),
+        };
+        let own = StepError {
+            step: "update HM_SERVICES entry".into(),
+            owners: ["service/s7"].into(),
+            error: "Argument list too long".into(),
+        };
+        let errors: Vec<StepError> = (0..5).map(shared).chain([own]).collect();
+        let mut cache = RowCache::default();
+        let rows = ServiceRows::new(Arc::clone(&config), true, CtlbMode::Tcp, &errors).render(&mut cache);
+        let total: usize = rows.iter().map(|r| r.len()).sum();
+        assert!(total < 10_000 * 700, "{total} bytes of rows");
+        for (i, row) in rows.iter().enumerate() {
+            let o: crate::state::ObjectStatus = serde_json::from_str(row.trim_end_matches(',')).unwrap();
+            assert_eq!(o.state, ObjectState::Error, "{row}");
+            assert_eq!(o.errors.len(), 1 + usize::from(i == 7), "{row}");
+            let line = o.errors.last().unwrap();
+            assert!(line.starts_with("attach connect-time program 0: 0: xxx"), "{line}");
+            assert!(line.ends_with("; and 4 more shared by every service (the last sync lists them)"), "{line}");
+        }
+        assert!(rows[7].contains("update HM_SERVICES entry: Argument list too long"), "{}", rows[7]);
     }
 }
