@@ -78,15 +78,13 @@ impl<'a> ErrorIndex<'a> {
         self.by_owner.is_empty()
     }
 
-    /// How many errors are charged to any of `owners`, and the first of
-    /// them, in plan order ("step: error"); None when none is.
-    pub(super) fn first_of(&self, owners: &[Object]) -> Option<(usize, String)> {
+    /// How many errors are charged to any of `owners`; None when none is.
+    pub(super) fn count_of(&self, owners: &[Object]) -> Option<usize> {
         let mut idx: Vec<usize> =
             owners.iter().filter_map(|o| self.by_owner.get(o.to_string().as_str())).flatten().copied().collect();
         idx.sort_unstable();
         idx.dedup();
-        let first = &self.errors[*idx.first()?];
-        Some((idx.len(), format!("{}: {}", first.step, first.error)))
+        (!idx.is_empty()).then_some(idx.len())
     }
 
     pub(super) fn for_owners(&self, owners: &[Object]) -> Vec<String> {
