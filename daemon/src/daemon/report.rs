@@ -97,10 +97,15 @@ impl<'a> ErrorIndex<'a> {
     }
 }
 
-/// "step: error" for at most `max` step errors, then "and N more".
+/// "step: error" for at most `max` step errors, then "and N more"; the
+/// error alone when it names its step already (a kernel call's error
+/// says what it was doing: "bpf: attach hm_connect4 on cgroup …").
 pub(crate) fn step_errors<'a>(errors: impl ExactSizeIterator<Item = &'a StepError>, max: usize) -> Vec<String> {
     let total = errors.len();
-    let mut out: Vec<String> = errors.take(max).map(|e| format!("{}: {}", e.step, e.error)).collect();
+    let mut out: Vec<String> = errors
+        .take(max)
+        .map(|e| if e.error.contains(e.step.as_str()) { e.error.clone() } else { format!("{}: {}", e.step, e.error) })
+        .collect();
     if total > max {
         out.push(format!("and {} more", total - max));
     }
@@ -436,6 +441,28 @@ fn utc(secs: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_step_s_error_that_names_the_step_is_shown_once() {
+        let error =
+            |step: &str, error: &str| StepError { step: step.into(), owners: ["services"].into(), error: error.into() };
+        let errors = [
+            error(
+                "attach hm_connect4 on cgroup /x",
+                "bpf: attach hm_connect4 on cgroup /x: /x is not a cgroup v2 directory",
+            ),
+            error("update HM_SERVICES entry", "Argument list too long"),
+            error("add route 10.96.0.10/32", "File exists"),
+        ];
+        assert_eq!(
+            step_errors(errors.iter(), 2),
+            [
+                "bpf: attach hm_connect4 on cgroup /x: /x is not a cgroup v2 directory",
+                "update HM_SERVICES entry: Argument list too long",
+                "and 1 more"
+            ]
+        );
+    }
 
     #[test]
     fn utc_formats_unix_seconds() {
