@@ -509,15 +509,13 @@ static __always_inline __u32 csum_words_diff(const __be32 *from, const __be32 *t
 }
 
 /* A 16-bit checksum field with a partial sum `diff` applied (the IPv4
- * header's, which no offload computes: bpf_l3_csum_replace's arithmetic). */
+ * header's, which no offload computes: bpf_l3_csum_replace's arithmetic),
+ * the carry of the addition added back before csum_fold. */
 static __always_inline __u16 csum_apply(__u16 check, __u32 diff)
 {
-	__u64 s = (__u64)(__u16)~check + diff;
+	__u32 s = diff + (__u16)~check;
 
-	s = (s & 0xffff) + (s >> 16);
-	s = (s & 0xffff) + (s >> 16);
-	s = (s & 0xffff) + (s >> 16);
-	return (__u16)~s;
+	return csum_fold(s + (s < diff));
 }
 
 /* Rewrites a packet as its flow's entry says (addresses and ports), and

@@ -71,8 +71,6 @@ impl<'a> ErrorIndex<'a> {
         ErrorIndex { errors, by_owner }
     }
 
-    /// The errors charged to any of `owners`, in plan order, at most
-    /// ERRORS_PER_OBJECT of them and then how many more.
     /// Whether no error is charged to anyone (a clean sync).
     pub(super) fn is_empty(&self) -> bool {
         self.by_owner.is_empty()
@@ -80,20 +78,23 @@ impl<'a> ErrorIndex<'a> {
 
     /// How many errors are charged to any of `owners`; None when none is.
     pub(super) fn count_of(&self, owners: &[Object]) -> Option<usize> {
+        let n = self.indices(owners).len();
+        (n > 0).then_some(n)
+    }
+
+    /// The errors charged to any of `owners`, in plan order, at most
+    /// ERRORS_PER_OBJECT of them and then how many more.
+    pub(super) fn for_owners(&self, owners: &[Object]) -> Vec<String> {
+        step_errors(self.indices(owners).iter().map(|&i| &self.errors[i]), ERRORS_PER_OBJECT)
+    }
+
+    /// The errors charged to any of `owners`, by their place in plan order.
+    fn indices(&self, owners: &[Object]) -> Vec<usize> {
         let mut idx: Vec<usize> =
             owners.iter().filter_map(|o| self.by_owner.get(o.to_string().as_str())).flatten().copied().collect();
         idx.sort_unstable();
         idx.dedup();
-        (!idx.is_empty()).then_some(idx.len())
-    }
-
-    pub(super) fn for_owners(&self, owners: &[Object]) -> Vec<String> {
-        let owners: Vec<String> = owners.iter().map(Object::to_string).collect();
-        let mut idx: Vec<usize> =
-            owners.iter().filter_map(|o| self.by_owner.get(o.as_str())).flatten().copied().collect();
-        idx.sort_unstable();
-        idx.dedup();
-        step_errors(idx.iter().map(|&i| &self.errors[i]), ERRORS_PER_OBJECT)
+        idx
     }
 }
 

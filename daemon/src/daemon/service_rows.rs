@@ -250,13 +250,10 @@ impl serde::Serialize for Shown<'_> {
 fn shared_line(index: &ErrorIndex, veth: bool) -> Option<String> {
     let owners: &[Object] = if veth { &[Object::Services, Object::Bpfnat] } else { &[Object::Services] };
     let count = index.count_of(owners)?;
-    Some(match count {
-        1 => "1 error in what every service shares (listed under the last sync, and the connect-time or bpfnat row)"
-            .to_string(),
-        n => format!(
-            "{n} errors in what every service shares (listed under the last sync, and the connect-time or bpfnat row)"
-        ),
-    })
+    let errors = if count == 1 { "error" } else { "errors" };
+    Some(format!(
+        "{count} {errors} in what every service shares (listed under the last sync, and the connect-time or bpfnat row)"
+    ))
 }
 
 /// A service's row: where its traffic goes and by which path (as
