@@ -137,8 +137,8 @@ _Static_assert(sizeof(struct hm_bstats_key) == 24, "hm_bstats_key layout");
 struct hm_bstats {
 	__u64 ctlb_connections; /* connect() and unconnected UDP sendmsg() rewritten to it */
 	__u64 veth_connections; /* new flows of the veth path */
-	__u64 bytes_to;         /* veth path: client -> backend, IP bytes */
-	__u64 bytes_from;       /* veth path: backend -> client, IP bytes */
+	__u64 bytes_to;         /* veth path and flows from the network: client -> backend, */
+	__u64 bytes_from;       /* and back: each packet's length at TC (with its Ethernet header) */
 };
 _Static_assert(sizeof(struct hm_bstats) == 32, "hm_bstats layout");
 

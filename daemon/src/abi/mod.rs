@@ -70,9 +70,10 @@ pub struct BackendStats {
     pub ctlb_connections: u64,
     /// New flows of the veth path.
     pub veth_connections: u64,
-    /// Veth path: IP bytes client -> backend.
+    /// Veth path and flows from the network: bytes client -> backend,
+    /// each packet's length at TC (with its Ethernet header).
     pub bytes_to: u64,
-    /// Veth path: IP bytes backend -> client.
+    /// The same, backend -> client.
     pub bytes_from: u64,
 }
 

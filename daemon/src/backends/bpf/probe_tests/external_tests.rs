@@ -525,3 +525,92 @@ fn an_icmp_error_about_a_flow_to_another_host_goes_on_to_the_client_quoting_what
     let port = |at: usize| u16::from_be_bytes([icmp[at], icmp[at + 1]]);
     assert_eq!((port(48), port(50)), (40051, 30053), "the quote's ports");
 }
+
+impl Probes {
+    /// The IP bytes HM_BACKEND_STATS holds for `backend` (every service,
+    /// every CPU): to it, from it.
+    fn bytes_of(&mut self, backend: SocketAddr) -> (u64, u64) {
+        let fd = self.bpf.maps.map_fd(HmMap::BackendStats).unwrap();
+        let value_len = crate::backends::bpf::inspect::backend_stats_len().unwrap();
+        let mut bytes = (0, 0);
+        sys::map_for_each(fd.as_fd(), std::mem::size_of::<abi::BackendStatsKey>(), value_len, |k, v| {
+            let key = abi::BackendStatsKey::from_bytes(k).unwrap();
+            if abi::socket_addr16(key.addr, key.port_be) == backend {
+                let stats = crate::backends::bpf::inspect::sum_over_cpus(v);
+                bytes = (bytes.0 + stats.bytes_to, bytes.1 + stats.bytes_from);
+            }
+        })
+        .unwrap();
+        bytes
+    }
+}
+
+/// A TCP flow from a client to the node port of "web" (another host's
+/// backend), answered: the backend's side of it, and the bytes each way.
+struct Flow {
+    client: SocketAddr,
+    translated: (SocketAddr, SocketAddr),
+    to: u64,
+    from: u64,
+}
+
+impl Flow {
+    fn open(p: &mut Probes, client_port: u16) -> Flow {
+        let client = at(Ipv4Addr::new(192, 0, 2, 1), client_port);
+        let mut flow = Flow { client, translated: (client, client), to: 0, from: 0 };
+        let out = flow.send(p, Some(TCP_SYN));
+        flow.translated = addresses(&out.data);
+        flow.answer(p, TCP_SYN | TCP_ACK);
+        flow
+    }
+
+    /// The client's segment `flags` (or a datagram), through hm_reply.
+    fn send(&mut self, p: &mut Probes, flags: Option<u8>) -> sys::TestRun {
+        let sent = packet(self.client, at(HOST_A, 30080), flags);
+        let out = p.run_on(Program::Reply, ifindex(CLIENT_SIDE), &sent);
+        assert_eq!(out.retval, abi::TC_ACT_REDIRECT as u32, "the client's {flags:?} forwarded");
+        self.to += sent.len() as u64;
+        out
+    }
+
+    /// The backend's segment `flags`, through hm_reply.
+    fn answer(&mut self, p: &mut Probes, flags: u8) {
+        let (src, dst) = self.translated;
+        let sent = packet(dst, src, Some(flags));
+        let out = p.run_on(Program::Reply, ifindex(BACKEND_SIDE), &sent);
+        assert_eq!(out.retval, abi::TC_ACT_REDIRECT as u32, "the backend's {flags:#x} forwarded");
+        self.from += sent.len() as u64;
+    }
+}
+
+#[test]
+fn every_byte_of_a_flow_from_the_network_is_counted_for_its_backend() {
+    let mut p = Probes::with_host(&config("61000-65535"), two_interfaces);
+    let backend = at(REMOTE, 8080);
+    // A flow reset by the client, one closed with a FIN each way: every
+    // byte each way is counted.
+    for (port, ending) in [(40200u16, "reset"), (40201, "closed")] {
+        let before = p.bytes_of(backend);
+        let mut flow = Flow::open(&mut p, port);
+        for _ in 0..4 {
+            flow.send(&mut p, Some(TCP_ACK));
+            flow.answer(&mut p, TCP_ACK);
+        }
+        if ending == "reset" {
+            flow.send(&mut p, Some(TCP_RST | TCP_ACK));
+        } else {
+            flow.send(&mut p, Some(TCP_FIN | TCP_ACK));
+            flow.answer(&mut p, TCP_FIN | TCP_ACK);
+            flow.send(&mut p, Some(TCP_ACK));
+        }
+        assert_eq!(p.bytes_of(backend), (before.0 + flow.to, before.1 + flow.from), "{ending}");
+    }
+    // UDP: each datagram as it passes.
+    let dns = at(REMOTE, 5353);
+    let before = p.bytes_of(dns);
+    let sent = packet(at(Ipv4Addr::new(192, 0, 2, 1), 40203), at(HOST_A, 30053), None);
+    for n in 1..=3u64 {
+        p.run_on(Program::Reply, ifindex(CLIENT_SIDE), &sent);
+        assert_eq!(p.bytes_of(dns), (before.0 + n * sent.len() as u64, before.1), "datagram {n}");
+    }
+}
