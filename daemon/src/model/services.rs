@@ -52,6 +52,7 @@ pub(super) fn compile(
     let mut entries = ByMap::default();
     std::mem::take(&mut out.map_entries).into_iter().for_each(|e| entries.push(e));
     let mut chunks_left = d.sizes.maglev_chunks as usize;
+    let ids_in_order = service_ids_in_order(&config.services, &svc_ids);
     for (n, svc) in config.services.iter().enumerate() {
         if n % STOP_CHECK_EVERY == 0 && stopping.load(Ordering::Relaxed) {
             return;
@@ -72,7 +73,7 @@ pub(super) fn compile(
             continue;
         }
         chunks_left -= chunks;
-        let (owner, id) = (owner_of(svc), svc_ids[&key_of(svc)]);
+        let (owner, id) = (owner_of(svc), ids_in_order[n]);
         // Each backend's id looked up once, not once per slot (a quarter of
         // a 60,000-service compile went to those lookups).
         let ids: Vec<u32> = svc.backends.iter().map(|b| backend_ids[&b.addr]).collect();
@@ -91,6 +92,25 @@ pub(super) fn compile(
     out.map_entries = wanted_all(entries.into_vec());
     out.ids = AssignedIds(Some(std::sync::Arc::new((svc_ids, backend_ids))));
     attach_connect_time(config, facts, out);
+}
+
+/// Each service's id, in the order of `services`: the services sorted
+/// by key (in the order a configuration is often written, which the sort
+/// finds in one pass) walked beside the ids, instead of a search of the
+/// ids' tree per service, whose comparisons grew faster than the
+/// services (at 1,000,000, a tenth of a compile).
+fn service_ids_in_order(services: &[std::sync::Arc<Service>], ids: &BTreeMap<SvcKey, u32>) -> Vec<u32> {
+    let mut order: Vec<usize> = (0..services.len()).collect();
+    order.sort_by_key(|&i| key_of(&services[i]));
+    let mut out = vec![0; services.len()];
+    let mut next = ids.iter().peekable();
+    for i in order {
+        let key = key_of(&services[i]);
+        while next.next_if(|(k, _)| **k < key).is_some() {}
+        // Every service's key has an id (assign_ids gave one to each).
+        out[i] = next.peek().map_or(0, |(_, id)| **id);
+    }
+    out
 }
 
 /// A compile's map entries, gathered map by map. A compile makes them
