@@ -149,10 +149,7 @@ impl ByMap {
 /// of them to merge). Entries whose key is not an id are left as they are.
 fn by_id(entries: Vec<(MapEntryKey, Owned<MapValue>)>) -> Vec<(MapEntryKey, Owned<MapValue>)> {
     let id = |k: &MapEntryKey| -> Option<usize> { Some(u32::from_ne_bytes(k.key[..].try_into().ok()?) as usize) };
-    if !entries.iter().all(|(k, _)| id(k).is_some()) {
-        return entries;
-    }
-    let Some(max) = entries.iter().filter_map(|(k, _)| id(k)).max() else { return entries };
+    let Some(max) = entries.iter().try_fold(0, |max, (k, _)| id(k).map(|i| max.max(i))) else { return entries };
     // Where each id's entry is in `kept` (u32::MAX: none yet).
     let mut at = vec![u32::MAX; max + 1];
     let mut kept: Vec<Option<(MapEntryKey, Owned<MapValue>)>> = Vec::new();

@@ -34,7 +34,7 @@ const TABLE: u32 = 251;
 /// removed (and unmounted) on drop.
 struct Probes {
     bpf: PinnedBpf,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Probes {
@@ -62,7 +62,7 @@ impl Probes {
         for (k, v) in &desired.map_entries {
             bpf.put_map_entry(k, &v.spec.bytes().unwrap()).unwrap();
         }
-        Probes { bpf, _dir: dir }
+        Probes { bpf, dir }
     }
 
     fn run(&mut self, program: Program, packet: &[u8]) -> sys::TestRun {

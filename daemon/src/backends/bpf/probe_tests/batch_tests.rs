@@ -46,7 +46,7 @@ fn loaded(features: KernelFeatures) -> Probes {
     super::super::raise_memlock_limit();
     let mut bpf = PinnedBpf::new(&pins, features);
     bpf.prepare().unwrap();
-    Probes { bpf, _dir: dir }
+    Probes { bpf, dir }
 }
 
 fn written_and_deleted(features: KernelFeatures) {

@@ -527,21 +527,16 @@ fn an_icmp_error_about_a_flow_to_another_host_goes_on_to_the_client_quoting_what
 }
 
 impl Probes {
-    /// The IP bytes HM_BACKEND_STATS holds for `backend` (every service,
-    /// every CPU): to it, from it.
-    fn bytes_of(&mut self, backend: SocketAddr) -> (u64, u64) {
-        let fd = self.bpf.maps.map_fd(HmMap::BackendStats).unwrap();
-        let value_len = crate::backends::bpf::inspect::backend_stats_len().unwrap();
-        let mut bytes = (0, 0);
-        sys::map_for_each(fd.as_fd(), std::mem::size_of::<abi::BackendStatsKey>(), value_len, |k, v| {
-            let key = abi::BackendStatsKey::from_bytes(k).unwrap();
-            if abi::socket_addr16(key.addr, key.port_be) == backend {
-                let stats = crate::backends::bpf::inspect::sum_over_cpus(v);
-                bytes = (bytes.0 + stats.bytes_to, bytes.1 + stats.bytes_from);
-            }
-        })
-        .unwrap();
-        bytes
+    /// The bytes the metrics read for `backend` (every service, every
+    /// CPU): to it, from it.
+    fn bytes_of(&self, backend: SocketAddr) -> (u64, u64) {
+        let reader = crate::backends::bpf::traffic::TrafficReader::new(&self.dir.path().join("bpf"));
+        reader
+            .read()
+            .unwrap()
+            .iter()
+            .filter(|t| t.backend == backend)
+            .fold((0, 0), |(to, from), t| (to + t.stats.bytes_to, from + t.stats.bytes_from))
     }
 }
 
