@@ -13,8 +13,9 @@
  * map goes: closed flows push out closed flows, never an open one.
  *
  * Timeouts: closed flows 10 s, UDP and established TCP as configured, a
- * SYN never answered 60 s. An entry past its timeout is not used; the
- * daemon sweeps such entries out every 2 s.
+ * SYN never answered 60 s. An open flow's times are refreshed at most
+ * once a second (ct_nothing_new). An entry past its timeout is not used;
+ * the daemon sweeps such entries out every 2 s.
  */
 #ifndef HOSTMESH_CONNTRACK_H
 #define HOSTMESH_CONNTRACK_H
@@ -162,6 +163,18 @@ static __always_inline void ct_seen(struct hm_ct_key *fk, struct hm_ct_value *fw
 		rev->flags |= flags;
 		rev->last_seen_ns = now;
 	}
+}
+
+/* Whether a packet of an open flow that brings `flags` (HM_CT_F_*) to the
+ * entry `v` it found has nothing to write: no news, and `v` refreshed
+ * within the second. Every packet that brought news wrote it to both
+ * entries, so the other entry holds no more, and its lookup is the one
+ * saved on most packets; a write per packet to entries the other
+ * direction's CPU reads costs more than the second of expiry it is worth
+ * (so a flow may expire up to a second early). */
+static __always_inline int ct_nothing_new(const struct hm_ct_value *v, __u8 flags, __u64 now)
+{
+	return !(flags & ~v->flags) && hm_idle_ns(now, v->last_seen_ns) < NS_PER_S;
 }
 
 /* A packet of a closed flow keeps it (its last ACK, a FIN sent again),

@@ -3,11 +3,13 @@
  * Service NAT on the bpfnat veth (README.md, "Service IPs").
  *
  * Every VIP has a host route via hm-natin, so host-originated packets to a
- * VIP leave through hm-natin and arrive at hm-natout's TC ingress, where
- * hm_natout picks a backend (Maglev, on the flow's hash), records the flow
- * in HM_CT, rewrites the destination and forwards the packet straight out
- * of the right interface (FIB lookup + redirect), or lets the stack deliver
- * it when the backend is a local address. Replies come back on a host
+ * VIP leave through hm-natin. At its TC egress, hm_natin picks a backend
+ * (Maglev, on the flow's hash), records the flow in HM_CT, rewrites the
+ * destination and redirects the packet straight out of the interface the
+ * FIB picks: it never crosses the veth. A packet whose backend is a local
+ * address (or that no backend takes) crosses untouched to hm-natout's TC
+ * ingress, where hm_natout does the same and lets the stack deliver it
+ * (or refuses the flow). Replies come back on a host
  * interface (or lo, for local backends), where hm_reply restores the VIP
  * as the source. hm_reply and hm_direct also balance flows from the
  * network to node ports and external VIPs (HM_NAT).
@@ -102,33 +104,58 @@ static __always_inline int next_hop(struct __sk_buff *skb, struct bpf_fib_lookup
 	return bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
 }
 
-/* Sends a (NATed) packet on towards `dst`: out of the interface the FIB
- * picks, or up the stack when `dst` is a local address. */
-static __always_inline int forward(struct __sk_buff *skb, const struct flow *f, const __u8 dst[16])
+/* Where a translated packet leaves, as next_hop() found it: the verdict
+ * (BPF_FIB_LKUP_RET_*), the interface and the Ethernet header's two MACs
+ * (destination, then source), apart from the lookup's 64-byte query. */
+struct hop {
+	__s32 rc;
+	__u32 ifindex;
+	__u8 macs[2 * ETH_ALEN];
+};
+
+static __always_inline void find_hop(struct __sk_buff *skb, const struct flow *f, const __u8 dst[16], struct hop *h)
 {
 	struct bpf_fib_lookup fib = {};
-	int rc = next_hop(skb, &fib, f->proto, f->v6, f->src, dst);
 
-	switch (rc) {
+	h->rc = next_hop(skb, &fib, f->proto, f->v6, f->src, dst);
+	h->ifindex = fib.ifindex;
+	/* Both MACs in one store (the FIB gives them the other way round). */
+	__builtin_memcpy(h->macs, fib.dmac, ETH_ALEN);
+	__builtin_memcpy(h->macs + ETH_ALEN, fib.smac, ETH_ALEN);
+}
+
+/* Whether a packet goes out of an interface (not up this host's stack). */
+static __always_inline int hop_out(const struct hop *h)
+{
+	return h->rc == BPF_FIB_LKUP_RET_SUCCESS || h->rc == BPF_FIB_LKUP_RET_NO_NEIGH;
+}
+
+/* Sends a (NATed) packet where `h` says: out of the interface the FIB
+ * picked, or up the stack when its destination is a local address. */
+static __always_inline int send_hop(struct __sk_buff *skb, const struct hop *h)
+{
+	switch (h->rc) {
 	case BPF_FIB_LKUP_RET_SUCCESS:
-	{
-		/* Both MACs in one store (the FIB gives them the other way round). */
-		__u8 macs[2 * ETH_ALEN];
-
-		__builtin_memcpy(macs, fib.dmac, ETH_ALEN);
-		__builtin_memcpy(macs + ETH_ALEN, fib.smac, ETH_ALEN);
-		if (bpf_skb_store_bytes(skb, OFF(struct ethhdr, h_dest), macs, sizeof(macs), 0))
+		if (bpf_skb_store_bytes(skb, OFF(struct ethhdr, h_dest), h->macs, sizeof(h->macs), 0))
 			return TC_ACT_SHOT;
-		return bpf_redirect(fib.ifindex, 0);
-	}
+		return bpf_redirect(h->ifindex, 0);
 	case BPF_FIB_LKUP_RET_NO_NEIGH:
-		return bpf_redirect_neigh(fib.ifindex, NULL, 0, 0);
+		return bpf_redirect_neigh(h->ifindex, NULL, 0, 0);
 	case BPF_FIB_LKUP_RET_NOT_FWDED:
 		/* A local address: the stack delivers it (accept_local=1). */
 		return TC_ACT_OK;
 	default:
 		return TC_ACT_SHOT;
 	}
+}
+
+/* Sends a (NATed) packet on towards `dst`. */
+static __always_inline int forward(struct __sk_buff *skb, const struct flow *f, const __u8 dst[16])
+{
+	struct hop h = {};
+
+	find_hop(skb, f, dst, &h);
+	return send_hop(skb, &h);
 }
 
 /* A note on a packet hm_natout or hm_reply translated and sends out of an
@@ -371,98 +398,180 @@ static __always_inline void nat_yield(const struct hm_ct_key *k, __u8 proto)
 		nat_forget(k, v, proto);
 }
 
-SEC("classifier")
-int hm_natout(struct __sk_buff *skb)
+/* What the steps of the programs below return besides a TC verdict
+ * (hm_natout's and hm_natin's: translate and send; hm_reply's: the packet
+ * is not theirs, a new flow may start; both: a new flow must be refused). */
+#define NOT_MINE (-100)
+#define NEW_FLOW (-101)
+#define REFUSE (-102)
+#define SEND (-103)
+
+/* hm_flow_hash of a parsed packet, whose addresses are 8-aligned. */
+static __always_inline __u32 flow_hash(const struct flow *f)
 {
-	HM_BUILD_MARK();
-	struct flow f = {};
-	struct hm_ct_key fk = {};
+	return hm_flow_hash_words((const __u64 *)f->src, (const __u64 *)f->dst, f->sport, f->dport, f->proto);
+}
+
+/* The backend a packet of the veth path goes to, and where it leaves. */
+struct veth_dest {
+	__u8 addr[16];
+	__be16 port;
+	__u16 _pad;
+	struct hop hop;
+};
+
+/* The veth path's flow of a packet to a VIP: the backend its entry holds,
+ * or one picked (Maglev, on the flow's hash) and recorded in HM_CT; then
+ * SEND, with `to` saying where. At hm-natin's egress (`egress`) only a
+ * flow whose backend is reached out of an interface is taken; any other
+ * packet is left (TC_ACT_OK) to cross the veth untouched, to hm_natout,
+ * which delivers to local backends and refuses what no backend takes. A
+ * subprogram of its own (its frame is 5.10's 512-byte stack budget's
+ * largest part). */
+static __attribute__((noinline)) int veth_flow(struct __sk_buff *skb, const struct flow *f, struct veth_dest *to,
+					       int egress)
+{
+	struct hm_ct_key fk = {}, rk = {};
 	struct hm_ct_value *ct;
 	struct hm_config *cfg = hm_config();
-	__u8 backend[16];
-	__be16 backend_port;
 	__u64 now = hm_now();
-	int parsed = parse(skb, &f);
-	int closed;
+	__u32 svc_id;
+	int closed, known;
 
-	if (parsed == NOT_IP)
-		return TC_ACT_OK;
-	if (parsed == OTHER_IP)
-		/* Neighbour discovery on the veth itself is fine; anything else
-		 * here came through a VIP route and would loop. */
-		return (f.v6 && f.proto == IPPROTO_ICMPV6) ? TC_ACT_OK : TC_ACT_SHOT;
-
-	ct_key(&fk, f.src, f.dst, f.sport, f.dport, f.proto, HM_CT_FORWARD);
+	ct_key(&fk, f->src, f->dst, f->sport, f->dport, f->proto, HM_CT_FORWARD);
 	ct = ct_find(&fk, &closed);
 	/* A SYN after a flow closed starts a new flow on its tuple. */
-	if (ct && ct_live(ct, f.proto, now, cfg) && !(closed && (f.tcp_flags & TCP_SYN))) {
-		__builtin_memcpy(backend, ct->nat_addr, 16);
-		backend_port = ct->nat_port;
-		hm_count_backend(ct->svc_id, backend, backend_port, HM_STAT_NONE, skb->len, 0);
-		if (closed) {
-			ct_refresh_closed(ct, now);
-		} else {
-			struct hm_ct_key rk = {};
-
-			ct_key(&rk, backend, f.src, backend_port, f.sport, f.proto, HM_CT_REVERSE);
-			ct_seen(&fk, ct, &rk, bpf_map_lookup_elem(&HM_CT, &rk), ct_end(&f, HM_CT_F_FIN_OUT), now);
-		}
+	known = ct && ct_live(ct, f->proto, now, cfg) && !(closed && (f->tcp_flags & TCP_SYN));
+	if (known) {
+		__builtin_memcpy(to->addr, ct->nat_addr, 16);
+		to->port = ct->nat_port;
+		svc_id = ct->svc_id;
 	} else {
 		struct hm_svc_key sk = {};
 		struct hm_svc_value *svc;
 		struct hm_backend *be;
-		struct hm_ct_value fv = {}, rv = {};
-		struct hm_ct_key rk = {};
 
-		__builtin_memcpy(sk.addr, f.dst, 16);
-		sk.port = f.dport;
-		sk.proto = f.proto;
+		__builtin_memcpy(sk.addr, f->dst, 16);
+		sk.port = f->dport;
+		sk.proto = f->proto;
 		svc = bpf_map_lookup_elem(&HM_SERVICES, &sk);
-		if (!svc)
-			return refuse(skb, &f);
-		if (svc->backend_count == 0)
-			return refuse(skb, &f);
+		if (!svc || svc->backend_count == 0)
+			return egress ? TC_ACT_OK : REFUSE;
 		/* The 5-tuple's hash: a flow whose entry was lost (evicted,
 		 * expired) gets the same backend again while the table is
 		 * unchanged, and `hostmesh explain --from` can say which. */
-		be = hm_pick_backend(svc, f.src, hm_flow_hash(f.src, f.dst, f.sport, f.dport, f.proto));
+		be = hm_pick_backend(svc, f->src, flow_hash(f));
 		if (!be)
-			return refuse(skb, &f);
-		__builtin_memcpy(backend, be->addr, 16);
-		backend_port = be->port;
+			return egress ? TC_ACT_OK : REFUSE;
+		__builtin_memcpy(to->addr, be->addr, 16);
+		to->port = be->port;
+		svc_id = svc->id;
+	}
+	find_hop(skb, f, to->addr, &to->hop);
+	if (egress && !hop_out(&to->hop))
+		return TC_ACT_OK;
 
-		__builtin_memcpy(fv.nat_addr, backend, 16);
-		fv.nat_port = backend_port;
-		fv.svc_id = svc->id;
-		fv.flags = ct_end(&f, HM_CT_F_FIN_OUT);
+	ct_key(&rk, to->addr, f->src, to->port, f->sport, f->proto, HM_CT_REVERSE);
+	if (known) {
+		__u8 news = ct_end(f, HM_CT_F_FIN_OUT);
+
+		if (closed)
+			ct_refresh_closed(ct, now);
+		else if (!ct_nothing_new(ct, news, now))
+			ct_seen(&fk, ct, &rk, bpf_map_lookup_elem(&HM_CT, &rk), news, now);
+	} else {
+		struct hm_ct_value fv = {}, rv = {};
+
+		__builtin_memcpy(fv.nat_addr, to->addr, 16);
+		fv.nat_port = to->port;
+		fv.svc_id = svc_id;
+		fv.flags = ct_end(f, HM_CT_F_FIN_OUT);
 		fv.last_seen_ns = now;
-		__builtin_memcpy(rv.nat_addr, f.dst, 16);
-		rv.nat_port = f.dport;
-		rv.svc_id = svc->id;
+		__builtin_memcpy(rv.nat_addr, f->dst, 16);
+		rv.nat_port = f->dport;
+		rv.svc_id = svc_id;
 		rv.flags = fv.flags;
 		rv.last_seen_ns = now;
-		ct_key(&rk, backend, f.src, backend_port, f.sport, f.proto, HM_CT_REVERSE);
 		/* A RST ends what it belongs to: it goes on, remembered by no one. */
 		if (!(fv.flags & HM_CT_F_RESET) &&
 		    (bpf_map_update_elem(&HM_CT, &rk, &rv, BPF_ANY) || bpf_map_update_elem(&HM_CT, &fk, &fv, BPF_ANY)))
 			return TC_ACT_SHOT;
-		hm_count_backend(svc->id, backend, backend_port, HM_STAT_VETH, skb->len, 0);
 		/* A socket of the host bound on purpose to a port of
 		 * snat_port_range, to a backend a flow from the network reaches
 		 * from that port: the host's connection wins (as external_yield
 		 * has it for connections straight to the backend), so that flow
 		 * is forgotten, and hm_reply, which asks HM_NAT first, gives the
 		 * backend's replies to this flow. */
-		if (external_enabled(cfg) && bpf_ntohs(f.sport) >= cfg->snat_port_min &&
-		    bpf_ntohs(f.sport) <= cfg->snat_port_max) {
+		if (external_enabled(cfg) && bpf_ntohs(f->sport) >= cfg->snat_port_min &&
+		    bpf_ntohs(f->sport) <= cfg->snat_port_max) {
 			rk.dir = HM_NAT_IN;
-			nat_yield(&rk, f.proto);
+			nat_yield(&rk, f->proto);
 		}
 	}
+	hm_count_backend(svc_id, to->addr, to->port, known ? HM_STAT_NONE : HM_STAT_VETH, skb->len, 0);
+	return SEND;
+}
 
-	if (rewrite(skb, &f, 1, backend, backend_port))
+/* refuse(), as a subprogram of its own: its frame and veth_flow's are
+ * not added up (5.10 allows 512 bytes for a chain of calls). */
+static __attribute__((noinline)) int veth_refuse(struct __sk_buff *skb, const struct flow *f)
+{
+	return refuse(skb, f);
+}
+
+/* Translates a packet to its backend and sends it on, as a subprogram
+ * of its own for the same reason. */
+static __attribute__((noinline)) int veth_send(struct __sk_buff *skb, const struct flow *f, const struct veth_dest *to)
+{
+	if (rewrite(skb, f, 1, to->addr, to->port))
 		return TC_ACT_SHOT;
-	return noted(skb, forward(skb, &f, backend));
+	return noted(skb, send_hop(skb, &to->hop));
+}
+
+/* A packet to a VIP, at hm-natin's egress or hm-natout's ingress. */
+static __always_inline int veth_nat(struct __sk_buff *skb, int egress)
+{
+	struct flow f = {};
+	struct veth_dest to = {};
+	int verdict;
+
+	switch (parse(skb, &f)) {
+	case PARSED:
+		break;
+	case OTHER_IP:
+		/* Neighbour discovery on the veth itself is fine; anything else
+		 * here came through a VIP route and would loop (hm_natout drops
+		 * it; hm_natin leaves it to hm_natout). */
+		return (egress || (f.v6 && f.proto == IPPROTO_ICMPV6)) ? TC_ACT_OK : TC_ACT_SHOT;
+	default:
+		return TC_ACT_OK;
+	}
+	verdict = veth_flow(skb, &f, &to, egress);
+	if (verdict == REFUSE)
+		return veth_refuse(skb, &f);
+	if (verdict != SEND)
+		return verdict;
+	return veth_send(skb, &f, &to);
+}
+
+/* TC egress on hm-natin: a packet to a VIP whose backend is reached out
+ * of an interface is translated here and redirected to that interface,
+ * without crossing the veth (no second receive, no backlog queue); the
+ * rest goes on to hm_natout. */
+SEC("classifier")
+int hm_natin(struct __sk_buff *skb)
+{
+	HM_BUILD_MARK();
+	return veth_nat(skb, 1);
+}
+
+/* TC ingress on hm-natout: every packet hm_natin left, as every packet to
+ * a VIP was before hm_natin (and is while a restart attaches it). */
+SEC("classifier")
+int hm_natout(struct __sk_buff *skb)
+{
+	HM_BUILD_MARK();
+	return veth_nat(skb, 0);
 }
 
 /* Flows from the network: node ports and external VIPs (hostmesh_abi.h,
@@ -474,21 +583,11 @@ int hm_natout(struct __sk_buff *skb)
  * the client's own address (its replies leave through a host interface's
  * egress, hm_direct). */
 
-/* What the steps of hm_reply return besides a TC verdict: the packet is
- * not theirs, a new flow may start, a new flow must be refused. Each step
- * is a function of its own (a BPF subprogram), called one after the other
- * from hm_reply, so their stacks are not added up: inlined into one, they
- * exceed the 512 bytes the verifier allows. */
-#define NOT_MINE (-100)
-#define NEW_FLOW (-101)
-#define REFUSE (-102)
-
-/* hm_flow_hash of a parsed packet, whose addresses are 8-aligned. */
-static __always_inline __u32 flow_hash(const struct flow *f)
-{
-	return hm_flow_hash_words((const __u64 *)f->src, (const __u64 *)f->dst, f->sport, f->dport, f->proto);
-}
-
+/* The steps of hm_reply return NOT_MINE, NEW_FLOW or REFUSE (above)
+ * besides a TC verdict. Each step is a function of its own (a BPF
+ * subprogram), called one after the other from hm_reply, so their stacks
+ * are not added up: inlined into one, they exceed the 512 bytes the
+ * verifier allows. */
 /* lo's ifindex in every namespace (LOOPBACK_IFINDEX): the host's own
  * packets, which the network's flows never are. */
 #define HM_LOOPBACK_IFINDEX 1
@@ -1082,6 +1181,7 @@ static __attribute__((noinline)) int veth_reply(struct __sk_buff *skb, struct fl
 	__be16 vport;
 	__u32 svc_id;
 	__u64 now;
+	__u8 news;
 	int closed;
 
 	ct_key(&rk, f->src, f->dst, f->sport, f->dport, f->proto, HM_CT_REVERSE);
@@ -1091,22 +1191,27 @@ static __attribute__((noinline)) int veth_reply(struct __sk_buff *skb, struct fl
 	__builtin_memcpy(vip, rev->nat_addr, 16);
 	vport = rev->nat_port;
 	svc_id = rev->svc_id;
-	ct_key(&fk, f->dst, vip, f->dport, vport, f->proto, HM_CT_FORWARD);
-	fwd = ct_peer(&fk, closed);
-
-	/* The forward entry's state decides whether the flow is live (the
-	 * reverse one's, should the forward one be gone). */
-	state = fwd ? fwd : rev;
 	now = hm_now();
-	if (!ct_live(state, f->proto, now, hm_config()) || (syn_ack(f) && (closed || (state->flags & HM_CT_F_CLOSING)))) {
-		ct_forget(&fk, &rk, closed);
-		return TC_ACT_UNSPEC;
-	}
-	if (closed) {
-		ct_refresh_closed(rev, now);
-		ct_refresh_closed(fwd, now);
-	} else {
-		ct_seen(&fk, fwd, &rk, rev, HM_CT_F_REPLIED | ct_end(f, HM_CT_F_FIN_BACK), now);
+	news = HM_CT_F_REPLIED | ct_end(f, HM_CT_F_FIN_BACK);
+	/* Most replies: an open flow, refreshed within the second (so live),
+	 * and nothing new; the forward entry is not looked up. */
+	if (closed || !ct_nothing_new(rev, news, now) || (syn_ack(f) && (rev->flags & HM_CT_F_CLOSING))) {
+		ct_key(&fk, f->dst, vip, f->dport, vport, f->proto, HM_CT_FORWARD);
+		fwd = ct_peer(&fk, closed);
+		/* The forward entry's state decides whether the flow is live
+		 * (the reverse one's, should the forward one be gone). */
+		state = fwd ? fwd : rev;
+		if (!ct_live(state, f->proto, now, hm_config()) ||
+		    (syn_ack(f) && (closed || (state->flags & HM_CT_F_CLOSING)))) {
+			ct_forget(&fk, &rk, closed);
+			return TC_ACT_UNSPEC;
+		}
+		if (closed) {
+			ct_refresh_closed(rev, now);
+			ct_refresh_closed(fwd, now);
+		} else {
+			ct_seen(&fk, fwd, &rk, rev, news, now);
+		}
 	}
 
 	hm_count_backend(svc_id, f->src, f->sport, HM_STAT_NONE, 0, skb->len);

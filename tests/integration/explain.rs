@@ -87,7 +87,7 @@ fn explain_names_the_path_of_each_kind_of_address_and_predicts_the_backend_a_sou
     let e = explain(&net, &["10.96.0.10:53/udp"]);
     assert_eq!(e["path"], "veth", "{e:#}");
     assert!(e["route"]["hostmesh"].as_bool().unwrap(), "the VIP's route is hostmesh's: {e:#}");
-    programs_are_this_builds(&e, &["hm_natout", "hm_reply", "hm_direct"]);
+    programs_are_this_builds(&e, &["hm_natin", "hm_natout", "hm_reply", "hm_direct"]);
     predictions_hold(&net, "10.96.0.10:53/udp", "udp", 53, 5353, "veth");
     // Counters: the UDP requests just made went to dns's backends.
     let dns = explain(&net, &["10.96.0.10:53/udp"]);

@@ -23,10 +23,20 @@ fn a_restarted_daemon_adopts_pinned_state_without_recreating_it() {
     let mut d = host.start_ready();
     let ids = attached_ids(&host);
     let tc: Vec<&String> = ids.0.iter().map(|(hook, _)| hook).filter(|h| h.contains("@tc-")).collect();
-    assert_eq!(ids.0.len(), 8 + 3, "8 connect-time links, hm_natout, hm_reply and hm_direct on lo: {:?}", ids.0);
+    assert_eq!(
+        ids.0.len(),
+        8 + 4,
+        "8 connect-time links, hm_natin, hm_natout, hm_reply and hm_direct on lo: {:?}",
+        ids.0
+    );
     assert_eq!(
         tc,
-        ["hm_direct@tc-egress@lo", "hm_natout@tc-ingress@hm-natout", "hm_reply@tc-ingress@lo"],
+        [
+            "hm_direct@tc-egress@lo",
+            "hm_natin@tc-egress@hm-natin",
+            "hm_natout@tc-ingress@hm-natout",
+            "hm_reply@tc-ingress@lo"
+        ],
         "({})",
         host.tc_mode()
     );

@@ -314,3 +314,41 @@ fn veth_flows_are_tracked_and_idle_ones_expire() {
     // Idle UDP flows go after 3 s, at a sweep.
     wait_soon("idle UDP flows to expire", || t.conntrack(HmMap::Ct).iter().all(|(k, _)| k.proto != 17)).unwrap();
 }
+
+/// Packets hm-natout received (they crossed the veth).
+fn crossed_the_veth(t: &Topology) -> u64 {
+    let link = t.host.ns.ip_json(&["-s", "link", "show", "hm-natout"]);
+    link[0]["stats64"]["rx"]["packets"].as_u64().unwrap_or_else(|| panic!("no counters: {link:?}"))
+}
+
+/// A VIP's packets to a backend in another namespace or on another host
+/// cross no veth: hm_natin translates them as they leave hm-natin and
+/// sends them out of the backend's interface. Only a backend on this host
+/// is reached across the veth, through hm_natout.
+#[test]
+fn vip_packets_to_other_hosts_cross_no_veth_and_to_local_backends_do() {
+    let t = Topology::new("connect_time_lb = \"off\"");
+    let _d = t.host.start_ready();
+    let before = crossed_the_veth(&t);
+    let mut sent = 0;
+    for (proto, vip, port) in CASES.into_iter().chain([("tcp", "10.96.0.20", 80)]) {
+        let (answers, _, errors) = t.requests(proto, vip, port, REQUESTS as u32);
+        assert!(errors.is_empty(), "{proto} to {vip}: {errors:?}");
+        sent += answers.iter().map(|(_, n)| n).sum::<u64>();
+    }
+    assert_eq!(sent, 5 * REQUESTS);
+    let remote = crossed_the_veth(&t) - before;
+    // A request is at least one packet to the VIP (UDP), five for TCP;
+    // the new link's own IPv6 chatter (MLD, DAD) crosses it too.
+    assert!(remote < sent / 8, "{sent} requests to backends elsewhere put {remote} packets across the veth");
+
+    let before = crossed_the_veth(&t);
+    let (answers, _, errors) = t.requests("tcp", "10.96.0.30", 80, REQUESTS as u32);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(answers, [("l1".to_string(), REQUESTS)]);
+    let local = crossed_the_veth(&t) - before;
+    assert!(
+        local >= 3 * REQUESTS,
+        "{REQUESTS} connections to a local backend put only {local} packets across the veth"
+    );
+}

@@ -178,7 +178,7 @@ fn shared_objects(d: &Desired, index: &ErrorIndex) -> Vec<ObjectStatus> {
         let programs = d
             .attachments
             .keys()
-            .filter(|a| matches!(a.program, Program::NatOut | Program::Reply | Program::Direct))
+            .filter(|a| matches!(a.program, Program::NatIn | Program::NatOut | Program::Reply | Program::Direct))
             .count();
         let routes = d.routes.values().filter(|r| r.spec.dev() == Some(NATIN)).count();
         out.push(object(

@@ -60,6 +60,14 @@ pub(super) fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
         }
     }
 
+    // Translated as they leave hm-natin when their backend is reached out of
+    // an interface; what it leaves crosses to hm-natout (probes/service_nat.c).
+    want(
+        &mut out.attachments,
+        Attachment { program: Program::NatIn, hook: Hook::TcEgress(NATIN.to_string()) },
+        (),
+        OWNER,
+    );
     want(
         &mut out.attachments,
         Attachment { program: Program::NatOut, hook: Hook::TcIngress(NATOUT.to_string()) },
@@ -95,14 +103,17 @@ pub(super) fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
 /// The sysctls the veth path needs. RPF: packets cross the veth with a
 /// host source address, and replies come back to a VIP routed elsewhere;
 /// accept_local lets hm-natout take host-sourced packets; forwarding on
-/// hm-natout is what bpf_fib_lookup checks before it forwards.
+/// hm-natin and hm-natout is what bpf_fib_lookup checks before it forwards
+/// (hm_natin's lookups are made as if its packets arrived on hm-natin).
 fn sysctls(host: &[String], any_v6: bool) -> Vec<(String, &'static str)> {
     let mut sysctls = vec![("net/ipv4/conf/all/rp_filter".to_string(), "0")];
     for dev in [NATIN, NATOUT] {
         sysctls.push((format!("net/ipv4/conf/{dev}/rp_filter"), "0"));
         sysctls.push((format!("net/ipv4/conf/{dev}/accept_local"), "1"));
     }
-    sysctls.push((format!("net/ipv4/conf/{NATOUT}/forwarding"), "1"));
+    for dev in [NATIN, NATOUT] {
+        sysctls.push((format!("net/ipv4/conf/{dev}/forwarding"), "1"));
+    }
     for dev in host {
         sysctls.push((format!("net/ipv4/conf/{dev}/rp_filter"), "0"));
     }
@@ -110,7 +121,9 @@ fn sysctls(host: &[String], any_v6: bool) -> Vec<(String, &'static str)> {
         for dev in [NATIN, NATOUT] {
             sysctls.push((format!("net/ipv6/conf/{dev}/disable_ipv6"), "0"));
         }
-        sysctls.push((format!("net/ipv6/conf/{NATOUT}/forwarding"), "1"));
+        for dev in [NATIN, NATOUT] {
+            sysctls.push((format!("net/ipv6/conf/{dev}/forwarding"), "1"));
+        }
     }
     sysctls
 }

@@ -149,7 +149,7 @@ pub(crate) fn programs_likely(config: &Config, features: &KernelFeatures) -> BTr
         out.extend(Program::CONNECT_TIME);
     }
     if bpfnat::carries_services(config, mode) {
-        out.insert(Program::NatOut);
+        out.extend([Program::NatIn, Program::NatOut]);
     }
     if bpfnat::carries_services(config, mode) || config.services.iter().any(|s| s.serves_network()) {
         out.extend([Program::Reply, Program::Direct]);
@@ -174,7 +174,7 @@ pub(crate) fn programs_likely(config: &Config, features: &KernelFeatures) -> BTr
 pub(crate) fn unused_capacities(config: &Config, programs: &BTreeSet<Program>) -> crate::config::Capacities {
     use crate::config::Capacity;
     let mut unused = crate::config::Capacities::default();
-    if ![Program::NatOut, Program::Reply, Program::Direct].iter().any(|p| programs.contains(p)) {
+    if ![Program::NatIn, Program::NatOut, Program::Reply, Program::Direct].iter().any(|p| programs.contains(p)) {
         unused = unused.with(Capacity::Conntrack);
     }
     if !Program::CONNECT_TIME.iter().any(|p| programs.contains(p)) {

@@ -122,7 +122,11 @@ impl PartialOrd for MapEntryKey {
 /// A probe program, by its function name in the object file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub enum Program {
-    /// TC ingress on hm-natout: service NAT for the bpfnat veth path.
+    /// TC egress on hm-natin: service NAT for the bpfnat veth path, for
+    /// flows whose backend is reached out of an interface.
+    NatIn,
+    /// TC ingress on hm-natout: service NAT for the bpfnat veth path, for
+    /// what hm_natin leaves (local backends, refusals).
     NatOut,
     /// TC ingress on host interfaces and lo: reverse NAT of replies.
     Reply,
@@ -146,7 +150,8 @@ pub enum Program {
 }
 
 impl Program {
-    pub const ALL: [Program; 14] = [
+    pub const ALL: [Program; 15] = [
+        Program::NatIn,
         Program::NatOut,
         Program::Reply,
         Program::Direct,
@@ -177,6 +182,7 @@ impl Program {
 
     pub fn name(self) -> &'static str {
         match self {
+            Program::NatIn => "hm_natin",
             Program::NatOut => "hm_natout",
             Program::Reply => "hm_reply",
             Program::Direct => "hm_direct",
@@ -203,7 +209,7 @@ impl Program {
     pub fn object(self) -> crate::abi::ProbeObject {
         use crate::abi::ProbeObject;
         match self {
-            Program::NatOut | Program::Reply | Program::Direct => ProbeObject::ServiceNat,
+            Program::NatIn | Program::NatOut | Program::Reply | Program::Direct => ProbeObject::ServiceNat,
             Program::Connect4
             | Program::Connect6
             | Program::Sendmsg4

@@ -224,6 +224,7 @@ fn services_compile_to_the_bpfnat_veth() {
             ("net/ipv4/conf/all/rp_filter", "0"),
             ("net/ipv4/conf/eth0/rp_filter", "0"),
             ("net/ipv4/conf/hm-natin/accept_local", "1"),
+            ("net/ipv4/conf/hm-natin/forwarding", "1"),
             ("net/ipv4/conf/hm-natin/rp_filter", "0"),
             ("net/ipv4/conf/hm-natout/accept_local", "1"),
             ("net/ipv4/conf/hm-natout/forwarding", "1"),
@@ -722,14 +723,14 @@ fn for_each_hint_case(check: impl Fn(&str, &Config, &KernelFeatures, &Desired, &
 
 /// The maps created small for being unused are those compile leaves
 /// unused: the conntrack maps are the veth-path object's programs'
-/// (hm_natout, hm_reply, hm_direct), the reverse map the connect-time
+/// (hm_natin, hm_natout, hm_reply, hm_direct), the reverse map the connect-time
 /// programs', client affinity's the services' with affinity.
 #[test]
 fn the_capacities_left_unused_are_those_a_compile_does_not_use() {
     use crate::config::Capacity;
     for_each_hint_case(|case, c, features, d, attached| {
         let unused = unused_capacities(c, &programs_likely(c, features));
-        let nat = [Program::NatOut, Program::Reply, Program::Direct];
+        let nat = [Program::NatIn, Program::NatOut, Program::Reply, Program::Direct];
         assert_eq!(unused.contains(Capacity::Conntrack), !nat.iter().any(|p| attached.contains(p)), "{case}");
         let ctlb = Program::CONNECT_TIME.iter().any(|p| attached.contains(p));
         assert_eq!(unused.contains(Capacity::ReverseSock), !ctlb, "{case}");

@@ -127,7 +127,9 @@ fn own_netns() {
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET)");
     crate::backends::NetBackend::set_link_up(&mut crate::backends::netlink::Rtnetlink::open().unwrap(), "lo").unwrap();
     let mut sysctl = crate::backends::sysctl::ProcSys::new();
-    crate::backends::SysctlBackend::set(&mut sysctl, "net/ipv4/conf/lo/forwarding", "1").unwrap();
+    for family in ["ipv4", "ipv6"] {
+        crate::backends::SysctlBackend::set(&mut sysctl, &format!("net/{family}/conf/lo/forwarding"), "1").unwrap();
+    }
 }
 
 fn service(proto: &str) -> String {
@@ -621,6 +623,7 @@ fn pseudo6_of(s: std::net::Ipv6Addr, d: std::net::Ipv6Addr, next: u8, len: usize
 
 mod batch_tests;
 mod external_tests;
+mod natin_tests;
 
 #[test]
 fn a_preload_is_waited_for_by_the_first_use_which_reports_its_failure() {

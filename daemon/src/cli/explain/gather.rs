@@ -260,7 +260,7 @@ fn service(e: &mut Explanation, key: SvcKey, proto: Protocol, svc: &ServiceEntry
     let how = if ctlb {
         format!("connect-time load balancing: the cgroup programs give each {proto} socket a backend at connect() or sendmsg(), so no packet is translated")
     } else {
-        "the bpfnat veth path: packets are routed into hm-natin and translated per packet on hm-natout, with conntrack"
+        "the bpfnat veth path: packets are routed into hm-natin and translated per packet as they leave it (on hm-natout, across the veth, for a backend on this host), with conntrack"
             .to_string()
     };
     let live = svc.slots.iter().flatten().count();

@@ -12,7 +12,7 @@ use crate::model::Program;
 fn on_path(path: PathKind) -> &'static [Program] {
     match path {
         PathKind::ConnectTime => &Program::CONNECT_TIME,
-        PathKind::Veth => &[Program::NatOut, Program::Reply, Program::Direct],
+        PathKind::Veth => &[Program::NatIn, Program::NatOut, Program::Reply, Program::Direct],
         PathKind::Mesh => &[Program::Mesh],
         PathKind::Gateway => &[Program::TunIn, Program::TunOut],
         PathKind::NodePort => &[Program::Reply, Program::Direct],
@@ -42,6 +42,8 @@ fn list(names: &[String]) -> String {
 #[derive(Default)]
 struct Findings {
     missing: Vec<String>,
+    /// hm_natin not attached: the veth path still works, through hm_natout.
+    natin_missing: bool,
     other: Vec<String>,
     unmarked: Vec<String>,
     unknown: Vec<String>,
@@ -60,7 +62,9 @@ pub(super) fn programs(e: &mut Explanation, attached: &[AttachedProgram]) {
     let mut f = Findings::default();
     for program in wanted {
         let here: Vec<&AttachedProgram> = attached.iter().filter(|a| a.attachment.program == *program).collect();
-        if here.is_empty() {
+        if here.is_empty() && *program == Program::NatIn {
+            f.natin_missing = true;
+        } else if here.is_empty() {
             f.missing.push(program.name().to_string());
         }
         for a in here {
@@ -112,6 +116,14 @@ impl Findings {
                 } else {
                     "this path does not work until the daemon attaches it (`hostmesh status` says why)."
                 }
+            ));
+        }
+        if self.natin_missing {
+            out.push(format!(
+                "{} is not attached: packets to this VIP cross the veth, and {} translates them there (it works, at \
+                 the cost of a second device hop; `hostmesh status` says why).",
+                Program::NatIn.name(),
+                Program::NatOut.name()
             ));
         }
         if !self.dead.is_empty() {

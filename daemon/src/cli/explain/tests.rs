@@ -200,13 +200,14 @@ fn from_predicts_by_affinity_then_hash_and_says_when_it_cannot() {
     assert_eq!(run(&k, "10.96.0.10:80", Some((src, Some(40000)))).from.unwrap().by, "hash");
 }
 
-/// The veth path's three programs as this build attaches them, each with
+/// The veth path's four programs as this build attaches them, each with
 /// the mark `mark` gives it.
 fn veth_programs(mark: impl Fn(Program) -> Mark) -> Vec<AttachedProgram> {
     [
         (Program::NatOut, Hook::TcIngress("hm-natout".into())),
         (Program::Reply, Hook::TcIngress("lo".into())),
         (Program::Direct, Hook::TcEgress("lo".into())),
+        (Program::NatIn, Hook::TcEgress("hm-natin".into())),
     ]
     .into_iter()
     .enumerate()
@@ -230,9 +231,9 @@ fn the_path_s_programs_are_listed_with_whose_build_they_are() {
     let mut k = kernel(0);
     k.attached = veth_programs(this_build);
     let e = run(&k, "10.96.0.10:80", None);
-    assert_eq!(e.programs.len(), 3, "{:?}", e.programs);
+    assert_eq!(e.programs.len(), 4, "{:?}", e.programs);
     assert!(e.programs.iter().all(|p| p.build == BuildOf::This && p.live), "{:?}", e.programs);
-    assert_eq!(e.sentences.last().unwrap(), "The 3 programs on this path are attached and are this build's.");
+    assert_eq!(e.sentences.last().unwrap(), "The 4 programs on this path are attached and are this build's.");
     assert!(
         e.kernel.iter().any(|l| l.starts_with(
             "program hm_natout on tc ingress of hm-natout (id 10, tag 0000000000000000, by link): this build's"
@@ -243,13 +244,14 @@ fn the_path_s_programs_are_listed_with_whose_build_they_are() {
 
     // One of another build, one from before marks, one unreadable.
     k.attached = veth_programs(|p| match p {
+        Program::NatIn => this_build(p),
         Program::NatOut => Mark::Build(build_marks(p)[0] ^ 1),
         Program::Reply => Mark::Unmarked,
         _ => Mark::Unreadable("open map 7: Operation not permitted".into()),
     });
     let e = run(&k, "10.96.0.10:80", None);
     let builds: Vec<BuildOf> = e.programs.iter().map(|p| p.build).collect();
-    assert_eq!(builds, [BuildOf::Other, BuildOf::Unmarked, BuildOf::Unknown]);
+    assert_eq!(builds, [BuildOf::This, BuildOf::Other, BuildOf::Unmarked, BuildOf::Unknown]);
     let said = e.sentences.join("\n");
     assert!(said.contains("hm_natout on tc ingress of hm-natout is another build's program"), "{said}");
     assert!(said.contains("hm_reply on tc ingress of lo is a program without a build mark"), "{said}");
@@ -269,6 +271,13 @@ fn the_path_s_programs_are_listed_with_whose_build_they_are() {
     let said = run(&k, "10.96.0.10:80", None).sentences.join("\n");
     assert!(said.contains("hm_natout is not attached: this path does not work"), "{said}");
     assert!(said.contains("hm_reply on tc ingress of lo is pinned but the hook is gone"), "{said}");
+    // Without hm_natin the path works, through hm_natout, and says so.
+    let mut programs = veth_programs(this_build);
+    programs.retain(|p| p.attachment.program != Program::NatIn);
+    k.attached = programs;
+    let said = run(&k, "10.96.0.10:80", None).sentences.join("\n");
+    assert!(said.contains("hm_natin is not attached: packets to this VIP cross the veth, and hm_natout"), "{said}");
+    assert!(!said.contains("does not work"), "{said}");
     // Connect-time LB wants its eight cgroup programs, not these.
     k.attached = veth_programs(this_build);
     let e = run(&kernel(CFG_CTLB_TCP), "10.96.0.10:80", None);

@@ -11,16 +11,16 @@ use zerocopy::IntoBytes;
 
 use super::*;
 
-const CLIENT_SIDE: &str = "hm-ta";
-const BACKEND_SIDE: &str = "hm-tb";
+pub(super) const CLIENT_SIDE: &str = "hm-ta";
+pub(super) const BACKEND_SIDE: &str = "hm-tb";
 /// This host's addresses on the two.
-const HOST_A: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
-const HOST_B: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+pub(super) const HOST_A: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
+pub(super) const HOST_B: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
 const HOST_A6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xa, 0, 0, 0, 0, 0x10);
 const HOST_B6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xb, 0, 0, 0, 0, 0x10);
 /// Another host's backend, behind hm-tb.
-const REMOTE: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 20);
-const REMOTE6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xb, 0, 0, 0, 0, 0x20);
+pub(super) const REMOTE: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 20);
+pub(super) const REMOTE6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xb, 0, 0, 0, 0, 0x20);
 
 fn ip(args: &str) {
     let out = Command::new("ip").args(args.split_whitespace()).output().expect("run ip");
@@ -30,7 +30,7 @@ fn ip(args: &str) {
 /// The two host interfaces, up, addressed and forwarding (what hostmesh
 /// sets on host interfaces when a service is reached from the network),
 /// and the facts compile needs of them.
-fn two_interfaces(facts: &mut HostFacts) {
+pub(super) fn two_interfaces(facts: &mut HostFacts) {
     ip(&format!("link add {CLIENT_SIDE} type veth peer name {BACKEND_SIDE}"));
     ip(&format!("addr add {HOST_A}/24 dev {CLIENT_SIDE}"));
     ip(&format!("addr add {HOST_A6}/64 dev {CLIENT_SIDE} nodad"));
@@ -53,7 +53,7 @@ fn two_interfaces(facts: &mut HostFacts) {
     facts.addresses = netlink.addresses().unwrap();
 }
 
-fn config(snat_range: &str) -> String {
+pub(super) fn config(snat_range: &str) -> String {
     format!(
         "[daemon]\nconnect_time_lb = \"off\"\nhost_interfaces = [\"{CLIENT_SIDE}\", \"{BACKEND_SIDE}\"]\n\
          snat_port_range = \"{snat_range}\"\n\
@@ -69,16 +69,16 @@ fn config(snat_range: &str) -> String {
     )
 }
 
-fn ifindex(dev: &str) -> u32 {
+pub(super) fn ifindex(dev: &str) -> u32 {
     nix::net::if_::if_nametoindex(dev).unwrap()
 }
 
-fn at(ip: impl Into<IpAddr>, port: u16) -> SocketAddr {
+pub(super) fn at(ip: impl Into<IpAddr>, port: u16) -> SocketAddr {
     SocketAddr::new(ip.into(), port)
 }
 
 /// (source, destination) of an IPv6 UDP frame, its checksum checked.
-fn addresses6(frame: &[u8]) -> (SocketAddr, SocketAddr) {
+pub(super) fn addresses6(frame: &[u8]) -> (SocketAddr, SocketAddr) {
     let addr = |at: usize| Ipv6Addr::from(<[u8; 16]>::try_from(&frame[at..at + 16]).unwrap());
     let (s, d) = (addr(22), addr(38));
     let udp = &frame[54..];
