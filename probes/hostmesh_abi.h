@@ -190,8 +190,16 @@ struct hm_ct_value {
 	__u8 _pad;
 	__u32 svc_id;
 	__u64 last_seen_ns; /* CLOCK_MONOTONIC ns (clock.h) */
+	/* A forward entry's next hop, as the FIB found it for the flow's
+	 * packets (service_nat.c, find_hop): the epoch it was found in, the
+	 * interface (0: not known) and the Ethernet header's two MACs
+	 * (destination, then source). Zero in reverse entries. */
+	__u32 fib_epoch;
+	__u32 fib_ifindex;
+	__u8 fib_macs[12];
+	__u32 _pad2;
 };
-_Static_assert(sizeof(struct hm_ct_value) == 32, "hm_ct_value layout");
+_Static_assert(sizeof(struct hm_ct_value) == 56, "hm_ct_value layout");
 
 #define HM_CT_F_REPLIED (1u << 0)  /* the backend answered */
 #define HM_CT_F_CLOSING (1u << 1)  /* TCP: closed (a FIN each way) */

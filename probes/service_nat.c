@@ -39,48 +39,116 @@
 #include "packet.h"
 #include "service_maps.h"
 
-/* Rewrites the source or destination address and port, fixing checksums. */
-static __always_inline int rewrite(struct __sk_buff *skb, const struct flow *f, int dst, const __u8 addr[16], __be16 port)
+static __always_inline __u16 csum_fold(__s64 sum)
+{
+	__u32 s = (__u32)sum;
+
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return (__u16)~s;
+}
+
+/* The one's complement difference `from` -> `to` of `n` 32-bit words, a
+ * 32-bit partial sum as bpf_csum_diff() gives it, computed here: a helper
+ * call costs more than these few additions. */
+static __always_inline __u32 csum_words_diff(const __be32 *from, const __be32 *to, int n)
+{
+	__u64 s = 0;
+
+#pragma unroll
+	for (int i = 0; i < n; i++)
+		s += (__u64)(__u32)~from[i] + (__u32)to[i];
+	s = (s & 0xffffffff) + (s >> 32);
+	s = (s & 0xffffffff) + (s >> 32);
+	return (__u32)s;
+}
+
+/* A 16-bit checksum field with a partial sum `diff` applied (the IPv4
+ * header's, which no offload computes: bpf_l3_csum_replace's arithmetic),
+ * the carry of the addition added back before csum_fold. */
+static __always_inline __u16 csum_apply(__u16 check, __u32 diff)
+{
+	__u32 s = diff + (__u16)~check;
+
+	return csum_fold(s + (s < diff));
+}
+
+/* Rewrites a packet of `f` to the addresses and ports given (`f` is left
+ * as it was). The L4 checksum goes through bpf_l4_csum_replace, which
+ * alone knows how the skb's checksum is offloaded: both addresses in one
+ * difference (the pseudo-header's), both ports in another, differences
+ * computed here. The stores are bpf_skb_store_bytes, one for the
+ * addresses (with the IPv4 header's checksum, computed here, beside
+ * them) and one for the ports: 4 helper calls where there were 8. Not
+ * written straight into the packet: a program that does makes the
+ * verifier add a prologue that copies every shared (cloned) skb it sees,
+ * and these programs see every TCP segment the host sends (clones of its
+ * retransmit queue's), at lo and host interfaces alike. */
+static __always_inline int rewrite_to(struct __sk_buff *skb, const struct flow *f, const __u8 src[16], const __u8 dst[16],
+				      __be16 sport, __be16 dport)
 {
 	__u32 csum_off = f->l4_off + (f->proto == IPPROTO_TCP ? OFF(struct tcphdr, check) : OFF(struct udphdr, check));
 	__u64 mangled = f->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
-	__be16 old_port = dst ? f->dport : f->sport;
-	const __u8 *old = dst ? f->dst : f->src;
+	__be16 ports_from[2] = { f->sport, f->dport }, ports_to[2] = { sport, dport };
+	__be32 to[8];
+	__u32 diff = 0;
+	int addrs, ports = f->sport != sport || f->dport != dport;
 
 	if (!f->v6) {
-		__u32 ip_off = ETH_HLEN + (dst ? OFF(struct iphdr, daddr) : OFF(struct iphdr, saddr));
-		__be32 from, to;
+		__be32 from[2];
 
-		__builtin_memcpy(&from, old + 12, 4);
-		__builtin_memcpy(&to, addr + 12, 4);
-		if (bpf_l4_csum_replace(skb, csum_off, from, to, BPF_F_PSEUDO_HDR | mangled | 4))
-			return -1;
-		if (bpf_l3_csum_replace(skb, ETH_HLEN + OFF(struct iphdr, check), from, to, 4))
-			return -1;
-		if (bpf_skb_store_bytes(skb, ip_off, &to, 4, 0))
-			return -1;
+		__builtin_memcpy(&from[0], f->src + 12, 4);
+		__builtin_memcpy(&from[1], f->dst + 12, 4);
+		__builtin_memcpy(&to[0], src + 12, 4);
+		__builtin_memcpy(&to[1], dst + 12, 4);
+		addrs = from[0] != to[0] || from[1] != to[1];
+		if (addrs)
+			diff = csum_words_diff(from, to, 2);
 	} else {
-		__u32 ip_off = ETH_HLEN + (dst ? OFF(struct ipv6hdr, daddr) : OFF(struct ipv6hdr, saddr));
-		__be32 from[4], to[4];
-		__s64 diff;
-
-		__builtin_memcpy(from, old, 16);
-		__builtin_memcpy(to, addr, 16);
-		diff = bpf_csum_diff(from, 16, to, 16, 0);
-		if (bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR | mangled))
-			return -1;
-		if (bpf_skb_store_bytes(skb, ip_off, to, 16, 0))
-			return -1;
+		addrs = !hm_same_addr(f->src, src) || !hm_same_addr(f->dst, dst);
+		if (addrs) {
+			/* struct flow holds the two addresses side by side, as
+			 * the IPv6 header does. */
+			__builtin_memcpy(to, src, 16);
+			__builtin_memcpy(&to[4], dst, 16);
+			diff = csum_words_diff((const __be32 *)f->src, to, 8);
+		}
 	}
-	if (old_port != port) {
-		__u32 port_off = f->l4_off + (dst ? OFF(struct tcphdr, dest) : OFF(struct tcphdr, source));
+	if (addrs && bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR | mangled))
+		return -1;
+	if (ports && bpf_l4_csum_replace(skb, csum_off, 0,
+					 csum_words_diff((const __be32 *)ports_from, (const __be32 *)ports_to, 1), mangled))
+		return -1;
 
-		if (bpf_l4_csum_replace(skb, csum_off, old_port, port, mangled | 2))
+	if (addrs && !f->v6) {
+		/* The header's checksum and both addresses, side by side. */
+		struct {
+			__u16 check;
+			__be32 addrs[2];
+		} __attribute__((packed)) h;
+		struct iphdr *ip = (void *)(long)skb->data + ETH_HLEN;
+
+		if ((void *)(ip + 1) > (void *)(long)skb->data_end)
 			return -1;
-		if (bpf_skb_store_bytes(skb, port_off, &port, 2, 0))
+		h.check = csum_apply(ip->check, diff);
+		h.addrs[0] = to[0];
+		h.addrs[1] = to[1];
+		if (bpf_skb_store_bytes(skb, ETH_HLEN + OFF(struct iphdr, check), &h, sizeof(h), 0))
 			return -1;
+	} else if (addrs && bpf_skb_store_bytes(skb, ETH_HLEN + OFF(struct ipv6hdr, saddr), to, 32, 0)) {
+		return -1;
 	}
+	if (ports && bpf_skb_store_bytes(skb, f->l4_off + OFF(struct tcphdr, source), ports_to, 4, 0))
+		return -1;
 	return 0;
+}
+
+/* Rewrites the source (`dst` 0) or the destination address and port. */
+static __always_inline int rewrite(struct __sk_buff *skb, const struct flow *f, int dst, const __u8 addr[16], __be16 port)
+{
+	if (dst)
+		return rewrite_to(skb, f, f->src, addr, f->sport, port);
+	return rewrite_to(skb, f, addr, f->dst, port, f->dport);
 }
 
 /* Asks the FIB where a packet from `src` to `dst`, arriving where `skb`
@@ -122,6 +190,21 @@ static __always_inline void find_hop(struct __sk_buff *skb, const struct flow *f
 	/* Both MACs in one store (the FIB gives them the other way round). */
 	__builtin_memcpy(h->macs, fib.dmac, ETH_ALEN);
 	__builtin_memcpy(h->macs + ETH_ALEN, fib.smac, ETH_ALEN);
+}
+
+/* A flow keeps where its translated packets leave (the FIB's interface
+ * and MACs) in its entry: found by its first packet, and again by the
+ * first in each epoch of 2^30 ns (about a second), so a route or
+ * neighbour that changes reaches every flow within that. The lookup was a
+ * quarter of a packet's translation. Only a next hop the FIB resolved is
+ * kept: a local destination, or a neighbour not resolved yet, asks the
+ * FIB every time. Two CPUs refreshing one entry at once write the same
+ * answer. */
+#define HM_FIB_EPOCH_SHIFT 30
+
+static __always_inline __u32 fib_epoch(__u64 now)
+{
+	return (__u32)(now >> HM_FIB_EPOCH_SHIFT);
 }
 
 /* Whether a packet goes out of an interface (not up this host's stack). */
@@ -266,15 +349,6 @@ struct unreach {
 #define HEADERS4 (ETH_HLEN + sizeof(struct iphdr) + 8)
 #define HEADERS6 (ETH_HLEN + sizeof(struct ipv6hdr) + 8)
 
-static __always_inline __u16 csum_fold(__s64 sum)
-{
-	__u32 s = (__u32)sum;
-
-	s = (s & 0xffff) + (s >> 16);
-	s = (s & 0xffff) + (s >> 16);
-	return (__u16)~s;
-}
-
 /* Answers a UDP datagram to a VIP:port nobody serves with an ICMP port
  * unreachable from the VIP, sent back into hm-natin as a RST is: the
  * client's kernel finds the socket by the quote, so a connected UDP socket
@@ -412,6 +486,14 @@ static __always_inline __u32 flow_hash(const struct flow *f)
 	return hm_flow_hash_words((const __u64 *)f->src, (const __u64 *)f->dst, f->sport, f->dport, f->proto);
 }
 
+/* Keeps the next hop `h` the FIB found in a flow's forward entry `v`. */
+static __always_inline void keep_hop(struct hm_ct_value *v, const struct hop *h, __u64 now)
+{
+	v->fib_epoch = fib_epoch(now);
+	v->fib_ifindex = h->ifindex;
+	__builtin_memcpy(v->fib_macs, h->macs, sizeof(v->fib_macs));
+}
+
 /* The backend a packet of the veth path goes to, and where it leaves. */
 struct veth_dest {
 	__u8 addr[16];
@@ -467,9 +549,17 @@ static __attribute__((noinline)) int veth_flow(struct __sk_buff *skb, const stru
 		to->port = be->port;
 		svc_id = svc->id;
 	}
-	find_hop(skb, f, to->addr, &to->hop);
-	if (egress && !hop_out(&to->hop))
-		return TC_ACT_OK;
+	if (known && ct->fib_ifindex && ct->fib_epoch == fib_epoch(now)) {
+		to->hop.rc = BPF_FIB_LKUP_RET_SUCCESS;
+		to->hop.ifindex = ct->fib_ifindex;
+		__builtin_memcpy(to->hop.macs, ct->fib_macs, sizeof(to->hop.macs));
+	} else {
+		find_hop(skb, f, to->addr, &to->hop);
+		if (egress && !hop_out(&to->hop))
+			return TC_ACT_OK;
+		if (known && to->hop.rc == BPF_FIB_LKUP_RET_SUCCESS)
+			keep_hop(ct, &to->hop, now);
+	}
 
 	ct_key(&rk, to->addr, f->src, to->port, f->sport, f->proto, HM_CT_REVERSE);
 	if (known) {
@@ -492,6 +582,8 @@ static __attribute__((noinline)) int veth_flow(struct __sk_buff *skb, const stru
 		rv.svc_id = svc_id;
 		rv.flags = fv.flags;
 		rv.last_seen_ns = now;
+		if (to->hop.rc == BPF_FIB_LKUP_RET_SUCCESS)
+			keep_hop(&fv, &to->hop, now);
 		/* A RST ends what it belongs to: it goes on, remembered by no one. */
 		if (!(fv.flags & HM_CT_F_RESET) &&
 		    (bpf_map_update_elem(&HM_CT, &rk, &rv, BPF_ANY) || bpf_map_update_elem(&HM_CT, &fk, &fv, BPF_ANY)))
@@ -592,96 +684,12 @@ int hm_natout(struct __sk_buff *skb)
  * packets, which the network's flows never are. */
 #define HM_LOOPBACK_IFINDEX 1
 
-/* The one's complement difference `from` -> `to` of `n` 32-bit words, a
- * 32-bit partial sum as bpf_csum_diff() gives it, computed here: a helper
- * call costs more than these few additions. */
-static __always_inline __u32 csum_words_diff(const __be32 *from, const __be32 *to, int n)
-{
-	__u64 s = 0;
-
-#pragma unroll
-	for (int i = 0; i < n; i++)
-		s += (__u64)(__u32)~from[i] + (__u32)to[i];
-	s = (s & 0xffffffff) + (s >> 32);
-	s = (s & 0xffffffff) + (s >> 32);
-	return (__u32)s;
-}
-
-/* A 16-bit checksum field with a partial sum `diff` applied (the IPv4
- * header's, which no offload computes: bpf_l3_csum_replace's arithmetic),
- * the carry of the addition added back before csum_fold. */
-static __always_inline __u16 csum_apply(__u16 check, __u32 diff)
-{
-	__u32 s = diff + (__u16)~check;
-
-	return csum_fold(s + (s < diff));
-}
 
 /* Rewrites a packet as its flow's entry says (addresses and ports), and
- * `f` with it. The L4 checksum goes through bpf_l4_csum_replace, which
- * alone knows how the skb's checksum is offloaded: both addresses in one
- * difference (the pseudo-header's), both ports in another, differences
- * computed here. The stores are bpf_skb_store_bytes, one for the
- * addresses (with the IPv4 header's checksum, computed here, beside
- * them) and one for the ports: 4 helper calls where there were 8. Not
- * written straight into the packet: a program that does makes the
- * verifier add a prologue that copies every shared (cloned) skb it sees,
- * and these programs see every TCP segment the host sends (clones of its
- * retransmit queue's), at lo and host interfaces alike. */
+ * `f` with it. */
 static __always_inline int nat_rewrite(struct __sk_buff *skb, struct flow *f, const struct hm_nat_value *v)
 {
-	__u32 csum_off = f->l4_off + (f->proto == IPPROTO_TCP ? OFF(struct tcphdr, check) : OFF(struct udphdr, check));
-	__u64 mangled = f->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
-	__be16 ports_from[2] = { f->sport, f->dport }, ports_to[2] = { v->sport, v->dport };
-	__be32 to[8];
-	__u32 diff = 0;
-	int addrs, ports = f->sport != v->sport || f->dport != v->dport;
-
-	if (!f->v6) {
-		__be32 from[2];
-
-		__builtin_memcpy(&from[0], f->src + 12, 4);
-		__builtin_memcpy(&from[1], f->dst + 12, 4);
-		__builtin_memcpy(&to[0], v->src + 12, 4);
-		__builtin_memcpy(&to[1], v->dst + 12, 4);
-		addrs = from[0] != to[0] || from[1] != to[1];
-		if (addrs)
-			diff = csum_words_diff(from, to, 2);
-	} else {
-		addrs = !hm_same_addr(f->src, v->src) || !hm_same_addr(f->dst, v->dst);
-		if (addrs) {
-			/* struct flow holds the two addresses side by side, as
-			 * the IPv6 header does. */
-			__builtin_memcpy(to, v->src, 16);
-			__builtin_memcpy(&to[4], v->dst, 16);
-			diff = csum_words_diff((const __be32 *)f->src, to, 8);
-		}
-	}
-	if (addrs && bpf_l4_csum_replace(skb, csum_off, 0, diff, BPF_F_PSEUDO_HDR | mangled))
-		return -1;
-	if (ports && bpf_l4_csum_replace(skb, csum_off, 0,
-					 csum_words_diff((const __be32 *)ports_from, (const __be32 *)ports_to, 1), mangled))
-		return -1;
-
-	if (addrs && !f->v6) {
-		/* The header's checksum and both addresses, side by side. */
-		struct {
-			__u16 check;
-			__be32 addrs[2];
-		} __attribute__((packed)) h;
-		struct iphdr *ip = (void *)(long)skb->data + ETH_HLEN;
-
-		if ((void *)(ip + 1) > (void *)(long)skb->data_end)
-			return -1;
-		h.check = csum_apply(ip->check, diff);
-		h.addrs[0] = to[0];
-		h.addrs[1] = to[1];
-		if (bpf_skb_store_bytes(skb, ETH_HLEN + OFF(struct iphdr, check), &h, sizeof(h), 0))
-			return -1;
-	} else if (addrs && bpf_skb_store_bytes(skb, ETH_HLEN + OFF(struct ipv6hdr, saddr), to, 32, 0)) {
-		return -1;
-	}
-	if (ports && bpf_skb_store_bytes(skb, f->l4_off + OFF(struct tcphdr, source), ports_to, 4, 0))
+	if (rewrite_to(skb, f, v->src, v->dst, v->sport, v->dport))
 		return -1;
 	__builtin_memcpy(f->src, v->src, 16);
 	__builtin_memcpy(f->dst, v->dst, 16);
@@ -923,21 +931,10 @@ static __attribute__((noinline)) int nat_record(struct __sk_buff *skb, const str
 	return 0;
 }
 
-/* A flow from the network keeps where its translated packets leave (the
- * FIB's interface and MACs) in each of its entries: found by the first
- * packet each way, and again by the first in each epoch of 2^30 ns
- * (about a second), so a route or neighbour that changes reaches every
- * flow within that. The lookup was a quarter of a packet's translation.
- * Only a next hop the FIB resolved is kept: a local destination, or a
- * neighbour not resolved yet, asks the FIB every time (forward()). Two
- * CPUs refreshing one entry at once write the same answer. */
-#define HM_FIB_EPOCH_SHIFT 30
-
-static __always_inline __u32 fib_epoch(__u64 now)
-{
-	return (__u32)(now >> HM_FIB_EPOCH_SHIFT);
-}
-
+/* A flow from the network keeps where its translated packets leave in
+ * each of its entries (as the veth path's forward entries do: fib_epoch
+ * above): found by the first packet each way, and again by the first in
+ * each epoch. */
 static __always_inline int nat_hop_known(const struct hm_nat_value *v, __u64 now)
 {
 	return v->fib_ifindex && v->fib_epoch == fib_epoch(now);

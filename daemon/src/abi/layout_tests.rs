@@ -77,7 +77,8 @@ fn mirrors() -> Vec<(&'static str, &'static str, usize, Vec<Field>)> {
         }),
         mirror!(CtValue, "hm_ct_value", {
             nat_addr => "nat_addr", nat_port_be => "nat_port", flags => "flags", pad => "_pad",
-            svc_id => "svc_id", last_seen_ns => "last_seen_ns",
+            svc_id => "svc_id", last_seen_ns => "last_seen_ns", fib_epoch => "fib_epoch",
+            fib_ifindex => "fib_ifindex", fib_macs => "fib_macs", pad2 => "_pad2",
         }),
         mirror!(NatValue, "hm_nat_value", {
             dst => "dst", src => "src", dport_be => "dport", sport_be => "sport", flags => "flags", pad => "_pad",

@@ -174,6 +174,7 @@ pub const MAPS: [MapDef; HmMap::COUNT] = [
         NO_PREALLOC,
         Some(C::MaglevChunks),
     ),
+    // 32 bytes before the next hop was kept in each flow's forward entry.
     row(
         M::Ct,
         "HM_CT",
@@ -183,7 +184,8 @@ pub const MAPS: [MapDef; HmMap::COUNT] = [
         CONNTRACK_SIZE,
         0,
         Some(C::Conntrack),
-    ),
+    )
+    .grown_from(&[32]),
     row(
         M::CtClosing,
         "HM_CT_CLOSING",
@@ -193,7 +195,8 @@ pub const MAPS: [MapDef; HmMap::COUNT] = [
         CONNTRACK_SIZE,
         0,
         Some(C::Conntrack),
-    ),
+    )
+    .grown_from(&[32]),
     // 56 bytes before the next hop was kept in each flow's entry.
     row(
         M::Nat,

@@ -195,6 +195,12 @@ pub struct CtValue {
     pub pad: u8,
     pub svc_id: u32,
     pub last_seen_ns: u64,
+    /// A forward entry's next hop (probes/service_nat.c, find_hop): the
+    /// epoch it was found in, the interface (0: not known), both MACs.
+    pub fib_epoch: u32,
+    pub fib_ifindex: u32,
+    pub fib_macs: [u8; 12],
+    pub pad2: u32,
 }
 
 pub const CT_F_REPLIED: u8 = 1 << 0;

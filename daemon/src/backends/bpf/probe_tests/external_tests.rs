@@ -22,7 +22,7 @@ const HOST_B6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xb, 0, 0, 0, 0, 0x10);
 pub(super) const REMOTE: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 20);
 pub(super) const REMOTE6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xb, 0, 0, 0, 0, 0x20);
 
-fn ip(args: &str) {
+pub(super) fn ip(args: &str) {
     let out = Command::new("ip").args(args.split_whitespace()).output().expect("run ip");
     assert!(out.status.success(), "ip {args}: {}", String::from_utf8_lossy(&out.stderr));
 }

@@ -8,7 +8,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 
 use super::external_tests::{
-    addresses6, at, config, ifindex, two_interfaces, BACKEND_SIDE, HOST_A, HOST_B, REMOTE, REMOTE6,
+    addresses6, at, config, ifindex, ip, two_interfaces, BACKEND_SIDE, HOST_A, HOST_B, REMOTE, REMOTE6,
 };
 use super::*;
 
@@ -16,6 +16,16 @@ const REDIRECT: u32 = abi::TC_ACT_REDIRECT as u32;
 const OK: u32 = abi::TC_ACT_OK as u32;
 /// A few ticks of the kernel's coarse clock (a tick is 1-10 ms).
 const TICKS: std::time::Duration = std::time::Duration::from_millis(25);
+
+/// Each open flow entry's state and time (its next hop aside, which the
+/// first packet of a new epoch finds again).
+fn state_of(entries: &[(abi::CtKey, abi::CtValue)]) -> Vec<(abi::CtKey, u8, u64)> {
+    entries.iter().map(|(k, v)| (*k, v.flags, v.last_seen_ns)).collect()
+}
+
+fn state(p: &mut Probes) -> Vec<(abi::CtKey, u8, u64)> {
+    state_of(&p.conntrack(HmMap::Ct))
+}
 
 fn vip(last: u8, port: u16) -> SocketAddr {
     at(Ipv4Addr::new(10, 96, 0, last), port)
@@ -26,6 +36,8 @@ fn hm_natin_sends_a_flow_to_another_host_out_at_once_and_refreshes_its_entries_o
     let mut p = Probes::with_host(&config("61000-65535"), two_interfaces);
     let host = at(HOST_B, 40100);
     let (web, backend) = (vip(10, 80), at(REMOTE, 8080));
+    ip(&format!("neigh add {REMOTE} lladdr 02:00:00:00:00:20 dev {BACKEND_SIDE} nud permanent"));
+    let dst_mac = |frame: &[u8]| frame[..6].to_vec();
 
     // The SYN: a backend picked and recorded both ways, the packet
     // translated, noted for hm_direct at the egress it is sent to, and
@@ -36,6 +48,11 @@ fn hm_natin_sends_a_flow_to_another_host_out_at_once_and_refreshes_its_entries_o
     assert_ne!(cb_of(&out)[..2], [0, 0], "noted for hm_direct");
     let opened = p.conntrack(HmMap::Ct);
     assert_eq!(opened.len(), 2, "the flow, both ways: {opened:?}");
+    // The FIB's answer (the backend's neighbour is known) is in the packet
+    // and kept in the flow's forward entry.
+    assert_eq!(dst_mac(&out.data), [2, 0, 0, 0, 0, 0x20]);
+    let forward = opened.iter().find(|(k, _)| k.dir == abi::CT_FORWARD).unwrap().1;
+    assert_eq!((forward.fib_ifindex, &forward.fib_macs[..6]), (ifindex(BACKEND_SIDE), &[2, 0, 0, 0, 0, 0x20][..]));
 
     // Its next packet, within the second and with nothing new: the same
     // backend, and neither entry written (nor the other looked up). The
@@ -44,7 +61,7 @@ fn hm_natin_sends_a_flow_to_another_host_out_at_once_and_refreshes_its_entries_o
     std::thread::sleep(TICKS);
     let out = p.run(Program::NatIn, &packet(host, web, Some(TCP_ACK)));
     assert_eq!((out.retval, addresses(&out.data).1), (REDIRECT, backend));
-    assert_eq!(p.conntrack(HmMap::Ct), opened, "nothing written");
+    assert_eq!(state(&mut p), state_of(&opened), "nothing written");
 
     // The backend's answer, at the host interface: the VIP again, and its
     // news (answered) written to both entries; a repeat of it, nothing.
@@ -55,7 +72,39 @@ fn hm_natin_sends_a_flow_to_another_host_out_at_once_and_refreshes_its_entries_o
     assert!(answered.iter().all(|(_, v)| v.flags & abi::CT_F_REPLIED != 0), "{answered:?}");
     std::thread::sleep(TICKS);
     p.run_on(Program::Reply, b, &packet(backend, host, Some(TCP_ACK)));
-    assert_eq!(p.conntrack(HmMap::Ct), answered, "nothing new: nothing written");
+    assert_eq!(state(&mut p), state_of(&answered), "nothing new: nothing written");
+
+    // The next hop is asked again once an epoch (about a second), not per
+    // packet: a neighbour's new address reaches the flow within that.
+    let ack = packet(host, web, Some(TCP_ACK));
+    let epoch = || (super::super::conntrack::now_ns() >> 30) as u32;
+    let kept = |p: &mut Probes| p.conntrack(HmMap::Ct).into_iter().find(|(k, _)| k.dir == abi::CT_FORWARD).unwrap().1;
+    let neighbour = |last: u8| {
+        ip(&format!("neigh replace {REMOTE} lladdr 02:00:00:00:00:{last:02x} dev {BACKEND_SIDE} nud permanent"))
+    };
+    loop {
+        // At the start of an epoch the flow's first packet asks the FIB;
+        // the neighbour changes; the next packet, in the same epoch (the
+        // clock read on both sides of it), goes where the entry says.
+        let start = epoch();
+        while epoch() == start {
+            std::thread::sleep(TICKS);
+        }
+        neighbour(0x20);
+        p.run(Program::NatIn, &ack);
+        neighbour(0x21);
+        let (before, mac, after) = (epoch(), dst_mac(&p.run(Program::NatIn, &ack).data), epoch());
+        if before == after && kept(&mut p).fib_epoch == after {
+            assert_eq!(mac, [2, 0, 0, 0, 0, 0x20], "the next hop kept in the entry");
+            break;
+        }
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while dst_mac(&p.run(Program::NatIn, &ack).data) != [2, 0, 0, 0, 0, 0x21] {
+        assert!(std::time::Instant::now() < deadline, "the new neighbour never reached the flow");
+        std::thread::sleep(TICKS);
+    }
+    assert_eq!(kept(&mut p).fib_macs[..6], [2, 0, 0, 0, 0, 0x21]);
 
     // A FIN each way closes it, as on hm_natout.
     let out = p.run(Program::NatIn, &packet(host, web, Some(TCP_FIN | TCP_ACK)));
