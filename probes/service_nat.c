@@ -521,8 +521,14 @@ static __attribute__((noinline)) int veth_flow(struct __sk_buff *skb, const stru
 	int closed, known;
 
 	ct_key(&fk, f->src, f->dst, f->sport, f->dport, f->proto, HM_CT_FORWARD);
-	ct = ct_find(&fk, &closed);
-	/* A SYN after a flow closed starts a new flow on its tuple. */
+	/* A SYN after a flow closed starts a new flow on its tuple, so a SYN
+	 * asks only the open flows (a SYN sent again is one of those). */
+	if (f->proto == IPPROTO_TCP && (f->tcp_flags & (TCP_SYN | TCP_ACK)) == TCP_SYN) {
+		ct = bpf_map_lookup_elem(&HM_CT, &fk);
+		closed = 0;
+	} else {
+		ct = ct_find(&fk, &closed);
+	}
 	known = ct && ct_live(ct, f->proto, now, cfg) && !(closed && (f->tcp_flags & TCP_SYN));
 	if (known) {
 		__builtin_memcpy(to->addr, ct->nat_addr, 16);
