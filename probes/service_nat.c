@@ -241,9 +241,9 @@ static __always_inline int forward(struct __sk_buff *skb, const struct flow *f, 
 	return send_hop(skb, &h);
 }
 
-/* A note on a packet hm_natout or hm_reply translated and sends out of an
- * interface (two words of skb->cb, the qdisc layer's scratch space, which
- * a redirect keeps): hm_direct, at that interface's egress, passes it on
+/* A note on a packet hm_natin, hm_natout or hm_reply translated and sends
+ * out of an interface (two words of skb->cb, the qdisc layer's scratch
+ * space, which a redirect keeps): hm_direct, at that interface's egress, passes it on
  * without its HM_NAT lookup, and takes the note away. A packet the stack
  * forwards or makes has its own use of cb there (IPCB, the IP layer's
  * options and offsets), never these two words; a kernel that cleared
@@ -1090,7 +1090,7 @@ static __always_inline int syn_ack(const struct flow *f)
 	return f->proto == IPPROTO_TCP && (f->tcp_flags & (TCP_SYN | TCP_ACK)) == (TCP_SYN | TCP_ACK);
 }
 
-/* An ICMP error about a flow hm_natout translated (fragmentation needed,
+/* An ICMP error about a flow the veth path translated (fragmentation needed,
  * packet too big, port unreachable, time exceeded) quotes the packet as
  * the backend was sent it: client -> backend. The client's socket knows
  * only client -> VIP, so untranslated the error is lost: path MTU
@@ -1456,8 +1456,9 @@ int hm_reply(struct __sk_buff *skb)
  * from a client address and port a VIP flow to that backend used. That
  * VIP flow is over — the backend could not tell two flows with one tuple
  * apart — so its entries go, and hm_reply leaves the new flow's replies
- * alone. Packets the veth path translated were received on hm-natout
- * (ingress_ifindex); only the host's own (ingress_ifindex 0) count. */
+ * alone. Packets the veth path translated carry the note (noted()) or
+ * were received on hm-natout (ingress_ifindex); only the host's own
+ * (ingress_ifindex 0) count. */
 /* The host's own first packet to a backend (hm_direct): a VIP flow of
  * the same tuple is over. A subprogram of its own, so hm_direct's frame
  * stays small beside external_flow's chain. */
@@ -1484,7 +1485,7 @@ int hm_direct(struct __sk_buff *skb)
 	int external;
 	int verdict;
 
-	/* Translated and sent here by hm_natout or hm_reply (noted()). */
+	/* Translated and sent here by hm_natin, hm_natout or hm_reply (noted()). */
 	if (skb->cb[0] == HM_CB_SENT0 && skb->cb[1] == HM_CB_SENT1) {
 		skb->cb[0] = 0;
 		skb->cb[1] = 0;
