@@ -7,15 +7,26 @@
  * holding the backend) and a reverse one (backend -> client, as hm_reply
  * sees it, holding the VIP). Open flows live in HM_CT. A TCP flow is
  * closed once each side has sent its FIN; its entries then move to
- * HM_CT_CLOSING for its last packets. A RST ends a flow: its entries move
- * there too, for a second (HM_CT_RESET_LINGER_S). Both maps are LRUs of
- * the same size, so when one is full the least recently used entry of that
+ * HM_CT_CLOSING for its last packets. A RST ends a flow: its entries are
+ * deleted at once, as HM_NAT's are (moving them, two inserts into a map
+ * that a high rate of short connections keeps full, each evicting, cost
+ * more than the rest of the flow's conntrack). Both maps are LRUs of the
+ * same size, so when one is full the least recently used entry of that
  * map goes: closed flows push out closed flows, never an open one.
  *
+ * A TCP packet of no flow that is not a SYN opens one (HM_CT_F_PICKUP): a
+ * flow whose entries were lost (evicted from a full map) goes on with the
+ * backend the table gives it, as before. Until its backend answers it
+ * lives HM_CT_PICKUP_TIMEOUT_S: what a packet of a reset flow still on
+ * its way (an ACK sent before the RST, queued on another CPU) opens is
+ * answered by the backend with a RST, which ends it, or not at all (the
+ * backend saw it before the RST), and is gone within seconds.
+ *
  * Timeouts: closed flows 10 s, UDP and established TCP as configured, a
- * SYN never answered 60 s. An open flow's times are refreshed at most
- * once a second (ct_nothing_new). An entry past its timeout is not used;
- * the daemon sweeps such entries out every 2 s.
+ * SYN never answered 60 s, a flow picked up mid-stream and never answered
+ * 2 s. An open flow's times are refreshed at most once a second
+ * (ct_nothing_new). An entry past its timeout is not used; the daemon
+ * sweeps such entries out every 2 s.
  */
 #ifndef HOSTMESH_CONNTRACK_H
 #define HOSTMESH_CONNTRACK_H
@@ -43,7 +54,7 @@ static __always_inline __u64 ct_timeout_ns(__u8 flags, __u8 proto, const struct 
 	if (proto == IPPROTO_UDP)
 		return (cfg ? cfg->udp_timeout_s : HM_CT_UDP_TIMEOUT_DEFAULT_S) * NS_PER_S;
 	if (!(flags & HM_CT_F_REPLIED))
-		return HM_CT_SYN_TIMEOUT_S * NS_PER_S;
+		return ((flags & HM_CT_F_PICKUP) ? HM_CT_PICKUP_TIMEOUT_S : HM_CT_SYN_TIMEOUT_S) * NS_PER_S;
 	return (__u64)(cfg ? cfg->tcp_timeout_s : HM_CT_TCP_TIMEOUT_DEFAULT_S) * NS_PER_S;
 }
 
@@ -97,15 +108,6 @@ static __always_inline __u8 ct_end(const struct flow *f, __u8 fin)
 	return (f->tcp_flags & TCP_FIN) ? fin : 0;
 }
 
-/* How long the entries of a flow ended by a RST stay among the closed
- * flows: a packet its sender sent before the RST, on another CPU, can
- * reach the veth after it (an ACK queued on that CPU's backlog); it must
- * find the flow, not open it again (an open entry the backend never
- * answers, kept for the 60 s of a SYN). Their time is set back so that
- * the closed flows' timeout ends them then, and is not refreshed
- * (HM_CT_F_RESET). */
-#define HM_CT_RESET_LINGER_S 1
-
 /* Moves a flow's entries (those there are) to the closed flows, with
  * `flags`, last seen at `at`: each is changed where it is, then copied
  * (no copy on the stack, which 5.10's 512 bytes for a chain of calls
@@ -131,8 +133,7 @@ static __always_inline void ct_close(struct hm_ct_key *fk, struct hm_ct_value *f
  * a flow closed by FINs now moves to HM_CT_CLOSING, for the last ACK and
  * any FIN sent again. A flow reset is over: nothing of it is answered
  * after a RST (a late packet of the other side meets a socket that is
- * gone and is reset by that host), so its entries leave the open flows
- * and stay among the closed ones only HM_CT_RESET_LINGER_S. */
+ * gone and is reset by that host), so its entries are deleted. */
 static __always_inline void ct_seen(struct hm_ct_key *fk, struct hm_ct_value *fwd, struct hm_ct_key *rk,
 				    struct hm_ct_value *rev, __u8 flags, __u64 now)
 {
@@ -143,8 +144,7 @@ static __always_inline void ct_seen(struct hm_ct_key *fk, struct hm_ct_value *fw
 	if (rev)
 		all |= rev->flags;
 	if (flags & HM_CT_F_RESET) {
-		ct_close(fk, fwd, rk, rev, all | HM_CT_F_CLOSING,
-			 now - (HM_CT_CLOSING_TIMEOUT_S - HM_CT_RESET_LINGER_S) * NS_PER_S);
+		ct_forget(fk, rk, 0);
 		return;
 	}
 	if ((all & (HM_CT_F_FIN_OUT | HM_CT_F_FIN_BACK)) == (HM_CT_F_FIN_OUT | HM_CT_F_FIN_BACK))
@@ -176,7 +176,8 @@ static __always_inline int ct_nothing_new(const struct hm_ct_value *v, __u8 flag
 }
 
 /* A packet of a closed flow keeps it (its last ACK, a FIN sent again),
- * unless a RST ended it. */
+ * unless a RST ended it (entries an earlier build moved there at a RST,
+ * until they expire). */
 static __always_inline void ct_refresh_closed(struct hm_ct_value *v, __u64 now)
 {
 	if (v && !(v->flags & HM_CT_F_RESET))

@@ -50,6 +50,8 @@ _Static_assert(sizeof(struct hm_config) == 24, "hm_config layout");
 
 /* Conntrack timeouts that are not configurable. */
 #define HM_CT_SYN_TIMEOUT_S 60
+/* A TCP flow picked up mid-stream (HM_CT_F_PICKUP) until its backend answers. */
+#define HM_CT_PICKUP_TIMEOUT_S 2
 #define HM_CT_CLOSING_TIMEOUT_S 10
 /* The defaults of [daemon] conntrack_tcp_timeout and conntrack_udp_timeout,
  * which HM_CONFIG carries; also what applies if it cannot be read. */
@@ -205,7 +207,13 @@ _Static_assert(sizeof(struct hm_ct_value) == 56, "hm_ct_value layout");
 #define HM_CT_F_CLOSING (1u << 1)  /* TCP: closed (a FIN each way) */
 #define HM_CT_F_FIN_OUT (1u << 2)  /* TCP: the client sent its FIN */
 #define HM_CT_F_FIN_BACK (1u << 3) /* TCP: the backend sent its FIN */
-#define HM_CT_F_RESET (1u << 4)    /* TCP: a RST ended the flow (its closed entries linger a second) */
+/* TCP: a RST, as a packet's news (earlier builds also stored it in the
+ * closed entries of a reset flow, which they kept a second) */
+#define HM_CT_F_RESET (1u << 4)
+/* TCP: opened by a packet that was not a SYN (a flow conntrack lost, or a
+ * packet of a reset flow still on its way): HM_CT_PICKUP_TIMEOUT_S until
+ * the backend answers */
+#define HM_CT_F_PICKUP (1u << 5)
 
 /* HM_NAT: flows from the network (node ports, external VIPs), translated
  * at the host interfaces by hm_reply (ingress) and hm_direct (egress).

@@ -582,6 +582,9 @@ static __attribute__((noinline)) int veth_flow(struct __sk_buff *skb, const stru
 		fv.nat_port = to->port;
 		fv.svc_id = svc_id;
 		fv.flags = ct_end(f, HM_CT_F_FIN_OUT);
+		/* Not a SYN: picked up mid-stream (conntrack.h). */
+		if (f->proto == IPPROTO_TCP && !(f->tcp_flags & TCP_SYN))
+			fv.flags |= HM_CT_F_PICKUP;
 		fv.last_seen_ns = now;
 		__builtin_memcpy(rv.nat_addr, f->dst, 16);
 		rv.nat_port = f->dport;

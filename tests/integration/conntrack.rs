@@ -228,12 +228,13 @@ fn a_reset_flow_leaves_conntrack_at_once() {
     });
     assert_eq!(answered, 20);
     let tcp = |map: HmMap| t.conntrack(map).into_iter().filter(|(k, _)| k.proto == 6).count();
-    // At once: the probe ends a flow at its RST, whose entries linger a
-    // second among the closed ones (for a packet of it still on its way),
-    // long before the 10 s after which a sweep would remove a closed one
-    // (kernel time, so the bound is not scaled). Seen once in the 6.1 VM
-    // before the linger: an ACK queued on another CPU reached the veth
-    // after the RST and opened the flow again, for the 60 s of a SYN.
+    // At once: the probe forgets a flow at its RST, long before the 10 s
+    // after which a sweep would remove a closed one (kernel time, so the
+    // bound is not scaled). A packet of it still on its way (seen once in
+    // the 6.1 VM: an ACK queued on another CPU reached the veth after the
+    // RST) opens it again as a flow picked up mid-stream, which the reset
+    // backend answers with a RST, or never, and which then lives 2 s, not
+    // the 60 s of a SYN.
     let deadline = std::time::Instant::now() + Duration::from_secs(hostmesh::abi::CT_CLOSING_TIMEOUT_S - 1);
     while tcp(HmMap::Ct) != 0 || tcp(HmMap::CtClosing) != 0 {
         assert!(

@@ -207,11 +207,16 @@ pub const CT_F_REPLIED: u8 = 1 << 0;
 pub const CT_F_CLOSING: u8 = 1 << 1;
 pub const CT_F_FIN_OUT: u8 = 1 << 2;
 pub const CT_F_FIN_BACK: u8 = 1 << 3;
-/// A RST ended the flow: its entries linger among the closed flows for a
-/// second, not refreshed (probes/conntrack.h, HM_CT_RESET_LINGER_S).
+/// A RST: a packet's news. Builds before this one stored it in the closed
+/// entries of a reset flow, which they kept a second; this one forgets a
+/// reset flow at once (probes/conntrack.h).
 pub const CT_F_RESET: u8 = 1 << 4;
+/// A TCP flow opened by a packet that was not a SYN: it lives
+/// `CT_PICKUP_TIMEOUT_S` until the backend answers.
+pub const CT_F_PICKUP: u8 = 1 << 5;
 /// Conntrack timeouts fixed in the probes.
 pub const CT_SYN_TIMEOUT_S: u64 = 60;
+pub const CT_PICKUP_TIMEOUT_S: u64 = 2;
 pub const CT_CLOSING_TIMEOUT_S: u64 = 10;
 /// The defaults of `[daemon] conntrack_tcp_timeout` / `conntrack_udp_timeout`.
 pub const CT_TCP_TIMEOUT_DEFAULT_S: u64 = 86_400;

@@ -58,6 +58,8 @@ pub(super) fn timeout_s(flags: u8, proto: u8, cfg: Option<HmConfig>) -> u64 {
         CT_CLOSING_TIMEOUT_S
     } else if Protocol::from_number(proto) == Some(Protocol::Udp) {
         cfg.map_or(CT_UDP_TIMEOUT_DEFAULT_S, |c| u64::from(c.udp_timeout_s))
+    } else if flags & CT_F_REPLIED == 0 && flags & CT_F_PICKUP != 0 {
+        CT_PICKUP_TIMEOUT_S
     } else if flags & CT_F_REPLIED == 0 {
         CT_SYN_TIMEOUT_S
     } else {
