@@ -574,7 +574,9 @@ static __attribute__((noinline)) int veth_flow(struct __sk_buff *skb, const stru
 		if (closed)
 			ct_refresh_closed(ct, now);
 		else if (!ct_nothing_new(ct, news, now))
-			ct_seen(&fk, ct, &rk, bpf_map_lookup_elem(&HM_CT, &rk), news, now);
+			/* A RST deletes both entries: the other one is not looked up. */
+			ct_seen(&fk, ct, &rk, (news & HM_CT_F_RESET) ? NULL : bpf_map_lookup_elem(&HM_CT, &rk), news,
+				now);
 	} else {
 		struct hm_ct_value fv = {}, rv = {};
 
