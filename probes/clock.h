@@ -34,8 +34,9 @@ static __always_inline __u64 hm_now(void)
 
 /* How long since `then`, 0 if `then` is ahead of `now`. The difference
  * is taken modulo 2^64 and read as signed, as the kernel's time_after()
- * does: a time set back from `now` (a reset flow's, conntrack.h) may
- * have wrapped below zero in a machine's first minute. */
+ * does: a time set back from `now` (as earlier builds did for a reset
+ * flow's entries, which an upgrade adopts) may have wrapped below zero in
+ * a machine's first minute. */
 static __always_inline __u64 hm_idle_ns(__u64 now, __u64 then)
 {
 	__s64 d = (__s64)(now - then);
