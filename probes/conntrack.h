@@ -54,13 +54,20 @@ static __always_inline __u64 ct_timeout_ns(__u8 flags, __u8 proto, const struct 
 	if (proto == IPPROTO_UDP)
 		return (cfg ? cfg->udp_timeout_s : HM_CT_UDP_TIMEOUT_DEFAULT_S) * NS_PER_S;
 	if (!(flags & HM_CT_F_REPLIED))
-		return ((flags & HM_CT_F_PICKUP) ? HM_CT_PICKUP_TIMEOUT_S : HM_CT_SYN_TIMEOUT_S) * NS_PER_S;
+		return HM_CT_SYN_TIMEOUT_S * NS_PER_S;
 	return (__u64)(cfg ? cfg->tcp_timeout_s : HM_CT_TCP_TIMEOUT_DEFAULT_S) * NS_PER_S;
 }
 
+/* An HM_CT entry's: ct_timeout_ns, but HM_CT_PICKUP_TIMEOUT_S for a TCP
+ * flow picked up mid-stream that the backend has not answered (the bit is
+ * HM_CT_F_PICKUP only here: in HM_NAT's entries it is HM_NAT_F_REPLY). */
 static __always_inline int ct_live(const struct hm_ct_value *ct, __u8 proto, __u64 now, const struct hm_config *cfg)
 {
-	return hm_idle_ns(now, ct->last_seen_ns) < ct_timeout_ns(ct->flags, proto, cfg);
+	__u64 timeout = (ct->flags & (HM_CT_F_PICKUP | HM_CT_F_REPLIED | HM_CT_F_CLOSING)) == HM_CT_F_PICKUP
+				? HM_CT_PICKUP_TIMEOUT_S * NS_PER_S
+				: ct_timeout_ns(ct->flags, proto, cfg);
+
+	return hm_idle_ns(now, ct->last_seen_ns) < timeout;
 }
 
 /* The entry for `k`: an open flow's, else (TCP) a closed one's, which sets

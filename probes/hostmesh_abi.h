@@ -212,7 +212,8 @@ _Static_assert(sizeof(struct hm_ct_value) == 56, "hm_ct_value layout");
 #define HM_CT_F_RESET (1u << 4)
 /* TCP: opened by a packet that was not a SYN (a flow conntrack lost, or a
  * packet of a reset flow still on its way): HM_CT_PICKUP_TIMEOUT_S until
- * the backend answers */
+ * the backend answers. HM_CT's entries only: HM_NAT's use the bit for
+ * HM_NAT_F_REPLY. */
 #define HM_CT_F_PICKUP (1u << 5)
 
 /* HM_NAT: flows from the network (node ports, external VIPs), translated

@@ -212,7 +212,8 @@ pub const CT_F_FIN_BACK: u8 = 1 << 3;
 /// reset flow at once (probes/conntrack.h).
 pub const CT_F_RESET: u8 = 1 << 4;
 /// A TCP flow opened by a packet that was not a SYN: it lives
-/// `CT_PICKUP_TIMEOUT_S` until the backend answers.
+/// `CT_PICKUP_TIMEOUT_S` until the backend answers. `CtValue`s only: in a
+/// `NatValue` the bit is `NAT_F_REPLY`.
 pub const CT_F_PICKUP: u8 = 1 << 5;
 /// Conntrack timeouts fixed in the probes.
 pub const CT_SYN_TIMEOUT_S: u64 = 60;

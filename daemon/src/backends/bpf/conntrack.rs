@@ -58,8 +58,6 @@ pub(super) fn timeout_s(flags: u8, proto: u8, cfg: Option<HmConfig>) -> u64 {
         CT_CLOSING_TIMEOUT_S
     } else if Protocol::from_number(proto) == Some(Protocol::Udp) {
         cfg.map_or(CT_UDP_TIMEOUT_DEFAULT_S, |c| u64::from(c.udp_timeout_s))
-    } else if flags & CT_F_REPLIED == 0 && flags & CT_F_PICKUP != 0 {
-        CT_PICKUP_TIMEOUT_S
     } else if flags & CT_F_REPLIED == 0 {
         CT_SYN_TIMEOUT_S
     } else {
@@ -71,8 +69,19 @@ pub(super) fn timeout_s(flags: u8, proto: u8, cfg: Option<HmConfig>) -> u64 {
 /// left.
 pub(super) fn expire(fd: BorrowedFd<'_>, cfg: Option<HmConfig>, now: u64) -> io::Result<(usize, usize)> {
     expire_where(fd, |key: &CtKey, value: &CtValue| {
-        idle_s(now, value.last_seen_ns) >= timeout_s(value.flags, key.proto, cfg)
+        idle_s(now, value.last_seen_ns) >= ct_timeout_s(value.flags, key.proto, cfg)
     })
+}
+
+/// An HM_CT entry's timeout: `timeout_s`, but `CT_PICKUP_TIMEOUT_S` for a
+/// flow picked up mid-stream its backend has not answered (probes/
+/// conntrack.h, ct_live; the bit means another thing in HM_NAT's entries).
+fn ct_timeout_s(flags: u8, proto: u8, cfg: Option<HmConfig>) -> u64 {
+    if flags & (CT_F_PICKUP | CT_F_REPLIED | CT_F_CLOSING) == CT_F_PICKUP {
+        CT_PICKUP_TIMEOUT_S
+    } else {
+        timeout_s(flags, proto, cfg)
+    }
 }
 
 /// What is left of HM_NAT after a sweep.

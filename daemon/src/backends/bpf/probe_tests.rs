@@ -343,6 +343,10 @@ fn a_reset_flow_is_forgotten_at_once_and_what_a_late_packet_of_it_opens_lives_un
     let out = p.run(Program::Reply, &late);
     assert_eq!((out.retval as i32, &out.data), (abi::TC_ACT_UNSPEC, &late), "an expired flow translates nothing");
     assert_eq!(p.conntrack(HmMap::Ct), vec![], "and is forgotten");
+    // The daemon's sweep agrees: such a flow is gone 2 s after its packet.
+    p.run(Program::NatOut, &packet(client(41103), vip(), Some(TCP_ACK)));
+    let later = super::conntrack::now_ns() + abi::CT_PICKUP_TIMEOUT_S * second;
+    assert_eq!(super::conntrack::expire(fd.as_fd(), None, later).unwrap(), (2, 0), "swept 2 s later");
 
     // A flow picked up mid-stream whose backend answers lives on as any
     // established one (a flow conntrack lost: evicted from a full map).

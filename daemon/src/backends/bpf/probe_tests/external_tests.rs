@@ -146,6 +146,31 @@ fn a_node_port_and_an_external_vip_reach_another_hosts_backend_from_this_hosts_a
 }
 
 #[test]
+fn a_flow_whose_backend_has_not_answered_yet_waits_for_it_as_long_as_a_syn_does() {
+    let mut p = Probes::with_host(&config("61000-65535"), two_interfaces);
+    let (a, b) = (ifindex(CLIENT_SIDE), ifindex(BACKEND_SIDE));
+    let client = at(Ipv4Addr::new(192, 0, 2, 1), 40000);
+    let out = p.run_on(Program::Reply, a, &packet(client, at(HOST_A, 30080), Some(TCP_SYN)));
+    let (src, dst) = addresses(&out.data);
+    // The backend is slow: its SYN-ACK comes 3 s after the SYN (the
+    // entries' times set back; the probes' clock is coarse, a tick behind).
+    let fd = p.bpf.maps.map_fd(HmMap::Nat).unwrap().as_fd().try_clone_to_owned().unwrap();
+    let now = super::super::conntrack::now_ns();
+    for (k, mut v) in p.nat() {
+        v.last_seen_ns = now - 3_000_000_000;
+        sys::map_update(fd.as_fd(), k.as_bytes(), v.as_bytes()).unwrap();
+    }
+    assert_eq!(
+        super::super::conntrack::expire_external(fd.as_fd(), None, now).unwrap().removed,
+        0,
+        "the sweep keeps a flow whose backend has not answered for the 60 s of a SYN"
+    );
+    let out = p.run_on(Program::Reply, b, &packet(dst, src, Some(TCP_SYN | TCP_ACK)));
+    assert_eq!(out.retval, abi::TC_ACT_REDIRECT as u32, "the late answer goes to the client");
+    assert_eq!(addresses(&out.data), (at(HOST_A, 30080), client));
+}
+
+#[test]
 fn a_backend_on_this_host_sees_the_clients_address_and_its_reply_leaves_from_the_node_port() {
     let mut p = Probes::with_host(&config("61000-65535"), two_interfaces);
     let a = ifindex(CLIENT_SIDE);
