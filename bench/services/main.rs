@@ -12,7 +12,7 @@ mod systems;
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hm_testkit::{Cgroup, Netns};
 
@@ -223,7 +223,7 @@ fn main() {
     if let Some(flag) = std::env::args().find(|a| a == "--seconds" || a == "--reps") {
         panic!("bench-services takes --rounds N and --slice-ms MS, not {flag}");
     }
-    let o = Options::parse(5, &["only-hostmesh", "clients", "rounds", "slice-ms"]);
+    let o = Options::parse(5, &["only-hostmesh", "clients", "rounds", "slice-ms", "alone", "perf-dir"]);
     let flag = |name: &str, default: usize| -> usize {
         o.extra.get(name).map(|v| v.parse().unwrap_or_else(|_| panic!("--{name} N"))).unwrap_or(default)
     };
@@ -234,6 +234,10 @@ fn main() {
     };
     let server_threads = plan.clients;
     let cg = InCgroup::enter();
+    if let Some(paths) = o.extra.get("alone") {
+        alone(&o, &cg, &plan, paths);
+        return;
+    }
     let mut rows = Vec::new();
     let mut syncs = Vec::new();
     let mut profiles = Vec::new();
@@ -303,6 +307,44 @@ fn main() {
     println!("{report}");
     hm_bench::results::write_section(&o.out, "services", &report).expect("write results");
     eprintln!("wrote the services section of {}", o.out.display());
+}
+
+/// --alone direct,veth,other: each path by itself, TCP only, for the
+/// plan's rounds of slices (after two of warm-up), against hostmesh in
+/// mode "off" with one service; with --perf-dir DIR, under `perf record
+/// -a` into DIR/PATH.data for the rounds' time. Prints "alone PATH:
+/// RATE/s for SECS s" (the recorded seconds), which bench/perf-paths
+/// reads to put each symbol's samples per connection.
+fn alone(o: &Options, cg: &InCgroup, plan: &Plan, which: &str) {
+    let t = Topology::new(plan.clients);
+    let _hm = Hostmesh::start(&t.client, &o.hostmesh, cg.cgroup.path(), "off", 1);
+    for name in which.split(',') {
+        let (ns, src, to) = match name {
+            "direct" => (&t.clean, CLEAN, Target::Backend),
+            "veth" => (&t.client, VIA, Target::Vip(target(1))),
+            "other" => (&t.client, OTHER, Target::Backend),
+            _ => panic!("--alone takes direct, veth and other, not {name}"),
+        };
+        let path = [Path { ns, src: src.parse().unwrap(), dst: to.addrs().0 }];
+        interleave::measure(Kind::Tcp, &path, &Plan { rounds: 2, ..*plan });
+        let secs = (plan.slice * plan.rounds as u32).as_secs_f64();
+        let perf = o.extra.get("perf-dir").map(|dir| {
+            std::process::Command::new("perf")
+                .args(["record", "-q", "-a", "-o"])
+                .arg(PathBuf::from(dir).join(format!("{name}.data")))
+                .args(["sleep", &format!("{secs:.3}")])
+                .spawn()
+                .expect("perf record (linux-perf)")
+        });
+        let start = Instant::now();
+        let m = interleave::measure(Kind::Tcp, &path, plan);
+        if let Some(mut perf) = perf {
+            assert!(perf.wait().expect("perf record").success(), "perf record failed");
+        }
+        assert!(!interrupted(), "interrupted; cleaning up");
+        assert!(start.elapsed().as_secs_f64() >= secs, "the load ran as long as perf recorded");
+        println!("alone {name}: {:.0}/s for {secs:.3} s", m.per_sec[0]);
+    }
 }
 
 fn find<'a>(rows: &'a [Row], path: &str, n: usize) -> &'a Row {
