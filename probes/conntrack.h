@@ -116,20 +116,20 @@ static __always_inline __u8 ct_end(const struct flow *f, __u8 fin)
 }
 
 /* Moves a flow's entries (those there are) to the closed flows, with
- * `flags`, last seen at `at`: each is changed where it is, then copied
- * (no copy on the stack, which 5.10's 512 bytes for a chain of calls
- * could not spare). */
+ * `flags`, last seen `now`: each is changed where it is, then copied (no
+ * copy on the stack, which 5.10's 512 bytes for a chain of calls could
+ * not spare). */
 static __always_inline void ct_close(struct hm_ct_key *fk, struct hm_ct_value *fwd, struct hm_ct_key *rk,
-				     struct hm_ct_value *rev, __u8 flags, __u64 at)
+				     struct hm_ct_value *rev, __u8 flags, __u64 now)
 {
 	if (fwd) {
 		fwd->flags = flags;
-		fwd->last_seen_ns = at;
+		fwd->last_seen_ns = now;
 		bpf_map_update_elem(&HM_CT_CLOSING, fk, fwd, BPF_ANY);
 	}
 	if (rev) {
 		rev->flags = flags;
-		rev->last_seen_ns = at;
+		rev->last_seen_ns = now;
 		bpf_map_update_elem(&HM_CT_CLOSING, rk, rev, BPF_ANY);
 	}
 	bpf_map_delete_elem(&HM_CT, fk);
