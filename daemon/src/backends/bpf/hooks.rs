@@ -110,7 +110,7 @@ impl Hooks {
             sys::link_update(link.as_fd(), prog.as_fd()).map_err(|e| bpf_err(format!("replace {a}"), e))?;
             self.pin_program(loader, a)?;
             // A clsact filter left from netlink mode goes once the link runs.
-            return self.filters.remove(a);
+            return self.filters.remove_filter(a);
         }
         if status == Some(AttachStatus::Defunct) {
             unpin(&pin).map_err(|e| bpf_err(format!("unpin {}", pin.display()), e))?;
@@ -119,7 +119,7 @@ impl Hooks {
         link.pin(&pin).map_err(|e| bpf_err(format!("pin {}", pin.display()), chain(&e)))?;
         self.pin_program(loader, a)?;
         if a.device().is_some() {
-            self.filters.remove(a)?;
+            self.filters.remove_filter(a)?;
         }
         Ok(())
     }

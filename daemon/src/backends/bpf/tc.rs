@@ -11,7 +11,8 @@
 //!   `progs/`, says whether this build's program runs there.
 //!
 //! Moving a hook from one way to the other (the `tc_attach` setting
-//! changed) adds the new attachment before removing the old, and never
+//! changed) adds the new attachment before removing the old, keeps the
+//! interface's clsact qdisc (see `remove_filter`), and never
 //! has two programs translate one packet: TCX runs before clsact filters;
 //! hostmesh's programs end classification (TC_ACT_OK, a redirect or a
 //! drop) for every packet they act on, and pass on untouched what they
@@ -247,9 +248,12 @@ impl TcFilters {
         Ok(())
     }
 
-    /// Removes hostmesh's clsact filter for `a`, if there is one, and the
-    /// qdisc hostmesh added for it once nothing is left on it.
-    pub(super) fn remove(&mut self, a: &Attachment) -> Result<()> {
+    /// Removes hostmesh's clsact filter for `a`, if there is one: the hook
+    /// moved to a TCX link. The qdisc stays, even one hostmesh added and
+    /// left empty: adding or deleting a clsact qdisc deactivates the
+    /// interface (`qdisc_graft` in the kernel), and what it sends in that
+    /// moment is dropped, so a hook that stays is never moved through that.
+    pub(super) fn remove_filter(&mut self, a: &Attachment) -> Result<()> {
         // An interface that is gone took its filters and qdisc with it.
         let Some(ifindex) = a.device().and_then(ifaces::index) else { return Ok(()) };
         let d = direction(a);
@@ -258,6 +262,20 @@ impl TcFilters {
         let filters = tc::filters(sock, ifindex, d).map_err(tc_err(format!("dump {} filters", d.name())))?;
         for f in filters.iter().filter(|f| f.is_hostmesh()) {
             tc::delete_bpf(sock, slot_of(f)).map_err(tc_err(format!("detach {a} (clsact filter)")))?;
+        }
+        Ok(())
+    }
+
+    /// Removes hostmesh's clsact filter for `a` (its hook is no longer
+    /// wanted), and the qdisc hostmesh added on that interface once
+    /// hostmesh has no hook there at all (no filter, no pinned TCX link)
+    /// and nothing else is on it.
+    pub(super) fn remove(&mut self, a: &Attachment) -> Result<()> {
+        self.remove_filter(a)?;
+        let (Some(dev), Some(ifindex)) = (a.device(), a.device().and_then(ifaces::index)) else { return Ok(()) };
+        let links = self.pins.link_names().map_err(|e| bpf_err("list pinned links", e))?;
+        if links.iter().filter_map(|n| Attachment::from_pin_name(n)).any(|l| l.device() == Some(dev)) {
+            return Ok(());
         }
         self.release_qdisc(ifindex).map(|_| ())
     }
