@@ -8,7 +8,8 @@
  * - The backend is picked from the service's Maglev table by the socket's
  *   cookie: one socket sticks to one backend.
  * - What the socket asked for is remembered in HM_REVERSE_SOCK, so that
- *   getpeername() and recvmsg() show the VIP, not the backend.
+ *   getpeername() and recvmsg() show the VIP, not the backend; a
+ *   connected socket's entry goes when the socket is closed.
  * - A VIP with no backends refuses at once: connect() fails with
  *   ECONNREFUSED (EPERM on kernels without bpf_set_retval()).
  * - The programs act only in the daemon's network namespace (netns
@@ -261,6 +262,45 @@ int hm_getpeername6(struct bpf_sock_addr *ctx)
 {
 	HM_BUILD_MARK();
 	return to_vip(ctx, 1);
+}
+
+/* close() of a socket (its last reference): a connected socket's entry
+ * in HM_REVERSE_SOCK (TCP, connected UDP: keyed by its cookie and the
+ * backend it is connected to) goes with it, so the map holds the sockets
+ * that are open, and churn neither pushes out a live socket's entry (whose
+ * getpeername() and recvmsg() would then show the backend) nor makes every
+ * connect() evict one. An unconnected UDP socket's entries (one per backend
+ * it sent to) are left to the LRU. */
+SEC("cgroup/sock_release")
+int hm_sock_release(struct bpf_sock *ctx)
+{
+	struct hm_config *cfg = hm_config();
+	struct hm_revsk_key rk = {};
+
+	HM_BUILD_MARK();
+	if (!cfg || !cfg->netns_cookie || bpf_get_netns_cookie(ctx) != cfg->netns_cookie)
+		return 1;
+	if (ctx->protocol != IPPROTO_TCP && ctx->protocol != IPPROTO_UDP)
+		return 1;
+	rk.port = (__be16)ctx->dst_port;
+	if (!rk.port)
+		return 1;
+	if (ctx->family == HM_AF_INET6) {
+		__u32 w[4];
+
+		w[0] = ctx->dst_ip6[0];
+		w[1] = ctx->dst_ip6[1];
+		w[2] = ctx->dst_ip6[2];
+		w[3] = ctx->dst_ip6[3];
+		__builtin_memcpy(rk.addr, w, 16);
+	} else if (ctx->family == HM_AF_INET) {
+		hm_v4_mapped(rk.addr, ctx->dst_ip4);
+	} else {
+		return 1;
+	}
+	rk.cookie = bpf_get_socket_cookie(ctx);
+	bpf_map_delete_elem(&HM_REVERSE_SOCK, &rk);
+	return 1;
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

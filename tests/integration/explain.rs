@@ -81,6 +81,7 @@ fn explain_names_the_path_of_each_kind_of_address_and_predicts_the_backend_a_sou
             "hm_recvmsg6",
             "hm_getpeername4",
             "hm_getpeername6",
+            "hm_sock_release",
         ],
     );
     predictions_hold(&net, "10.96.0.10:80/tcp", "tcp", 80, 8080, "connect_time");

@@ -25,8 +25,8 @@ fn a_restarted_daemon_adopts_pinned_state_without_recreating_it() {
     let tc: Vec<&String> = ids.0.iter().map(|(hook, _)| hook).filter(|h| h.contains("@tc-")).collect();
     assert_eq!(
         ids.0.len(),
-        8 + 4,
-        "8 connect-time links, hm_natin, hm_natout, hm_reply and hm_direct on lo: {:?}",
+        9 + 4,
+        "9 connect-time links (sock_release among them), hm_natin, hm_natout, hm_reply and hm_direct on lo: {:?}",
         ids.0
     );
     assert_eq!(

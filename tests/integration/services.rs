@@ -68,8 +68,20 @@ fn assert_refused(t: &Topology, mode: &str) {
 fn check_mode(mode: &str) {
     let t = Topology::new(&format!("connect_time_lb = \"{mode}\""));
     let _d = t.host.start_ready();
+    let mut held = t.hold("10.96.0.10", 80);
+    held.answer();
     assert_vips_answer(&t, mode);
     assert_refused(&t, mode);
+    // A connected socket's reverse entry lives as long as the socket: the
+    // TCP requests' sockets are closed and their entries gone, the held
+    // connection's is there until its process ends. The unconnected UDP
+    // sockets' (one per backend sent to) are left to the map's LRU.
+    let tcp = |t: &Topology| t.reverse_socket_ports().into_iter().filter(|p| *p == 8080).count();
+    let udp = t.reverse_socket_ports().into_iter().filter(|p| *p == 5353).count();
+    assert_eq!(tcp(&t), 1, "only the open connection's entry: {:?}", t.reverse_socket_ports());
+    assert_eq!(udp, if mode == "all" { 2 * REQUESTS as usize } else { 0 }, "{:?}", t.reverse_socket_ports());
+    drop(held);
+    wait_soon("the closed connection's reverse entry gone", || tcp(&t) == 0).unwrap();
 }
 
 #[test]

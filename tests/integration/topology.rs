@@ -226,6 +226,24 @@ impl Topology {
     }
 }
 
+impl Topology {
+    /// The backend port of every entry of connect-time LB's reverse map
+    /// (`HM_REVERSE_SOCK`: a socket it sent to a backend, by cookie).
+    pub fn reverse_socket_ports(&self) -> Vec<u16> {
+        use hostmesh::abi::{HmMap, Pod, RevSkKey};
+        use hostmesh::backends::bpf::sys;
+        use std::os::fd::AsFd;
+        let map = HmMap::ReverseSock;
+        let fd = sys::obj_get(&self.host.opts.bpffs.join("maps").join(map.name())).expect("pinned reverse map");
+        let def = map.def();
+        sys::map_dump(fd.as_fd(), def.key_size as usize, def.value_size as usize)
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| u16::from_be(RevSkKey::from_bytes(&k).unwrap().port_be))
+            .collect()
+    }
+}
+
 /// The client, once, in `host`'s namespace and cgroup; its JSON answer.
 pub fn run_client(host: &Host, args: &[&str]) -> Value {
     let out = host.ns.command_in_cgroup(&client(), host.cgroup.path()).args(args).output().expect("run the client");

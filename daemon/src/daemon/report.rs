@@ -166,11 +166,12 @@ fn shared_objects(d: &Desired, index: &ErrorIndex) -> Vec<ObjectStatus> {
         .collect();
     if let Some(cgroup) = cgroups.first() {
         let protocols: Vec<String> = d.connect_time.protocols().map(|p| p.to_string().to_uppercase()).collect();
+        let programs = d.attachments.keys().filter(|a| Program::CONNECT_TIME.contains(&a.program)).count();
         out.push(object(
             ObjectKind::ConnectTime,
             cgroup,
             None,
-            format!("{} programs on cgroup {cgroup} (for {})", Program::CONNECT_TIME.len(), protocols.join(" and ")),
+            format!("{programs} programs on cgroup {cgroup} (for {})", protocols.join(" and ")),
             index.for_owners(&[Object::Services]),
         ));
     }

@@ -26,6 +26,8 @@ pub enum Feature {
     /// cgroup connect/sendmsg/recvmsg/getpeername programs, with
     /// `bpf_get_netns_cookie()`.
     ConnectTimeHooks,
+    /// cgroup `sock_release` programs.
+    SockRelease,
     /// `sk_lookup` programs.
     SkLookup,
     /// `bpf_redirect_neigh()` in TC programs.
@@ -41,11 +43,12 @@ pub enum Feature {
 }
 
 impl Feature {
-    pub const ALL: [Feature; 10] = [
+    pub const ALL: [Feature; 11] = [
         Feature::Tcx,
         Feature::NetnsCookieSockopt,
         Feature::SetRetval,
         Feature::ConnectTimeHooks,
+        Feature::SockRelease,
         Feature::SkLookup,
         Feature::RedirectNeigh,
         Feature::TunnelSource,
@@ -60,6 +63,7 @@ impl Feature {
             Feature::NetnsCookieSockopt => "netns_cookie_sockopt",
             Feature::SetRetval => "set_retval",
             Feature::ConnectTimeHooks => "connect_time_hooks",
+            Feature::SockRelease => "sock_release",
             Feature::SkLookup => "sk_lookup",
             Feature::RedirectNeigh => "redirect_neigh",
             Feature::TunnelSource => "tunnel_source",
@@ -80,6 +84,7 @@ impl Feature {
             Feature::NetnsCookieSockopt => "the SO_NETNS_COOKIE socket option",
             Feature::SetRetval => "bpf_set_retval() in cgroup programs",
             Feature::ConnectTimeHooks => "cgroup connect, sendmsg, recvmsg and getpeername programs",
+            Feature::SockRelease => "cgroup sock_release programs",
             Feature::SkLookup => "sk_lookup programs",
             Feature::RedirectNeigh => "bpf_redirect_neigh() in TC programs",
             Feature::TunnelSource => "a tunnel source address in bpf_skb_set_tunnel_key()",
@@ -96,6 +101,7 @@ impl Feature {
             Feature::NetnsCookieSockopt => "5.14",
             Feature::SetRetval => "5.18",
             Feature::ConnectTimeHooks => "5.8",
+            Feature::SockRelease => "5.9",
             Feature::SkLookup => "5.9",
             Feature::RedirectNeigh => "5.10",
             Feature::TunnelSource => "6.0",
@@ -119,6 +125,11 @@ impl Feature {
             }
             Feature::ConnectTimeHooks => {
                 "connect-time load balancing is unavailable: every service takes the bpfnat veth path"
+            }
+            Feature::SockRelease => {
+                "a closed socket's entry in the reverse-socket map stays until the map's LRU pushes it out: under \
+                 heavy connection churn that pushes out open sockets' entries too (their getpeername() and recvmsg() \
+                 then show the backend, not the VIP, and a backend's removal no longer finds them to close them)"
             }
             Feature::SkLookup => "mesh redirects use the nftables tproxy fallback",
             Feature::RedirectNeigh => {

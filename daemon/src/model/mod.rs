@@ -146,7 +146,7 @@ pub(crate) fn programs_likely(config: &Config, features: &KernelFeatures) -> BTr
     let mode = ctlb_mode(config, &facts, &mut Vec::new());
     let mut out = BTreeSet::new();
     if !config.services.is_empty() && mode != CtlbMode::Off {
-        out.extend(Program::CONNECT_TIME);
+        out.extend(services::connect_time_programs(features));
     }
     if bpfnat::carries_services(config, mode) {
         out.extend([Program::NatIn, Program::NatOut]);

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::state::*;
 use super::HostFacts;
+use super::{Feature, KernelFeatures};
 
 const OWNER: Object<'static> = Object::Services;
 
@@ -219,7 +220,7 @@ fn attach_connect_time(config: &Config, facts: &HostFacts, out: &mut Desired) {
     }
     match config.daemon.cgroup.clone().or_else(|| facts.cgroup2_root.clone()) {
         Some(cgroup) => {
-            for program in Program::CONNECT_TIME {
+            for program in connect_time_programs(&facts.features) {
                 want(&mut out.attachments, Attachment { program, hook: Hook::Cgroup(cgroup.clone()) }, (), OWNER);
             }
         }
@@ -227,6 +228,12 @@ fn attach_connect_time(config: &Config, facts: &HostFacts, out: &mut Desired) {
             .warnings
             .push("no cgroup2 mount found: connect-time load balancing is off; set [daemon] cgroup".to_string()),
     }
+}
+
+/// The connect-time programs this kernel runs: all of them, but for the
+/// socket-close cleanup where the kernel lacks its hook.
+pub(super) fn connect_time_programs(features: &KernelFeatures) -> impl Iterator<Item = Program> + '_ {
+    Program::CONNECT_TIME.into_iter().filter(|p| *p != Program::SockRelease || features.has(Feature::SockRelease))
 }
 
 pub(super) fn key_of(s: &Service) -> SvcKey {

@@ -141,6 +141,9 @@ pub enum Program {
     Recvmsg6,
     Getpeername4,
     Getpeername6,
+    /// cgroup sock_release: a closed socket's entry in HM_REVERSE_SOCK
+    /// goes (attached where the kernel has the hook: `Feature::SockRelease`).
+    SockRelease,
     /// sk_lookup on the daemon's network namespace: mesh redirects.
     Mesh,
     /// TC ingress on hm-tun0: VNI check, return-path learning.
@@ -150,7 +153,7 @@ pub enum Program {
 }
 
 impl Program {
-    pub const ALL: [Program; 15] = [
+    pub const ALL: [Program; 16] = [
         Program::NatIn,
         Program::NatOut,
         Program::Reply,
@@ -163,13 +166,15 @@ impl Program {
         Program::Recvmsg6,
         Program::Getpeername4,
         Program::Getpeername6,
+        Program::SockRelease,
         Program::Mesh,
         Program::TunIn,
         Program::TunOut,
     ];
 
-    /// The connect-time programs, attached together to one cgroup.
-    pub const CONNECT_TIME: [Program; 8] = [
+    /// The connect-time programs, attached together to one cgroup
+    /// (`SockRelease` only where the kernel has its hook).
+    pub const CONNECT_TIME: [Program; 9] = [
         Program::Connect4,
         Program::Connect6,
         Program::Sendmsg4,
@@ -178,6 +183,7 @@ impl Program {
         Program::Recvmsg6,
         Program::Getpeername4,
         Program::Getpeername6,
+        Program::SockRelease,
     ];
 
     pub fn name(self) -> &'static str {
@@ -194,6 +200,7 @@ impl Program {
             Program::Recvmsg6 => "hm_recvmsg6",
             Program::Getpeername4 => "hm_getpeername4",
             Program::Getpeername6 => "hm_getpeername6",
+            Program::SockRelease => "hm_sock_release",
             Program::Mesh => "hm_mesh",
             Program::TunIn => "hm_tun_in",
             Program::TunOut => "hm_tun_out",
@@ -217,7 +224,8 @@ impl Program {
             | Program::Recvmsg4
             | Program::Recvmsg6
             | Program::Getpeername4
-            | Program::Getpeername6 => ProbeObject::ServiceCtlb,
+            | Program::Getpeername6
+            | Program::SockRelease => ProbeObject::ServiceCtlb,
             Program::Mesh => ProbeObject::Mesh,
             Program::TunIn | Program::TunOut => ProbeObject::Gateway,
         }

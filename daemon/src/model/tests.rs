@@ -144,7 +144,7 @@ fn the_table_size_is_configurable_per_service_and_by_default() {
 fn mode_tcp_has_connect_time_programs_and_the_veth() {
     let d = compile_new(&mode("tcp"));
     let pins = attached(&d);
-    assert_eq!(pins.iter().filter(|p| p.contains("@cgroup@%2Fsys%2Ffs%2Fcgroup")).count(), 8, "{pins:?}");
+    assert_eq!(pins.iter().filter(|p| p.contains("@cgroup@%2Fsys%2Ffs%2Fcgroup")).count(), 9, "{pins:?}");
     assert!(pins.contains(&"hm_natout@tc-ingress@hm-natout".to_string()));
     assert!(pins.contains(&"hm_reply@tc-ingress@eth0".to_string()));
     assert!(pins.contains(&"hm_reply@tc-ingress@lo".to_string()), "local backends reply over lo");
@@ -158,7 +158,14 @@ fn mode_tcp_has_connect_time_programs_and_the_veth() {
 fn mode_all_needs_no_veth_and_off_no_connect_time_programs() {
     let all = compile_new(&mode("all"));
     assert!(all.links.is_empty() && all.routes.is_empty() && all.sysctls.is_empty());
-    assert_eq!(attached(&all).len(), 8);
+    assert_eq!(attached(&all).len(), 9);
+    assert!(attached(&all).contains(&"hm_sock_release@cgroup@%2Fsys%2Ffs%2Fcgroup".to_string()));
+    // A kernel without the sock_release hook: the other eight.
+    let old = HostFacts { features: KernelFeatures::lacking([Feature::SockRelease]), ..facts() };
+    let pins: Vec<String> =
+        compile(&mode("all"), &old, &Prior::default()).attachments.keys().map(|a| a.pin_name()).collect();
+    assert_eq!(pins.len(), 8, "{pins:?}");
+    assert!(pins.iter().all(|p| !p.starts_with("hm_sock_release")), "{pins:?}");
     let cfg = HmConfig::from_bytes(&entries(&all, BpfMap::Config)[&0u32.to_bytes()]).unwrap();
     assert_eq!(cfg.flags, abi::CFG_CTLB_TCP | abi::CFG_CTLB_UDP);
 
@@ -710,6 +717,7 @@ fn for_each_hint_case(check: impl Fn(&str, &Config, &KernelFeatures, &Desired, &
         KernelFeatures::complete(),
         KernelFeatures::lacking([Feature::ConnectTimeHooks]),
         KernelFeatures::lacking([Feature::RedirectNeigh]),
+        KernelFeatures::lacking([Feature::SockRelease]),
     ];
     for text in &cases {
         for features in &kernels {

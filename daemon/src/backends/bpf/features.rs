@@ -16,14 +16,16 @@ use super::asm::{add_imm, call, exit, mov_imm, mov_reg, zero_stack};
 use super::sys::{self, Insn};
 use crate::model::{Feature, KernelFeatures};
 use aya_obj::generated::bpf_attach_type::{
-    BPF_CGROUP_INET4_CONNECT, BPF_CGROUP_INET4_GETPEERNAME, BPF_SK_LOOKUP, BPF_TCX_INGRESS,
+    BPF_CGROUP_INET4_CONNECT, BPF_CGROUP_INET4_GETPEERNAME, BPF_CGROUP_INET_SOCK_RELEASE, BPF_SK_LOOKUP,
+    BPF_TCX_INGRESS,
 };
 use aya_obj::generated::bpf_func_id::{
-    BPF_FUNC_get_netns_cookie, BPF_FUNC_ktime_get_coarse_ns, BPF_FUNC_redirect_neigh, BPF_FUNC_set_retval,
-    BPF_FUNC_skb_set_tunnel_key,
+    BPF_FUNC_get_netns_cookie, BPF_FUNC_get_socket_cookie, BPF_FUNC_ktime_get_coarse_ns, BPF_FUNC_redirect_neigh,
+    BPF_FUNC_set_retval, BPF_FUNC_skb_set_tunnel_key,
 };
 use aya_obj::generated::bpf_prog_type::{
-    BPF_PROG_TYPE_CGROUP_SOCK_ADDR, BPF_PROG_TYPE_SCHED_CLS, BPF_PROG_TYPE_SK_LOOKUP, BPF_PROG_TYPE_SOCKET_FILTER,
+    BPF_PROG_TYPE_CGROUP_SOCK, BPF_PROG_TYPE_CGROUP_SOCK_ADDR, BPF_PROG_TYPE_SCHED_CLS, BPF_PROG_TYPE_SK_LOOKUP,
+    BPF_PROG_TYPE_SOCKET_FILTER,
 };
 
 /// The kernel refuses BPF altogether: nothing hostmesh does could work.
@@ -85,6 +87,20 @@ fn has(feature: Feature) -> bool {
             BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
             Some(BPF_CGROUP_INET4_GETPEERNAME),
             &[call(BPF_FUNC_get_netns_cookie), mov_imm(0, 1), exit()],
+        ),
+        // A sock_release program calling what hm_sock_release calls,
+        // bpf_get_netns_cookie(ctx) and bpf_get_socket_cookie(ctx); return 1.
+        Feature::SockRelease => loads(
+            BPF_PROG_TYPE_CGROUP_SOCK,
+            Some(BPF_CGROUP_INET_SOCK_RELEASE),
+            &[
+                mov_reg(6, 1),
+                call(BPF_FUNC_get_netns_cookie),
+                mov_reg(1, 6),
+                call(BPF_FUNC_get_socket_cookie),
+                mov_imm(0, 1),
+                exit(),
+            ],
         ),
         // return SK_PASS;
         Feature::SkLookup => loads(BPF_PROG_TYPE_SK_LOOKUP, Some(BPF_SK_LOOKUP), &[mov_imm(0, 1), exit()]),

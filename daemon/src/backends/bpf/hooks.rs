@@ -215,23 +215,18 @@ fn new_link(loader: &mut Loader, a: &Attachment) -> Result<FdLink> {
         (Hook::TcIngress(dev) | Hook::TcEgress(dev), Some(aya::programs::Program::SchedClassifier(p))) => {
             attach_tcx(p, dev, a)?
         }
+        // A bpf link: it takes no flags (the kernel rejects
+        // BPF_F_ALLOW_MULTI here) and always runs next to other programs
+        // on the cgroup.
         (Hook::Cgroup(path), Some(aya::programs::Program::CgroupSockAddr(p))) => {
-            let cgroup = File::open(path).map_err(|e| bpf_err(format!("attach {a}: open the cgroup"), e))?;
-            // The kernel's answer for any other directory is EBADF, which
-            // says nothing of the cause.
-            if !is_cgroup2(&cgroup) {
-                return Err(bpf_err(
-                    format!("attach {a}"),
-                    format!(
-                        "{} is not a cgroup v2 directory; set [daemon] cgroup to a directory of the cgroup v2 \
-                         hierarchy (where cgroup2 is mounted), or leave it out for that mount's root",
-                        path.display()
-                    ),
-                ));
-            }
-            // A bpf link: it takes no flags (the kernel rejects
-            // BPF_F_ALLOW_MULTI here) and always runs next to other
-            // programs on the cgroup.
+            let cgroup = open_cgroup2(a, path)?;
+            let id =
+                p.attach(&cgroup, CgroupAttachMode::Single).map_err(|e| bpf_err(format!("attach {a}"), chain(&e)))?;
+            let link = p.take_link(id).map_err(|e| bpf_err(format!("attach {a}"), chain(&e)))?;
+            FdLink::try_from(link).map_err(|e| bpf_err(format!("attach {a} (needs Linux 5.7 or newer)"), chain(&e)))?
+        }
+        (Hook::Cgroup(path), Some(aya::programs::Program::CgroupSock(p))) => {
+            let cgroup = open_cgroup2(a, path)?;
             let id =
                 p.attach(&cgroup, CgroupAttachMode::Single).map_err(|e| bpf_err(format!("attach {a}"), chain(&e)))?;
             let link = p.take_link(id).map_err(|e| bpf_err(format!("attach {a}"), chain(&e)))?;
@@ -246,6 +241,24 @@ fn new_link(loader: &mut Loader, a: &Attachment) -> Result<FdLink> {
         }
         _ => return Err(bpf_err(format!("attach {a}"), "the program does not fit the hook")),
     })
+}
+
+/// The cgroup directory `a` attaches to, checked to be of cgroup v2: the
+/// kernel's answer for any other directory is EBADF, which says nothing
+/// of the cause.
+fn open_cgroup2(a: &Attachment, path: &Path) -> Result<File> {
+    let cgroup = File::open(path).map_err(|e| bpf_err(format!("attach {a}: open the cgroup"), e))?;
+    if !is_cgroup2(&cgroup) {
+        return Err(bpf_err(
+            format!("attach {a}"),
+            format!(
+                "{} is not a cgroup v2 directory; set [daemon] cgroup to a directory of the cgroup v2 hierarchy \
+                 (where cgroup2 is mounted), or leave it out for that mount's root",
+                path.display()
+            ),
+        ));
+    }
+    Ok(cgroup)
 }
 
 /// Whether `dir` is on a cgroup v2 filesystem (true when that cannot be

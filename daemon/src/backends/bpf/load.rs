@@ -441,6 +441,10 @@ pub(super) fn load_program(ebpf: &mut Ebpf, program: Program) -> Result<ProgInfo
             p.load().map_err(|e| bpf_err(format!("verify program {name}"), chain(&e)))?;
             p.fd().map_err(|e| bpf_err(name, chain(&e)))?.try_clone().map_err(|e| bpf_err(name, e))?
         }
+        Some(aya::programs::Program::CgroupSock(p)) => {
+            p.load().map_err(|e| bpf_err(format!("verify program {name}"), chain(&e)))?;
+            p.fd().map_err(|e| bpf_err(name, chain(&e)))?.try_clone().map_err(|e| bpf_err(name, e))?
+        }
         Some(_) => return Err(bpf_err(format!("load program {name}"), "unexpected program type")),
         None => return Err(bpf_err(format!("load program {name}"), "not in the object")),
     };
@@ -454,6 +458,7 @@ pub(super) fn program_fd(loader: &mut Loader, program: Program) -> Result<aya::p
         Some(aya::programs::Program::SchedClassifier(p)) => p.fd().map_err(|e| bpf_err(program.name(), chain(&e)))?,
         Some(aya::programs::Program::CgroupSockAddr(p)) => p.fd().map_err(|e| bpf_err(program.name(), chain(&e)))?,
         Some(aya::programs::Program::SkLookup(p)) => p.fd().map_err(|e| bpf_err(program.name(), chain(&e)))?,
+        Some(aya::programs::Program::CgroupSock(p)) => p.fd().map_err(|e| bpf_err(program.name(), chain(&e)))?,
         _ => return Err(bpf_err(program.name(), "not loaded")),
     };
     fd.try_clone().map_err(|e| bpf_err(program.name(), e))

@@ -44,6 +44,10 @@ struct Findings {
     missing: Vec<String>,
     /// hm_natin not attached: the veth path still works, through hm_natout.
     natin_missing: bool,
+    /// hm_sock_release not attached (a kernel without the hook, or a
+    /// daemon of an older build): connect-time LB works, and closed
+    /// sockets' reverse entries are left to the map's LRU.
+    release_missing: bool,
     other: Vec<String>,
     unmarked: Vec<String>,
     unknown: Vec<String>,
@@ -64,6 +68,8 @@ pub(super) fn programs(e: &mut Explanation, attached: &[AttachedProgram]) {
         let here: Vec<&AttachedProgram> = attached.iter().filter(|a| a.attachment.program == *program).collect();
         if here.is_empty() && *program == Program::NatIn {
             f.natin_missing = true;
+        } else if here.is_empty() && *program == Program::SockRelease {
+            f.release_missing = true;
         } else if here.is_empty() {
             f.missing.push(program.name().to_string());
         }
@@ -98,6 +104,11 @@ pub(super) fn programs(e: &mut Explanation, attached: &[AttachedProgram]) {
             });
         }
     }
+    // With the path's other programs missing too, it is one of them.
+    if f.release_missing && !f.missing.is_empty() {
+        f.release_missing = false;
+        f.missing.push(Program::SockRelease.name().to_string());
+    }
     e.sentences.extend(f.sentences(e.path, wanted.len()));
 }
 
@@ -124,6 +135,13 @@ impl Findings {
                  the cost of a second device hop; `hostmesh status` says why).",
                 Program::NatIn.name(),
                 Program::NatOut.name()
+            ));
+        }
+        if self.release_missing {
+            out.push(format!(
+                "{} is not attached: connect-time LB works, but a closed socket's entry in the reverse-socket map \
+                 stays until the map's LRU pushes it out (`hostmesh status` says why).",
+                Program::SockRelease.name()
             ));
         }
         if !self.dead.is_empty() {

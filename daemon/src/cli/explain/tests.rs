@@ -278,9 +278,36 @@ fn the_path_s_programs_are_listed_with_whose_build_they_are() {
     let said = run(&k, "10.96.0.10:80", None).sentences.join("\n");
     assert!(said.contains("hm_natin is not attached: packets to this VIP cross the veth, and hm_natout"), "{said}");
     assert!(!said.contains("does not work"), "{said}");
-    // Connect-time LB wants its eight cgroup programs, not these.
+    // Connect-time LB wants its nine cgroup programs, not these.
     k.attached = veth_programs(this_build);
     let e = run(&kernel(CFG_CTLB_TCP), "10.96.0.10:80", None);
     assert!(e.programs.is_empty());
     assert!(e.sentences.last().unwrap().starts_with("hm_connect4, hm_connect6, hm_sendmsg4"), "{:?}", e.sentences);
+    assert!(
+        e.sentences
+            .last()
+            .unwrap()
+            .contains("hm_getpeername6 and hm_sock_release are not attached: this path does not"),
+        "{:?}",
+        e.sentences
+    );
+    // Without hm_sock_release (a kernel without the hook) the path works,
+    // and the sentence says what is lost.
+    let mut k = kernel(CFG_CTLB_TCP);
+    k.attached = Program::CONNECT_TIME
+        .into_iter()
+        .filter(|p| *p != Program::SockRelease)
+        .enumerate()
+        .map(|(i, program)| AttachedProgram {
+            attachment: Attachment { program, hook: Hook::Cgroup("/sys/fs/cgroup".into()) },
+            via: "link",
+            prog_id: 20 + i as u32,
+            tag: Some([i as u8; 8]),
+            mark: this_build(program),
+            live: true,
+        })
+        .collect();
+    let said = run(&k, "10.96.0.10:80", None).sentences.join("\n");
+    assert!(said.contains("hm_sock_release is not attached: connect-time LB works"), "{said}");
+    assert!(!said.contains("does not work"), "{said}");
 }
