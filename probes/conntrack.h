@@ -45,15 +45,18 @@ static __always_inline void ct_key(struct hm_ct_key *k, const __u8 src[16], cons
 	k->dir = dir;
 }
 
-/* How long a flow in state `flags` (HM_CT_F_*) lives idle: HM_CT's and
- * HM_NAT's entries alike. */
+/* How long a flow whose entry has `flags` lives idle: HM_CT's and
+ * HM_NAT's entries alike, so only their shared state bits count
+ * (HM_FLOW_STATE_MASK). */
 static __always_inline __u64 ct_timeout_ns(__u8 flags, __u8 proto, const struct hm_config *cfg)
 {
-	if (flags & HM_CT_F_CLOSING)
+	__u8 state = flags & HM_FLOW_STATE_MASK;
+
+	if (state & HM_CT_F_CLOSING)
 		return HM_CT_CLOSING_TIMEOUT_S * NS_PER_S;
 	if (proto == IPPROTO_UDP)
 		return (cfg ? cfg->udp_timeout_s : HM_CT_UDP_TIMEOUT_DEFAULT_S) * NS_PER_S;
-	if (!(flags & HM_CT_F_REPLIED))
+	if (!(state & HM_CT_F_REPLIED))
 		return HM_CT_SYN_TIMEOUT_S * NS_PER_S;
 	return (__u64)(cfg ? cfg->tcp_timeout_s : HM_CT_TCP_TIMEOUT_DEFAULT_S) * NS_PER_S;
 }
@@ -146,14 +149,14 @@ static __always_inline void ct_seen(struct hm_ct_key *fk, struct hm_ct_value *fw
 {
 	__u8 all = flags;
 
-	if (fwd)
-		all |= fwd->flags;
-	if (rev)
-		all |= rev->flags;
 	if (flags & HM_CT_F_RESET) {
 		ct_forget(fk, rk, 0);
 		return;
 	}
+	if (fwd)
+		all |= fwd->flags;
+	if (rev)
+		all |= rev->flags;
 	if ((all & (HM_CT_F_FIN_OUT | HM_CT_F_FIN_BACK)) == (HM_CT_F_FIN_OUT | HM_CT_F_FIN_BACK))
 		all |= HM_CT_F_CLOSING;
 	if (all & HM_CT_F_CLOSING) {

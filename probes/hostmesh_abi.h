@@ -215,6 +215,13 @@ _Static_assert(sizeof(struct hm_ct_value) == 56, "hm_ct_value layout");
  * the backend answers. HM_CT's entries only: HM_NAT's use the bit for
  * HM_NAT_F_REPLY. */
 #define HM_CT_F_PICKUP (1u << 5)
+/* The bits of the flag byte HM_CT's and HM_NAT's entries share: the
+ * flow's state. The bits above them are each map's own (HM_CT_F_PICKUP,
+ * HM_NAT_F_*), so code the two maps share reads a value's flags through
+ * this mask (ct_timeout_ns), and a bit added to one map cannot change
+ * what the other's flags mean there. */
+#define HM_FLOW_STATE_MASK (HM_CT_F_REPLIED | HM_CT_F_CLOSING | HM_CT_F_FIN_OUT | HM_CT_F_FIN_BACK | HM_CT_F_RESET)
+_Static_assert((HM_CT_F_PICKUP & HM_FLOW_STATE_MASK) == 0, "HM_CT's own bits are outside the shared state");
 
 /* HM_NAT: flows from the network (node ports, external VIPs), translated
  * at the host interfaces by hm_reply (ingress) and hm_direct (egress).
@@ -250,6 +257,8 @@ _Static_assert(sizeof(struct hm_nat_value) == 72, "hm_nat_value layout");
 #define HM_NAT_F_REPLY (1u << 5) /* the backend's entry */
 #define HM_NAT_F_SNAT (1u << 6)  /* the client's address is replaced by this host's */
 #define HM_NAT_F_HOST (1u << 7)  /* the client is a process of this host (the turnaround) */
+_Static_assert(((HM_NAT_F_REPLY | HM_NAT_F_SNAT | HM_NAT_F_HOST) & HM_FLOW_STATE_MASK) == 0,
+	       "HM_NAT's own bits are outside the shared state");
 
 /* HM_SNAT: backend address -> the source external flows to it take: this
  * host's address on the way to it, or none (all zero) for a backend on

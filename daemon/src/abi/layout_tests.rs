@@ -211,6 +211,7 @@ fn rust_constants() -> BTreeMap<&'static str, i64> {
         ("HM_CT_F_FIN_BACK", i64::from(CT_F_FIN_BACK)),
         ("HM_CT_F_RESET", i64::from(CT_F_RESET)),
         ("HM_CT_F_PICKUP", i64::from(CT_F_PICKUP)),
+        ("HM_FLOW_STATE_MASK", i64::from(FLOW_STATE_MASK)),
         ("HM_AF_INET", i64::from(AF_INET)),
         ("HM_AF_INET6", i64::from(AF_INET6)),
         ("HM_MESH_MAP_SIZE", i64::from(MESH_MAP_SIZE)),

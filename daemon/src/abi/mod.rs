@@ -215,6 +215,31 @@ pub const CT_F_RESET: u8 = 1 << 4;
 /// `CT_PICKUP_TIMEOUT_S` until the backend answers. `CtValue`s only: in a
 /// `NatValue` the bit is `NAT_F_REPLY`.
 pub const CT_F_PICKUP: u8 = 1 << 5;
+/// The bits of the flag byte `CtValue`s and `NatValue`s share: the flow's
+/// state. Above them each map has its own (`CT_F_PICKUP`, `NAT_F_*`), so
+/// what the two share reads flags through `FlowState`.
+pub const FLOW_STATE_MASK: u8 = CT_F_REPLIED | CT_F_CLOSING | CT_F_FIN_OUT | CT_F_FIN_BACK | CT_F_RESET;
+const _: () = assert!(CT_F_PICKUP & FLOW_STATE_MASK == 0, "HM_CT's own bits are outside the shared state");
+const _: () = assert!(
+    (NAT_F_REPLY | NAT_F_SNAT | NAT_F_HOST) & FLOW_STATE_MASK == 0,
+    "HM_NAT's own bits are outside the shared state"
+);
+
+/// A flow's state, as both conntrack maps' entries hold it: their flags
+/// through `FLOW_STATE_MASK`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowState(u8);
+
+impl FlowState {
+    pub fn of(flags: u8) -> FlowState {
+        FlowState(flags & FLOW_STATE_MASK)
+    }
+
+    /// Whether it has every bit of `bits` (`CT_F_*` states).
+    pub fn has(self, bits: u8) -> bool {
+        self.0 & bits == bits
+    }
+}
 /// Conntrack timeouts fixed in the probes.
 pub const CT_SYN_TIMEOUT_S: u64 = 60;
 pub const CT_PICKUP_TIMEOUT_S: u64 = 2;

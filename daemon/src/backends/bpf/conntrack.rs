@@ -51,14 +51,14 @@ pub(super) fn now_ns() -> u64 {
     ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
 }
 
-/// How long a flow in state `flags` (`CT_F_*`) lives idle: HM_CT's and
-/// HM_NAT's entries alike (probes/conntrack.h, ct_timeout_ns).
-pub(super) fn timeout_s(flags: u8, proto: u8, cfg: Option<HmConfig>) -> u64 {
-    if flags & CT_F_CLOSING != 0 {
+/// How long a flow in `state` lives idle: HM_CT's and HM_NAT's entries
+/// alike (probes/conntrack.h, ct_timeout_ns).
+pub(super) fn timeout_s(state: FlowState, proto: u8, cfg: Option<HmConfig>) -> u64 {
+    if state.has(CT_F_CLOSING) {
         CT_CLOSING_TIMEOUT_S
     } else if Protocol::from_number(proto) == Some(Protocol::Udp) {
         cfg.map_or(CT_UDP_TIMEOUT_DEFAULT_S, |c| u64::from(c.udp_timeout_s))
-    } else if flags & CT_F_REPLIED == 0 {
+    } else if !state.has(CT_F_REPLIED) {
         CT_SYN_TIMEOUT_S
     } else {
         cfg.map_or(CT_TCP_TIMEOUT_DEFAULT_S, |c| u64::from(c.tcp_timeout_s))
@@ -80,7 +80,7 @@ fn ct_timeout_s(flags: u8, proto: u8, cfg: Option<HmConfig>) -> u64 {
     if flags & (CT_F_PICKUP | CT_F_REPLIED | CT_F_CLOSING) == CT_F_PICKUP {
         CT_PICKUP_TIMEOUT_S
     } else {
-        timeout_s(flags, proto, cfg)
+        timeout_s(FlowState::of(flags), proto, cfg)
     }
 }
 
@@ -98,7 +98,7 @@ pub(super) struct ExternalLeft {
 pub(super) fn expire_external(fd: BorrowedFd<'_>, cfg: Option<HmConfig>, now: u64) -> io::Result<ExternalLeft> {
     let mut snat_ports = 0;
     let (removed, entries) = expire_where(fd, |key: &CtKey, value: &NatValue| {
-        let expired = idle_s(now, value.last_seen_ns) >= timeout_s(value.flags, key.proto, cfg);
+        let expired = idle_s(now, value.last_seen_ns) >= timeout_s(FlowState::of(value.flags), key.proto, cfg);
         if !expired && value.flags & (NAT_F_REPLY | NAT_F_SNAT) == NAT_F_REPLY | NAT_F_SNAT {
             snat_ports += 1;
         }
@@ -136,4 +136,35 @@ fn expire_where<K: Pod, V: Pod>(
         }
     }
     Ok((removed, total - removed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TCP: u8 = 6;
+    const UDP: u8 = 17;
+
+    /// The sweep's timeouts are the probes' (probes/conntrack.h): each map's
+    /// own bits never change what the shared state bits say.
+    #[test]
+    fn timeouts_read_each_map_s_own_bits_only_where_they_mean_something() {
+        let cfg = HmConfig { tcp_timeout_s: 300, udp_timeout_s: 30, ..Default::default() };
+        // HM_NAT: the backend's entry of an answered flow, translated to
+        // this host's address, lives as any answered TCP flow; its REPLY
+        // bit (HM_CT's PICKUP bit) is not a pickup here.
+        let reply = NAT_F_REPLY | NAT_F_SNAT | NAT_F_HOST;
+        assert_eq!(timeout_s(FlowState::of(reply | CT_F_REPLIED), TCP, Some(cfg)), 300);
+        assert_eq!(timeout_s(FlowState::of(reply), TCP, Some(cfg)), CT_SYN_TIMEOUT_S);
+        assert_eq!(timeout_s(FlowState::of(reply | CT_F_CLOSING), TCP, Some(cfg)), CT_CLOSING_TIMEOUT_S);
+        assert_eq!(timeout_s(FlowState::of(reply), UDP, Some(cfg)), 30);
+        assert_eq!(timeout_s(FlowState::of(0), UDP, None), CT_UDP_TIMEOUT_DEFAULT_S);
+        // HM_CT: a flow picked up mid-stream lives 2 s until answered, then
+        // as any answered flow; closed, as any closed one.
+        assert_eq!(ct_timeout_s(CT_F_PICKUP, TCP, Some(cfg)), CT_PICKUP_TIMEOUT_S);
+        assert_eq!(ct_timeout_s(CT_F_PICKUP | CT_F_REPLIED, TCP, Some(cfg)), 300);
+        assert_eq!(ct_timeout_s(CT_F_PICKUP | CT_F_CLOSING, TCP, Some(cfg)), CT_CLOSING_TIMEOUT_S);
+        assert_eq!(ct_timeout_s(0, TCP, None), CT_SYN_TIMEOUT_S);
+        assert_eq!(ct_timeout_s(CT_F_REPLIED, TCP, None), CT_TCP_TIMEOUT_DEFAULT_S);
+    }
 }
