@@ -88,20 +88,7 @@ fn has(feature: Feature) -> bool {
             Some(BPF_CGROUP_INET4_GETPEERNAME),
             &[call(BPF_FUNC_get_netns_cookie), mov_imm(0, 1), exit()],
         ),
-        // A sock_release program calling what hm_sock_release calls,
-        // bpf_get_netns_cookie(ctx) and bpf_get_socket_cookie(ctx); return 1.
-        Feature::SockRelease => loads(
-            BPF_PROG_TYPE_CGROUP_SOCK,
-            Some(BPF_CGROUP_INET_SOCK_RELEASE),
-            &[
-                mov_reg(6, 1),
-                call(BPF_FUNC_get_netns_cookie),
-                mov_reg(1, 6),
-                call(BPF_FUNC_get_socket_cookie),
-                mov_imm(0, 1),
-                exit(),
-            ],
-        ),
+        Feature::SockRelease => sock_release_loads(),
         // return SK_PASS;
         Feature::SkLookup => loads(BPF_PROG_TYPE_SK_LOOKUP, Some(BPF_SK_LOOKUP), &[mov_imm(0, 1), exit()]),
         // return bpf_skb_set_tunnel_key(skb, &(struct bpf_tunnel_key){},
@@ -142,6 +129,23 @@ fn has(feature: Feature) -> bool {
             &[mov_imm(1, 1), mov_imm(2, 0), mov_imm(3, 0), mov_imm(4, 0), call(BPF_FUNC_redirect_neigh), exit()],
         ),
     }
+}
+
+/// A sock_release program calling what hm_sock_release calls,
+/// bpf_get_netns_cookie(ctx) and bpf_get_socket_cookie(ctx); return 1.
+fn sock_release_loads() -> bool {
+    loads(
+        BPF_PROG_TYPE_CGROUP_SOCK,
+        Some(BPF_CGROUP_INET_SOCK_RELEASE),
+        &[
+            mov_reg(6, 1),
+            call(BPF_FUNC_get_netns_cookie),
+            mov_reg(1, 6),
+            call(BPF_FUNC_get_socket_cookie),
+            mov_imm(0, 1),
+            exit(),
+        ],
+    )
 }
 
 #[cfg(test)]
