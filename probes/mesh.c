@@ -19,6 +19,7 @@
 
 #include "build_mark.h"
 #include "hostmesh_abi.h"
+#include "packet.h"
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -53,13 +54,7 @@ int hm_mesh(struct bpf_sk_lookup *ctx)
 		key.addr[11] = 0xff;
 		__builtin_memcpy(&key.addr[12], &ip, 4);
 	} else if (ctx->family == HM_AF_INET6) {
-		__u32 w[4];
-
-		w[0] = ctx->local_ip6[0];
-		w[1] = ctx->local_ip6[1];
-		w[2] = ctx->local_ip6[2];
-		w[3] = ctx->local_ip6[3];
-		__builtin_memcpy(key.addr, w, 16);
+		hm_v6_words(key.addr, ctx->local_ip6[0], ctx->local_ip6[1], ctx->local_ip6[2], ctx->local_ip6[3]);
 	} else {
 		return SK_PASS;
 	}

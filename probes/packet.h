@@ -34,6 +34,16 @@ static __always_inline void hm_v4_mapped(__u8 addr[16], __be32 v4)
 	__builtin_memcpy(&addr[12], &v4, 4);
 }
 
+/* An IPv6 address read from a BPF context's four 32-bit words (contexts
+ * allow only word-sized loads of them: `user_ip6`, `src_ip6`, `dst_ip6`,
+ * `local_ip6`). */
+static __always_inline void hm_v6_words(__u8 addr[16], __u32 w0, __u32 w1, __u32 w2, __u32 w3)
+{
+	__u32 w[4] = { w0, w1, w2, w3 };
+
+	__builtin_memcpy(addr, w, 16);
+}
+
 /* Is a 16-byte address IPv4-mapped? */
 static __always_inline int hm_is_v4(const __u8 a[16])
 {

@@ -39,13 +39,7 @@ static __always_inline struct hm_config *ours(struct bpf_sock_addr *ctx)
 static __always_inline void read_addr(struct bpf_sock_addr *ctx, int v6, __u8 addr[16])
 {
 	if (v6) {
-		__u32 w[4];
-
-		w[0] = ctx->user_ip6[0];
-		w[1] = ctx->user_ip6[1];
-		w[2] = ctx->user_ip6[2];
-		w[3] = ctx->user_ip6[3];
-		__builtin_memcpy(addr, w, 16);
+		hm_v6_words(addr, ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3]);
 	} else {
 		hm_v4_mapped(addr, ctx->user_ip4);
 	}
@@ -91,13 +85,7 @@ static __always_inline void bound_addr(struct bpf_sock_addr *ctx, int v6, __u8 a
 	if (!sk)
 		return;
 	if (v6) {
-		__u32 w[4];
-
-		w[0] = sk->src_ip6[0];
-		w[1] = sk->src_ip6[1];
-		w[2] = sk->src_ip6[2];
-		w[3] = sk->src_ip6[3];
-		__builtin_memcpy(addr, w, 16);
+		hm_v6_words(addr, sk->src_ip6[0], sk->src_ip6[1], sk->src_ip6[2], sk->src_ip6[3]);
 	} else {
 		hm_v4_mapped(addr, sk->src_ip4);
 	}
@@ -286,13 +274,7 @@ int hm_sock_release(struct bpf_sock *ctx)
 	if (!rk.port)
 		return 1;
 	if (ctx->family == HM_AF_INET6) {
-		__u32 w[4];
-
-		w[0] = ctx->dst_ip6[0];
-		w[1] = ctx->dst_ip6[1];
-		w[2] = ctx->dst_ip6[2];
-		w[3] = ctx->dst_ip6[3];
-		__builtin_memcpy(rk.addr, w, 16);
+		hm_v6_words(rk.addr, ctx->dst_ip6[0], ctx->dst_ip6[1], ctx->dst_ip6[2], ctx->dst_ip6[3]);
 	} else if (ctx->family == HM_AF_INET) {
 		hm_v4_mapped(rk.addr, ctx->dst_ip4);
 	} else {
