@@ -3,5 +3,6 @@
 pub mod interleave;
 pub mod load;
 pub mod options;
+pub mod perf;
 pub mod progstats;
 pub mod results;

@@ -162,6 +162,27 @@ fn profile(t: &Topology, plan: &Plan, services: usize, dests: &[Dest]) -> Profil
     Profile { services, programs: progstats::since(&before, &progstats::snapshot("hm_")) }
 }
 
+/// --alone plain,snat: each path by itself, TCP only, for the plan's
+/// rounds of slices (after two of warm-up), hostmesh with one service;
+/// with --perf-dir DIR, under `perf record -a` into DIR/PATH.data for the
+/// rounds' time. Prints "alone PATH: RATE/s for SECS s", which
+/// bench/perf-paths reads (`--external`) to put each symbol's samples per
+/// connection.
+fn alone(t: &Topology, o: &Options, plan: &Plan, which: &str) {
+    let _hm = Hostmesh::start(&t.host, &o.hostmesh, 1);
+    for name in which.split(',') {
+        let path = match name {
+            "plain" => {
+                Path { ns: &t.client, src: CLIENT_CLEAN.into(), dst: SocketAddr::new(BACKEND_FAR.into(), TCP_PORT) }
+            }
+            "snat" => Path { ns: &t.client, src: CLIENT.into(), dst: SocketAddr::new(target(1).into(), 80) },
+            _ => panic!("--alone takes plain and snat, not {name}"),
+        };
+        let (rate, secs) = hm_bench::perf::alone(name, &path, plan, o.extra.get("perf-dir"));
+        println!("alone {name}: {rate:.0}/s for {secs:.3} s");
+    }
+}
+
 /// iptables, then nftables, DNAT + masquerade on the host for each size.
 fn netfilter_rows(t: &Topology, plan: &Plan, sizes: &[usize]) -> Vec<Row> {
     let mut rows = Vec::new();
@@ -182,7 +203,7 @@ fn netfilter_rows(t: &Topology, plan: &Plan, sizes: &[usize]) -> Vec<Row> {
 fn main() {
     hm_testkit::require_root();
     catch_interrupts();
-    let o = Options::parse(5, &["clients", "rounds", "slice-ms", "sizes"]);
+    let o = Options::parse(5, &["clients", "rounds", "slice-ms", "sizes", "alone", "perf-dir"]);
     let flag = |name: &str, default: usize| -> usize {
         o.extra.get(name).map(|v| v.parse().unwrap_or_else(|_| panic!("--{name} N"))).unwrap_or(default)
     };
@@ -205,6 +226,10 @@ fn main() {
         plan.slice.as_millis()
     );
     let t = Topology::new(plan.clients);
+    if let Some(paths) = o.extra.get("alone") {
+        alone(&t, &o, &plan, paths);
+        return;
+    }
     let mut profiles = Vec::new();
     let mut rows = hostmesh_rows(&t, &o, &plan, &sizes, &mut profiles);
     rows.extend(netfilter_rows(&t, &plan, &sizes));

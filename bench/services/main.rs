@@ -12,7 +12,7 @@ mod systems;
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hm_testkit::{Cgroup, Netns};
 
@@ -325,25 +325,9 @@ fn alone(o: &Options, cg: &InCgroup, plan: &Plan, which: &str) {
             "other" => (&t.client, OTHER, Target::Backend),
             _ => panic!("--alone takes direct, veth and other, not {name}"),
         };
-        let path = [Path { ns, src: src.parse().unwrap(), dst: to.addrs().0 }];
-        interleave::measure(Kind::Tcp, &path, &Plan { rounds: 2, ..*plan });
-        let secs = (plan.slice * plan.rounds as u32).as_secs_f64();
-        let perf = o.extra.get("perf-dir").map(|dir| {
-            std::process::Command::new("perf")
-                .args(["record", "-q", "-a", "-o"])
-                .arg(PathBuf::from(dir).join(format!("{name}.data")))
-                .args(["sleep", &format!("{secs:.3}")])
-                .spawn()
-                .expect("perf record (linux-perf)")
-        });
-        let start = Instant::now();
-        let m = interleave::measure(Kind::Tcp, &path, plan);
-        if let Some(mut perf) = perf {
-            assert!(perf.wait().expect("perf record").success(), "perf record failed");
-        }
-        assert!(!interrupted(), "interrupted; cleaning up");
-        assert!(start.elapsed().as_secs_f64() >= secs, "the load ran as long as perf recorded");
-        println!("alone {name}: {:.0}/s for {secs:.3} s", m.per_sec[0]);
+        let path = Path { ns, src: src.parse().unwrap(), dst: to.addrs().0 };
+        let (rate, secs) = hm_bench::perf::alone(name, &path, plan, o.extra.get("perf-dir"));
+        println!("alone {name}: {rate:.0}/s for {secs:.3} s");
     }
 }
 
