@@ -200,3 +200,34 @@ fn check_exits_zero_on_a_valid_dir_and_one_with_every_error_printed() {
     assert!(err.contains("bad.toml:4:8: service \"x\": port 0 is out of range; use 1 to 65535"), "{err}");
     assert!(err.contains("z-dup.toml:2:8: service name \"web\" is already used at web.toml:3:8"), "{err}");
 }
+
+#[test]
+fn check_names_a_cgroup_and_an_interface_this_host_lacks_and_offline_checks_the_files_alone() {
+    let host = Host::new();
+    let dir = host.opts.config_dir.to_str().unwrap().to_string();
+    host.write("web.toml", WEB);
+    host.set_daemon_config_in(std::path::Path::new("/nonexistent/x"), "host_interfaces = [\"hm-nowhere0\"]");
+    let out = host.hostmesh(&["check", "--config-dir", &dir]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 2, "{err}");
+    assert!(
+        err.contains(
+            "00-daemon.toml:1:1: [daemon] cgroup = \"/nonexistent/x\" does not exist on this host, so \
+                      connect-time load balancing would be off; fix: create it"
+        ),
+        "{err}"
+    );
+    assert!(err.contains("[daemon] host_interfaces names hm-nowhere0, which this host does not have"), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("; 2 thing(s) it names missing on this host"));
+
+    let offline = host.hostmesh(&["check", "--offline", "--config-dir", &dir]);
+    assert_eq!(offline.status.code(), Some(0), "{}", String::from_utf8_lossy(&offline.stderr));
+    assert!(String::from_utf8_lossy(&offline.stdout).contains("; this host not checked (--offline)"));
+
+    // The test's own cgroup, and an interface of the host's namespace.
+    host.set_daemon_config("host_interfaces = [\"lo\"]");
+    let ok = host.hostmesh(&["check", "--config-dir", &dir]);
+    assert_eq!(ok.status.code(), Some(0), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("; what it names on this host exists"));
+}

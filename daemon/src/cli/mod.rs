@@ -26,10 +26,14 @@ pub struct Cli {
 pub enum Command {
     /// Run the daemon (under systemd: Type=notify).
     Run(PathArgs),
-    /// Validate the config dir; exit 0 if every file is valid, 1 if not.
+    /// Validate the config dir, and what it names on this host (a cgroup,
+    /// host interfaces); exit 0 if all is well, 1 if not.
     Check {
         #[arg(long, default_value = DEFAULT_CONFIG_DIR)]
         config_dir: PathBuf,
+        /// Check the files alone, not this host (as on a build host).
+        #[arg(long)]
+        offline: bool,
     },
     /// Show what is applied, per object, and rejected files with their errors.
     Status {
@@ -111,7 +115,7 @@ pub fn main() -> ExitCode {
                 }
             }
         }
-        Command::Check { config_dir } => check::run(&config_dir),
+        Command::Check { config_dir, offline } => check::run(&config_dir, offline),
         Command::Status { state_dir, json } => status::run(&state_dir, json),
         Command::Explain { target, from, json, paths } => explain::run(explain::ExplainArgs {
             target,

@@ -268,6 +268,22 @@ fn is_cgroup2(dir: &File) -> bool {
     fstatfs(dir).map_or(true, |s| s.filesystem_type() == CGROUP2_SUPER_MAGIC)
 }
 
+/// Why the connect-time programs could not attach to the cgroup `path`
+/// (read only, for `hostmesh check`): missing, not a directory, or not of
+/// cgroup v2, as open_cgroup2 would find. `None` when they could.
+pub(crate) fn cgroup_dir_problem(path: &Path) -> Option<String> {
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some("does not exist".into()),
+        Err(e) => Some(format!("cannot be read ({e})")),
+        Ok(m) if !m.is_dir() => Some("is not a directory".into()),
+        Ok(_) => match File::open(path) {
+            Err(e) => Some(format!("cannot be opened ({e})")),
+            Ok(dir) if !is_cgroup2(&dir) => Some("is not a directory of the cgroup v2 hierarchy".into()),
+            Ok(_) => None,
+        },
+    }
+}
+
 /// The inode number of the daemon's network namespace.
 fn own_netns_ino() -> Option<u32> {
     std::fs::metadata("/proc/self/ns/net").ok().map(|m| m.ino() as u32)

@@ -25,6 +25,7 @@ pub(crate) mod features;
 mod flows_drop;
 mod held_signals;
 mod hooks;
+pub(crate) use hooks::cgroup_dir_problem;
 pub(crate) mod inspect;
 mod load;
 pub(crate) mod netns_cookie;
