@@ -19,6 +19,7 @@ mod topology;
 mod dirs;
 mod files;
 mod health_checks;
+mod import;
 mod lifecycle;
 mod repair;
 mod signals;

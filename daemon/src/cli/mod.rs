@@ -2,6 +2,7 @@
 
 mod check;
 mod explain;
+mod import;
 mod status;
 
 use std::path::PathBuf;
@@ -35,6 +36,11 @@ pub enum Command {
         #[arg(long)]
         offline: bool,
     },
+    /// Translate another load balancer's configuration into drop-ins.
+    Import {
+        #[command(subcommand)]
+        from: ImportFrom,
+    },
     /// Show what is applied, per object, and rejected files with their errors.
     Status {
         #[arg(long, default_value = DEFAULT_STATE_DIR)]
@@ -66,6 +72,46 @@ pub enum Command {
         #[arg(long)]
         force: bool,
     },
+}
+
+/// What `hostmesh import` reads.
+#[derive(Debug, Subcommand)]
+pub enum ImportFrom {
+    /// IPVS rules as `ipvsadm-save -n` prints them (-A services, -a real
+    /// servers). Exit 0: all mapped; 1: some things not (listed with their
+    /// line; the rest imported); 2: not readable or not ipvsadm-save
+    /// output (nothing imported).
+    Ipvsadm {
+        /// The saved rules; "-" (the default) reads stdin.
+        #[arg(default_value = "-")]
+        file: PathBuf,
+        #[command(flatten)]
+        out: ImportOut,
+    },
+}
+
+/// Where `hostmesh import` puts the drop-ins it makes.
+#[derive(Debug, Args)]
+pub struct ImportOut {
+    /// Write one drop-in per service into DIR (made if missing), to review
+    /// and then move into the config dir; no existing file is replaced.
+    #[arg(long, value_name = "DIR", required_unless_present = "dry_run", conflicts_with = "dry_run")]
+    to: Option<PathBuf>,
+    /// Print the drop-ins instead of writing them.
+    #[arg(long)]
+    dry_run: bool,
+    /// Write nothing when anything could not be mapped.
+    #[arg(long)]
+    strict: bool,
+}
+
+impl ImportOut {
+    fn output(self) -> import::Output {
+        match self.to {
+            Some(dir) => import::Output::Dir(dir),
+            None => import::Output::DryRun,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -116,6 +162,10 @@ pub fn main() -> ExitCode {
             }
         }
         Command::Check { config_dir, offline } => check::run(&config_dir, offline),
+        Command::Import { from: ImportFrom::Ipvsadm { file, out } } => {
+            let strict = out.strict;
+            import::ipvsadm(&file, out.output(), strict)
+        }
         Command::Status { state_dir, json } => status::run(&state_dir, json),
         Command::Explain { target, from, json, paths } => explain::run(explain::ExplainArgs {
             target,

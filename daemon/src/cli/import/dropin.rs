@@ -1,0 +1,113 @@
+//! What an import makes: services as drop-ins (one file each), and what
+//! could not be mapped, each with where it was read.
+
+use std::fmt::{self, Write as _};
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use crate::config::{show_duration, Protocol};
+
+/// Where something was read: a file (or "-") and a line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Where {
+    pub file: String,
+    pub line: usize,
+}
+
+impl fmt::Display for Where {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.file, self.line)
+    }
+}
+
+/// hostmesh's largest backend weight (config/validate: MAX_WEIGHT).
+pub(super) const MAX_WEIGHT: u32 = 1000;
+
+/// One imported service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Imported {
+    pub name: String,
+    pub vip: IpAddr,
+    pub port: u16,
+    pub protocol: Protocol,
+    /// Address and weight (0: draining).
+    pub backends: Vec<(SocketAddr, u32)>,
+    /// `affinity = "client-ip"` for this long.
+    pub affinity: Option<Duration>,
+    pub from: Where,
+    /// Where the import differs from the original, one sentence each.
+    pub notes: Vec<String>,
+}
+
+/// Something read that has no hostmesh equivalent; the rest still imports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Unmapped {
+    pub at: Where,
+    pub what: String,
+    pub why: String,
+}
+
+impl fmt::Display for Unmapped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: not imported: {}: {}", self.at, self.what, self.why)
+    }
+}
+
+/// What an import read: the services, and what was left out.
+#[derive(Debug, Default)]
+pub(super) struct Import {
+    pub services: Vec<Imported>,
+    pub unmapped: Vec<Unmapped>,
+}
+
+/// A service name hostmesh accepts (lowercase letters, digits and '-',
+/// at most 63): `PREFIX-PROTO-VIP-PORT`, the address's separators as '-'.
+pub(super) fn service_name(prefix: &str, protocol: Protocol, vip: IpAddr, port: u16) -> String {
+    let addr: String = vip.to_string().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+    let name = format!("{prefix}-{protocol}-{addr}-{port}").to_ascii_lowercase();
+    name.chars().take(63).collect()
+}
+
+/// Weights above hostmesh's largest, scaled down together (keeping their
+/// proportions as nearly as whole numbers can, and every non-zero weight
+/// at least 1); a note says so.
+pub(super) fn fit_weights(s: &mut Imported) {
+    let top = s.backends.iter().map(|b| b.1).max().unwrap_or(0);
+    if top <= MAX_WEIGHT {
+        return;
+    }
+    for b in &mut s.backends {
+        if b.1 > 0 {
+            b.1 = ((b.1 as u64 * MAX_WEIGHT as u64).div_ceil(top as u64) as u32).max(1);
+        }
+    }
+    s.notes.push(format!("weights scaled to hostmesh's largest, {MAX_WEIGHT} (the largest was {top})"));
+}
+
+impl Imported {
+    /// The drop-in: a comment saying where it came from and how it
+    /// differs, then the service.
+    pub(super) fn render(&self, tool: &str) -> String {
+        let mut s = format!("# Imported by `hostmesh import {tool}` from {}.\n", self.from);
+        for n in &self.notes {
+            let _ = writeln!(s, "# Note: {n}");
+        }
+        let _ = writeln!(s, "[[service]]\nname = \"{}\"\nvip = \"{}\"\nport = {}", self.name, self.vip, self.port);
+        if self.protocol == Protocol::Udp {
+            s.push_str("protocol = \"udp\"\n");
+        }
+        let backends: Vec<String> = self
+            .backends
+            .iter()
+            .map(|(a, w)| match w {
+                1 => format!("\"{a}\""),
+                w => format!("{{ address = \"{a}\", weight = {w} }}"),
+            })
+            .collect();
+        let _ = writeln!(s, "backends = [{}]", backends.join(", "));
+        if let Some(t) = self.affinity {
+            let _ = writeln!(s, "affinity = \"client-ip\"\naffinity_timeout = \"{}\"", show_duration(t));
+        }
+        s
+    }
+}
