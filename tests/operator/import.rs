@@ -41,7 +41,7 @@ fn ipvsadm_rules_import_as_drop_ins_the_daemon_applies_and_what_cannot_map_is_li
     let mut written: Vec<String> =
         fs::read_dir(&out_dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     written.sort();
-    assert_eq!(written, ["ipvs-tcp-10-96-0-10-80.toml", "ipvs-udp-10-96-0-10-53.toml"]);
+    assert_eq!(written, ["lvs-tcp-10-96-0-10-80.toml", "lvs-udp-10-96-0-10-53.toml"]);
     // Printing them writes nothing and shows the same files.
     let dry = host.hostmesh(&["import", "ipvsadm", saved_s, "--dry-run"]);
     let printed = String::from_utf8_lossy(&dry.stdout);
@@ -62,4 +62,33 @@ fn ipvsadm_rules_import_as_drop_ins_the_daemon_applies_and_what_cannot_map_is_li
     assert!(s.last_sync.ok && s.files.iter().all(|f| f.errors.is_empty()), "{:?}", s.files);
     assert_eq!(s.counts.services, 2, "both imported services applied");
     assert!(host.has_route("10.96.0.10"), "{:?}", host.owned_routes());
+}
+
+#[test]
+fn a_keepalived_conf_imports_with_its_checker_and_the_daemon_applies_it() {
+    let host = Host::new();
+    let work = tempfile::tempdir().unwrap();
+    let conf = work.path().join("keepalived.conf");
+    fs::write(
+        &conf,
+        "! a director\nglobal_defs {\n  router_id lb1\n}\n\
+         virtual_server 10.96.0.10 80 {\n  delay_loop 5\n  lb_algo wrr\n  lb_kind NAT\n  protocol TCP\n\
+         real_server 192.168.10.11 8080 {\n    weight 1\n    TCP_CHECK {\n      connect_timeout 2\n    }\n  }\n\
+         real_server 192.168.10.12 8080 {\n    weight 2\n    TCP_CHECK {\n      connect_timeout 2\n    }\n  }\n}\n",
+    )
+    .unwrap();
+    let out_dir = work.path().join("imported");
+    let out = host.hostmesh(&["import", "keepalived", conf.to_str().unwrap(), "--to", out_dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let name = "lvs-tcp-10-96-0-10-80.toml";
+    let text = fs::read_to_string(out_dir.join(name)).unwrap();
+    assert!(
+        text.contains("health_check = { kind = \"tcp\", interval = \"5s\", timeout = \"2s\", rise = 1, fall = 2"),
+        "{text}"
+    );
+    host.write(name, &text);
+    let _d = host.start_ready();
+    let s = host.status();
+    assert!(s.last_sync.ok && s.files.iter().all(|f| f.errors.is_empty()), "{:?}", s.files);
+    assert_eq!(s.counts.services, 1);
 }

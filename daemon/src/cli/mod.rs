@@ -88,6 +88,16 @@ pub enum ImportFrom {
         #[command(flatten)]
         out: ImportOut,
     },
+    /// keepalived.conf's virtual servers (and virtual_server_group
+    /// members), following `include`: real servers, weights, lb_algo,
+    /// persistence, checkers and their timers; VRRP and what else has no
+    /// equivalent listed with file:line. Exit 0, 1, 2 as for ipvsadm.
+    Keepalived {
+        /// keepalived.conf.
+        file: PathBuf,
+        #[command(flatten)]
+        out: ImportOut,
+    },
 }
 
 /// Where `hostmesh import` puts the drop-ins it makes.
@@ -162,6 +172,10 @@ pub fn main() -> ExitCode {
             }
         }
         Command::Check { config_dir, offline } => check::run(&config_dir, offline),
+        Command::Import { from: ImportFrom::Keepalived { file, out } } => {
+            let strict = out.strict;
+            import::keepalived(&file, out.output(), strict)
+        }
         Command::Import { from: ImportFrom::Ipvsadm { file, out } } => {
             let strict = out.strict;
             import::ipvsadm(&file, out.output(), strict)

@@ -34,9 +34,78 @@ pub(super) struct Imported {
     pub backends: Vec<(SocketAddr, u32)>,
     /// `affinity = "client-ip"` for this long.
     pub affinity: Option<Duration>,
+    pub health: Option<Health>,
     pub from: Where,
     /// Where the import differs from the original, one sentence each.
     pub notes: Vec<String>,
+}
+
+/// A service's `health_check`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Health {
+    /// "tcp", "http", "udp" or "exec", and that kind's keys (values as
+    /// TOML, quoted where strings).
+    pub kind: &'static str,
+    pub keys: Vec<(&'static str, String)>,
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub rise: u32,
+    pub fall: u32,
+    /// `initial = "up"` (keepalived's real servers start up unless `alpha`).
+    pub initial_up: bool,
+}
+
+impl Health {
+    fn render(&self) -> String {
+        let mut s = format!("{{ kind = \"{}\"", self.kind);
+        for (k, v) in &self.keys {
+            let _ = write!(s, ", {k} = {v}");
+        }
+        let _ = write!(
+            s,
+            ", interval = \"{}\", timeout = \"{}\", rise = {}, fall = {}",
+            show_duration(self.interval),
+            show_duration(self.timeout),
+            self.rise,
+            self.fall
+        );
+        if self.initial_up {
+            s.push_str(", initial = \"up\"");
+        }
+        s + " }"
+    }
+}
+
+/// `s` as a TOML string (quoted, escaped).
+pub(super) fn toml_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{:04X}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// How a scheduler of IPVS differs from hostmesh's Maglev with weights.
+pub(super) fn scheduler_note(scheduler: &str) -> String {
+    match scheduler {
+        "rr" | "wrr" => {
+            format!("scheduler {scheduler}: hostmesh's Maglev hash spreads connections by weight, not in turn")
+        }
+        "sh" | "mh" => format!("scheduler {scheduler}: Maglev also hashes each client to a backend, with another hash"),
+        other => format!("scheduler {other}: hostmesh balances by Maglev hash with weights, not by connection counts"),
+    }
 }
 
 /// Something read that has no hostmesh equivalent; the rest still imports.
@@ -107,6 +176,9 @@ impl Imported {
         let _ = writeln!(s, "backends = [{}]", backends.join(", "));
         if let Some(t) = self.affinity {
             let _ = writeln!(s, "affinity = \"client-ip\"\naffinity_timeout = \"{}\"", show_duration(t));
+        }
+        if let Some(h) = &self.health {
+            let _ = writeln!(s, "health_check = {}", h.render());
         }
         s
     }

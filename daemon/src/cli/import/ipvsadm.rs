@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use super::dropin::{fit_weights, service_name, Import, Imported, Unmapped, Where};
+use super::dropin::{fit_weights, scheduler_note, service_name, Import, Imported, Unmapped, Where};
 use crate::config::Protocol;
 
 /// A line that is not `ipvsadm-save -n` output: nothing is imported.
@@ -93,23 +93,17 @@ fn add_service(
         return;
     }
     let mut s = Imported {
-        name: service_name("ipvs", protocol, vip.ip(), vip.port()),
+        name: service_name("lvs", protocol, vip.ip(), vip.port()),
         vip: vip.ip(),
         port: vip.port(),
         protocol,
         backends: Vec::new(),
         affinity: None,
+        health: None,
         from: at.clone(),
         notes: Vec::new(),
     };
-    let scheduler = line.scheduler.as_deref().unwrap_or("wlc");
-    s.notes.push(match scheduler {
-        "rr" | "wrr" => {
-            format!("scheduler {scheduler}: hostmesh's Maglev hash spreads connections by weight, not in turn")
-        }
-        "sh" | "mh" => format!("scheduler {scheduler}: Maglev also hashes each client to a backend, with another hash"),
-        other => format!("scheduler {other}: hostmesh balances by Maglev hash with weights, not by connection counts"),
-    });
+    s.notes.push(scheduler_note(line.scheduler.as_deref().unwrap_or("wlc")));
     if let Some(secs) = line.persistent {
         let t = Duration::from_secs(secs.max(1));
         if t > MAX_AFFINITY {
@@ -258,7 +252,7 @@ mod tests {
         let import = parse("saved", SAVED).unwrap();
         let s = &import.services;
         assert_eq!(s.len(), 3, "{s:#?}");
-        assert_eq!((s[0].name.as_str(), s[0].port, s[0].protocol), ("ipvs-tcp-10-0-0-1-80", 80, Protocol::Tcp));
+        assert_eq!((s[0].name.as_str(), s[0].port, s[0].protocol), ("lvs-tcp-10-0-0-1-80", 80, Protocol::Tcp));
         assert_eq!(s[0].backends, [("192.168.1.1:8080".parse().unwrap(), 1), ("192.168.1.2:8080".parse().unwrap(), 3)]);
         assert_eq!(s[0].affinity, Some(Duration::from_secs(300)));
         assert_eq!(s[0].from, at(1));
@@ -266,7 +260,7 @@ mod tests {
         assert_eq!(s[1].backends, [("192.168.1.1:53".parse().unwrap(), 0)], "weight 0: draining");
         // A real server without a port takes the service's; weights above
         // 1000 are scaled together.
-        assert_eq!(s[2].name, "ipvs-tcp-2001-db8--1-443");
+        assert_eq!(s[2].name, "lvs-tcp-2001-db8--1-443");
         assert_eq!(
             s[2].backends,
             [("[2001:db8::10]:443".parse().unwrap(), 1000), ("[2001:db8::11]:443".parse().unwrap(), 500)]

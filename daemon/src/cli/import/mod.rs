@@ -4,6 +4,7 @@
 
 mod dropin;
 mod ipvsadm;
+mod keepalived;
 
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
@@ -36,6 +37,17 @@ pub(super) fn ipvsadm(input: &Path, output: Output, strict: bool) -> ExitCode {
     };
     match ipvsadm::parse(&name, &text) {
         Ok(import) => finish("ipvsadm", import, output, strict),
+        Err(e) => {
+            eprintln!("{e}; nothing imported");
+            ExitCode::from(FAILED)
+        }
+    }
+}
+
+/// `hostmesh import keepalived FILE`.
+pub(super) fn keepalived(input: &Path, output: Output, strict: bool) -> ExitCode {
+    match keepalived::import(input) {
+        Ok(import) => finish("keepalived", import, output, strict),
         Err(e) => {
             eprintln!("{e}; nothing imported");
             ExitCode::from(FAILED)
