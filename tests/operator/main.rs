@@ -18,6 +18,7 @@ mod topology;
 
 mod dirs;
 mod files;
+mod fleet;
 mod health_checks;
 mod import;
 mod lifecycle;
