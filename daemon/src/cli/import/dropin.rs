@@ -20,6 +20,32 @@ impl fmt::Display for Where {
     }
 }
 
+/// An input that is not what the import reads: nothing is imported.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct ParseError {
+    pub at: Where,
+    pub why: String,
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.at, self.why)
+    }
+}
+
+/// The longest client-ip affinity hostmesh keeps.
+const MAX_AFFINITY: Duration = Duration::from_secs(24 * 3600);
+
+/// IPVS persistence of `secs` as client-ip affinity: at least a second,
+/// at most hostmesh's longest (with a note when cut).
+pub(super) fn affinity(secs: u64, notes: &mut Vec<String>) -> Duration {
+    let t = Duration::from_secs(secs.max(1));
+    if t > MAX_AFFINITY {
+        notes.push(format!("persistence of {secs} s kept for hostmesh's longest affinity, 24h"));
+    }
+    t.min(MAX_AFFINITY)
+}
+
 /// hostmesh's largest backend weight (config/validate: MAX_WEIGHT).
 pub(super) const MAX_WEIGHT: u32 = 1000;
 

@@ -3,26 +3,11 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::time::Duration;
 
-use super::dropin::{fit_weights, scheduler_note, service_name, Import, Imported, Unmapped, Where};
+use super::dropin::{
+    affinity, fit_weights, scheduler_note, service_name, Import, Imported, ParseError, Unmapped, Where,
+};
 use crate::config::Protocol;
-
-/// A line that is not `ipvsadm-save -n` output: nothing is imported.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) struct ParseError {
-    pub at: Where,
-    pub why: String,
-}
-
-impl std::fmt::Display for ParseError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.at, self.why)
-    }
-}
-
-/// The longest client-ip affinity hostmesh keeps.
-const MAX_AFFINITY: Duration = Duration::from_secs(24 * 3600);
 
 /// One line's options: the service it names and what else it says.
 #[derive(Default)]
@@ -105,11 +90,7 @@ fn add_service(
     };
     s.notes.push(scheduler_note(line.scheduler.as_deref().unwrap_or("wlc")));
     if let Some(secs) = line.persistent {
-        let t = Duration::from_secs(secs.max(1));
-        if t > MAX_AFFINITY {
-            s.notes.push(format!("persistence of {secs} s kept for hostmesh's longest affinity, 24h"));
-        }
-        s.affinity = Some(t.min(MAX_AFFINITY));
+        s.affinity = Some(affinity(secs, &mut s.notes));
     }
     for o in &line.other {
         out.unmapped.push(Unmapped { at: at.clone(), what: o.clone(), why: "no hostmesh equivalent".into() });

@@ -9,22 +9,13 @@ use std::time::Duration;
 use super::super::dropin::{toml_string, Health, Unmapped};
 use super::parse::Node;
 
-/// Checkers of keepalived's that hostmesh has no check like.
+/// Checkers of keepalived's that hostmesh has a check like, and those it
+/// has none like.
+const MAPPED_CHECKERS: [&str; 5] = ["TCP_CHECK", "HTTP_GET", "SSL_GET", "UDP_CHECK", "MISC_CHECK"];
 const UNMAPPED_CHECKERS: [&str; 5] = ["SMTP_CHECK", "PING_CHECK", "DNS_CHECK", "BFD_CHECK", "FILE_CHECK"];
-const CHECKERS: [&str; 9] = [
-    "TCP_CHECK",
-    "HTTP_GET",
-    "SSL_GET",
-    "UDP_CHECK",
-    "MISC_CHECK",
-    "SMTP_CHECK",
-    "PING_CHECK",
-    "DNS_CHECK",
-    "BFD_CHECK",
-];
 
 pub(super) fn is_checker(key: &str) -> bool {
-    CHECKERS.contains(&key) || key == "FILE_CHECK"
+    MAPPED_CHECKERS.contains(&key) || UNMAPPED_CHECKERS.contains(&key)
 }
 
 /// A timer in seconds (keepalived takes fractions), as a Duration.

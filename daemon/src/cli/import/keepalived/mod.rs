@@ -8,15 +8,12 @@ mod parse;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
-use std::time::Duration;
 
-use super::dropin::{fit_weights, scheduler_note, service_name, Import, Imported, Unmapped, Where};
-use super::ipvsadm::ParseError;
+use super::dropin::{
+    affinity, fit_weights, scheduler_note, service_name, Import, Imported, ParseError, Unmapped, Where,
+};
 use crate::config::Protocol;
 use parse::Node;
-
-/// The longest client-ip affinity hostmesh keeps.
-const MAX_AFFINITY: Duration = Duration::from_secs(24 * 3600);
 
 /// Statements of a virtual_server block read here or by the checkers.
 const KNOWN_VS: [&str; 20] = [
@@ -171,7 +168,7 @@ fn service(vs: &Node, protocol: Protocol, out: &mut Import) -> Imported {
         s.notes.push(scheduler_note(sched));
     }
     if let Some(t) = vs.value("persistence_timeout").and_then(|v| v.parse::<u64>().ok()) {
-        s.affinity = Some(Duration::from_secs(t.max(1)).min(MAX_AFFINITY));
+        s.affinity = Some(affinity(t, &mut s.notes));
     }
     if let Some(g) = vs
         .child("persistence_granularity")

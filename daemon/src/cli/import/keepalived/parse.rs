@@ -5,8 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::super::dropin::Where;
-use super::super::ipvsadm::ParseError;
+use super::super::dropin::{ParseError, Where};
 
 /// Deeper than any keepalived configuration nests, files included.
 const MAX_DEPTH: usize = 16;
@@ -163,8 +162,9 @@ fn glob(pattern: &Path) -> Result<Vec<PathBuf>, String> {
     Ok(out)
 }
 
-/// Shell-style matching of `*` and `?` (no leading-dot rule: keepalived's
-/// glob(3) has one, so a name starting with '.' matches only a '.').
+/// Shell-style matching of `*` and `?`, with glob(3)'s rule (which
+/// keepalived's include follows) that a name starting with '.' matches
+/// only a pattern starting with '.'.
 fn matches(p: &[u8], s: &[u8]) -> bool {
     if s.first() == Some(&b'.') && p.first() != Some(&b'.') {
         return false;
