@@ -132,6 +132,12 @@ fn clear_state_dir(dir: &Path) -> Result<Vec<String>, TeardownError> {
         }
         _ => {}
     }
+    let applied = dir.join(crate::state::APPLIED_DIR);
+    match fs::remove_dir_all(&applied) {
+        Ok(()) => done.push(format!("removed {}", applied.display())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(TeardownError::Io { what: format!("remove {}", applied.display()), source: e }),
+    }
     for file in STATE_FILES {
         let p = dir.join(file);
         match fs::remove_file(&p) {

@@ -13,6 +13,11 @@ use crate::{Netns, NotifyListener, TempDir};
 pub struct DaemonOptions {
     pub bin: PathBuf,
     pub config_dir: PathBuf,
+    /// The runtime and vendor config dirs: the test's own, not made until
+    /// a test wants them (the host's /run/hostmesh.d and /usr/lib/hostmesh
+    /// are never read by a test).
+    pub runtime_config_dir: PathBuf,
+    pub vendor_config_dir: PathBuf,
     pub state_dir: PathBuf,
     pub bpffs: PathBuf,
     pub log: PathBuf,
@@ -24,6 +29,8 @@ impl DaemonOptions {
         let o = DaemonOptions {
             bin: PathBuf::from(bin),
             config_dir: dir.join("conf"),
+            runtime_config_dir: dir.join("run-conf"),
+            vendor_config_dir: dir.join("vendor-conf"),
             state_dir: dir.join("state"),
             bpffs: dir.join("bpf"),
             log: dir.join("daemon.log"),
@@ -34,15 +41,27 @@ impl DaemonOptions {
         o
     }
 
-    pub fn path_args(&self) -> Vec<String> {
+    /// The three config dirs' flags.
+    pub fn config_args(&self) -> Vec<String> {
         vec![
             "--config-dir".into(),
             self.config_dir.display().to_string(),
+            "--runtime-config-dir".into(),
+            self.runtime_config_dir.display().to_string(),
+            "--vendor-config-dir".into(),
+            self.vendor_config_dir.display().to_string(),
+        ]
+    }
+
+    pub fn path_args(&self) -> Vec<String> {
+        let mut args = self.config_args();
+        args.extend([
             "--state-dir".into(),
             self.state_dir.display().to_string(),
             "--bpffs".into(),
             self.bpffs.display().to_string(),
-        ]
+        ]);
+        args
     }
 
     /// Writes a drop-in into the config dir, 0644 whatever the umask

@@ -288,7 +288,7 @@ fn a_file_past_the_service_capacity_is_rejected_alone_and_check_says_so() {
     let (answers, _, errors) = t.requests("tcp", "10.100.3.247", 80, 3);
     assert!(errors.is_empty() && answers.len() == 1, "the last fitting service answers: {answers:?} {errors:?}");
 
-    let check = t.host.hostmesh(&["check", "--config-dir", t.host.opts.config_dir.to_str().unwrap()]);
+    let check = t.host.check(&[]);
     let out = String::from_utf8_lossy(&check.stdout).into_owned() + &String::from_utf8_lossy(&check.stderr);
     assert_eq!(check.status.code(), Some(1), "check exits 1 for the overflowing file: {out}");
     assert!(out.contains("zz-added.toml") && out.contains("the service map holds 1024"), "{out}");

@@ -114,6 +114,14 @@ impl Host {
         cli(&self.ns, Path::new(&bin()), args)
     }
 
+    /// `hostmesh check FLAGS` of this host's config dirs.
+    pub fn check(&self, flags: &[&str]) -> Output {
+        let mut args = vec!["check".to_string()];
+        args.extend(flags.iter().map(|f| f.to_string()));
+        args.extend(self.opts.config_args());
+        self.hostmesh(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+
     /// `hostmesh status` (text) with this host's state dir.
     pub fn status_text(&self) -> (String, i32) {
         let out = self.hostmesh(&["status", "--state-dir", self.opts.state_dir.to_str().unwrap()]);

@@ -130,6 +130,8 @@ fn clone_opts(o: &DaemonOptions) -> DaemonOptions {
     DaemonOptions {
         bin: o.bin.clone(),
         config_dir: o.config_dir.clone(),
+        runtime_config_dir: o.runtime_config_dir.clone(),
+        vendor_config_dir: o.vendor_config_dir.clone(),
         state_dir: o.state_dir.clone(),
         bpffs: o.bpffs.clone(),
         log: o.log.clone(),

@@ -11,7 +11,7 @@ use hm_testkit::wait_soon;
 use crate::fixtures::*;
 
 fn check(host: &Host) -> (String, i32) {
-    let out = host.hostmesh(&["check", "--config-dir", host.opts.config_dir.to_str().unwrap()]);
+    let out = host.check(&[]);
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     (text, out.status.code().unwrap_or(-1))
 }

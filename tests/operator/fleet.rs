@@ -12,15 +12,20 @@ fn recipes() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../etc/examples/fleet")
 }
 
-/// One run of the play with these services: whether it succeeded, and its
-/// recap line (or, when it failed, all it printed).
+/// One run of the play with these services: whether it succeeded, and
+/// all it printed.
 fn play(host: &Host, services: &str) -> (bool, String) {
     let venv = PathBuf::from(std::env::var("HOSTMESH_ANSIBLE").unwrap_or("/var/tmp/hostmesh-ansible".into()));
     let playbook = venv.join("bin/ansible-playbook");
     assert!(playbook.exists(), "{} missing: run scripts/deps (it installs ansible-core)", playbook.display());
     let vars = format!(
-        "{{\"hostmesh_config_dir\": \"{}\", \"hostmesh_bin\": \"{}\", \"hostmesh_services\": {services}}}",
+        "{{\"hostmesh_config_dir\": \"{}\", \"hostmesh_runtime_config_dir\": \"{}\", \
+         \"hostmesh_vendor_config_dir\": \"{}\", \"hostmesh_state_dir\": \"{}\", \"hostmesh_bin\": \"{}\", \
+         \"hostmesh_services\": {services}}}",
         host.opts.config_dir.display(),
+        host.opts.runtime_config_dir.display(),
+        host.opts.vendor_config_dir.display(),
+        host.opts.state_dir.display(),
         bin()
     );
     let out = Command::new(&playbook)
@@ -38,14 +43,14 @@ fn play(host: &Host, services: &str) -> (bool, String) {
     if !out.status.success() {
         return (false, text + &String::from_utf8_lossy(&out.stderr));
     }
-    (true, text.lines().find(|l| l.starts_with("localhost") && l.contains("changed=")).unwrap_or_default().to_string())
+    (true, text)
 }
 
-/// A run that succeeds; its recap line.
-fn play_ok(host: &Host, services: &str) -> String {
+/// A run that succeeds: its recap line, and all it printed.
+fn play_ok(host: &Host, services: &str) -> (String, String) {
     let (ok, text) = play(host, services);
     assert!(ok, "{text}");
-    text
+    (text.lines().find(|l| l.starts_with("localhost") && l.contains("changed=")).unwrap_or_default().to_string(), text)
 }
 
 const WEB_DNS: &str = r#"[{"name": "web", "vip": "10.96.0.10", "port": 80, "backends": ["192.168.10.11:8080", "192.168.10.12:8080@2"]},
@@ -57,11 +62,16 @@ const WEB: &str =
 fn the_ansible_recipe_leaves_a_configuration_the_daemon_applies_and_a_second_run_changes_nothing() {
     let host = Host::new();
     let _d = host.start_ready();
-    assert!(play_ok(&host, WEB_DNS).contains("changed=1 "), "the drop-ins written");
+    let (recap, text) = play_ok(&host, WEB_DNS);
+    assert!(recap.contains("changed=1 "), "the drop-ins written: {text}");
+    // The play shows what hostmesh diff said the daemon would change.
+    assert!(text.contains("+ service dns") && text.contains("+ service web"), "{text}");
     applied(&host, 2);
-    assert!(play_ok(&host, WEB_DNS).contains("changed=0 "), "a second run changes nothing");
+    let (recap, text) = play_ok(&host, WEB_DNS);
+    assert!(recap.contains("changed=0 "), "a second run changes nothing: {text}");
     // A service no longer listed: its drop-in goes, and so does the service.
-    assert!(play_ok(&host, WEB).contains("changed=1 "));
+    let (recap, text) = play_ok(&host, WEB);
+    assert!(recap.contains("changed=1 ") && text.contains("- service dns"), "{text}");
     assert!(!host.opts.config_dir.join("50-dns.toml").exists());
     applied(&host, 1);
     // A service check rejects: the play stops before anything lands.
@@ -87,7 +97,7 @@ fn consul_template_s_rendered_example_checks_and_the_apply_script_lands_only_wha
     let dir = host.opts.config_dir.to_str().unwrap().to_string();
     let example = recipes().join("consul-template/50-consul.toml.example");
     host.write("50-consul.toml", &fs::read_to_string(&example).unwrap());
-    let check = host.hostmesh(&["check", "--config-dir", &dir]);
+    let check = host.check(&[]);
     assert_eq!(check.status.code(), Some(0), "{}", String::from_utf8_lossy(&check.stderr));
     assert!(String::from_utf8_lossy(&check.stdout).contains("valid: 2 service(s)"));
     fs::remove_file(host.opts.config_dir.join("50-consul.toml")).unwrap();
@@ -99,6 +109,8 @@ fn consul_template_s_rendered_example_checks_and_the_apply_script_lands_only_wha
         Command::new(recipes().join("consul-template/hostmesh-apply-dropin"))
             .arg(&rendered)
             .env("HOSTMESH_CONFIG_DIR", &dir)
+            .env("HOSTMESH_RUNTIME_CONFIG_DIR", &host.opts.runtime_config_dir)
+            .env("HOSTMESH_VENDOR_CONFIG_DIR", &host.opts.vendor_config_dir)
             .env("HOSTMESH", bin())
             .output()
             .unwrap()

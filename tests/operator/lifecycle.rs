@@ -184,15 +184,14 @@ fn status_says_when_the_daemon_died_without_stopping() {
 #[test]
 fn check_exits_zero_on_a_valid_dir_and_one_with_every_error_printed() {
     let host = Host::new();
-    let dir = host.opts.config_dir.to_str().unwrap().to_string();
     host.write("web.toml", WEB);
-    let ok = host.hostmesh(&["check", "--config-dir", &dir]);
+    let ok = host.check(&[]);
     assert_eq!(ok.status.code(), Some(0), "{}", String::from_utf8_lossy(&ok.stderr));
     assert!(String::from_utf8_lossy(&ok.stdout).contains("2 file(s), 0 rejected; valid: 1 service(s)"));
 
     host.write("bad.toml", "[[service]]\nname = \"x\"\nvip = \"nope\"\nport = 0\n");
     host.write("z-dup.toml", "[[service]]\nname = \"web\"\nvip = \"10.96.0.99\"\nport = 1\n");
-    let bad = host.hostmesh(&["check", "--config-dir", &dir]);
+    let bad = host.check(&[]);
     assert_eq!(bad.status.code(), Some(1));
     let err = String::from_utf8_lossy(&bad.stderr);
     assert_eq!(err.lines().count(), 3, "{err}");
@@ -204,10 +203,9 @@ fn check_exits_zero_on_a_valid_dir_and_one_with_every_error_printed() {
 #[test]
 fn check_names_a_cgroup_and_an_interface_this_host_lacks_and_offline_checks_the_files_alone() {
     let host = Host::new();
-    let dir = host.opts.config_dir.to_str().unwrap().to_string();
     host.write("web.toml", WEB);
     host.set_daemon_config_in(std::path::Path::new("/nonexistent/x"), "host_interfaces = [\"hm-nowhere0\"]");
-    let out = host.hostmesh(&["check", "--config-dir", &dir]);
+    let out = host.check(&[]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert_eq!(err.lines().count(), 2, "{err}");
@@ -221,13 +219,13 @@ fn check_names_a_cgroup_and_an_interface_this_host_lacks_and_offline_checks_the_
     assert!(err.contains("[daemon] host_interfaces names hm-nowhere0, which this host does not have"), "{err}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("; 2 thing(s) it names missing on this host"));
 
-    let offline = host.hostmesh(&["check", "--offline", "--config-dir", &dir]);
+    let offline = host.check(&["--offline"]);
     assert_eq!(offline.status.code(), Some(0), "{}", String::from_utf8_lossy(&offline.stderr));
     assert!(String::from_utf8_lossy(&offline.stdout).contains("; this host not checked (--offline)"));
 
     // The test's own cgroup, and an interface of the host's namespace.
     host.set_daemon_config("host_interfaces = [\"lo\"]");
-    let ok = host.hostmesh(&["check", "--config-dir", &dir]);
+    let ok = host.check(&[]);
     assert_eq!(ok.status.code(), Some(0), "{}", String::from_utf8_lossy(&ok.stderr));
     assert!(String::from_utf8_lossy(&ok.stdout).contains("; what it names on this host exists"));
 }

@@ -16,11 +16,13 @@ mod health_net;
 #[allow(dead_code)]
 mod topology;
 
+mod diff;
 mod dirs;
 mod files;
 mod fleet;
 mod health_checks;
 mod import;
 mod lifecycle;
+mod precedence;
 mod repair;
 mod signals;

@@ -4,10 +4,10 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use crate::config::{check_dir, Config, CtlbMode};
+use crate::config::{check_dir, Config, ConfigDirs, CtlbMode};
 
-pub(super) fn run(dir: &Path, offline: bool) -> ExitCode {
-    let loaded = match check_dir(dir) {
+pub(super) fn run(dirs: &ConfigDirs, offline: bool) -> ExitCode {
+    let loaded = match check_dir(dirs) {
         Ok(l) => l,
         Err(e) => {
             eprintln!("hostmesh check: {e}");
@@ -24,6 +24,9 @@ pub(super) fn run(dir: &Path, offline: bool) -> ExitCode {
     for s in &loaded.skipped {
         eprintln!("{}: skipped: {}", s.path.display(), s.reason);
     }
+    for m in &loaded.masked {
+        println!("{}", masked_line(m));
+    }
     let c = &loaded.config;
     let host = if offline { Vec::new() } else { host_problems(c, &LiveHost) };
     for p in &host {
@@ -31,7 +34,7 @@ pub(super) fn run(dir: &Path, offline: bool) -> ExitCode {
     }
     println!(
         "{}: {} file(s), {} rejected; valid: {} service(s), {} mesh redirect(s), {} peer(s), {} member(s){}{}{}",
-        dir.display(),
+        dirs.admin().display(),
         loaded.files.len(),
         rejected,
         c.services.len(),
@@ -51,6 +54,12 @@ pub(super) fn run(dir: &Path, offline: bool) -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// One masked drop-in and the entry that won its name.
+pub(super) fn masked_line(m: &crate::config::Masked) -> String {
+    let how = if m.by_null { " -> /dev/null" } else { "" };
+    format!("{}: masked by {}{how}", m.path.display(), m.by.display())
 }
 
 /// What `check` asks of the host it runs on (a fake in the tests).

@@ -1,6 +1,8 @@
-//! The command line: `hostmesh run | check | status | explain | teardown`.
+//! The command line: `hostmesh run | check | diff | import | status |
+//! explain | teardown`.
 
 mod check;
+mod diff;
 mod explain;
 mod import;
 mod status;
@@ -10,7 +12,10 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::paths::{Paths, DEFAULT_BPFFS, DEFAULT_CONFIG_DIR, DEFAULT_STATE_DIR};
+use crate::config::ConfigDirs;
+use crate::paths::{
+    Paths, DEFAULT_BPFFS, DEFAULT_CONFIG_DIR, DEFAULT_RUNTIME_CONFIG_DIR, DEFAULT_STATE_DIR, DEFAULT_VENDOR_CONFIG_DIR,
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -30,11 +35,21 @@ pub enum Command {
     /// Validate the config dir, and what it names on this host (a cgroup,
     /// host interfaces); exit 0 if all is well, 1 if not.
     Check {
-        #[arg(long, default_value = DEFAULT_CONFIG_DIR)]
-        config_dir: PathBuf,
+        #[command(flatten)]
+        dirs: ConfigDirArgs,
         /// Check the files alone, not this host (as on a build host).
         #[arg(long)]
         offline: bool,
+    },
+    /// What the daemon would do with these config dirs: the objects it
+    /// would add, change and remove against the configuration in force
+    /// (running or not), the files it would reject, the capacity used.
+    /// Touches nothing. Exit 0: no change; 1: changes; 2: errors.
+    Diff {
+        #[command(flatten)]
+        dirs: ConfigDirArgs,
+        #[arg(long, default_value = DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
     },
     /// Translate another load balancer's configuration into drop-ins.
     Import {
@@ -124,10 +139,32 @@ impl ImportOut {
     }
 }
 
+/// The three config dirs, first in precedence first: a drop-in masks one
+/// of the same name in a later dir; one that is a symlink to /dev/null
+/// masks it away.
 #[derive(Debug, Args)]
-pub struct PathArgs {
+pub struct ConfigDirArgs {
+    /// The admin's drop-ins.
     #[arg(long, default_value = DEFAULT_CONFIG_DIR)]
     pub config_dir: PathBuf,
+    /// Runtime drop-ins, made by tools until the next boot (read if it exists).
+    #[arg(long, default_value = DEFAULT_RUNTIME_CONFIG_DIR)]
+    pub runtime_config_dir: PathBuf,
+    /// The vendor's drop-ins, shipped by packages (read if it exists).
+    #[arg(long, default_value = DEFAULT_VENDOR_CONFIG_DIR)]
+    pub vendor_config_dir: PathBuf,
+}
+
+impl From<ConfigDirArgs> for ConfigDirs {
+    fn from(a: ConfigDirArgs) -> Self {
+        ConfigDirs::new(a.config_dir, a.runtime_config_dir, a.vendor_config_dir)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct PathArgs {
+    #[command(flatten)]
+    pub config: ConfigDirArgs,
     #[arg(long, default_value = DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
     /// Pin dir for BPF maps and links (on a bpffs; mounted if it is not).
@@ -137,7 +174,7 @@ pub struct PathArgs {
 
 impl From<PathArgs> for Paths {
     fn from(a: PathArgs) -> Self {
-        Paths { config_dir: a.config_dir, state_dir: a.state_dir, bpffs: a.bpffs }
+        Paths { config: a.config.into(), state_dir: a.state_dir, bpffs: a.bpffs }
     }
 }
 
@@ -171,7 +208,8 @@ pub fn main() -> ExitCode {
                 }
             }
         }
-        Command::Check { config_dir, offline } => check::run(&config_dir, offline),
+        Command::Check { dirs, offline } => check::run(&dirs.into(), offline),
+        Command::Diff { dirs, state_dir } => diff::run(&dirs.into(), &state_dir),
         Command::Import { from: ImportFrom::Keepalived { file, out } } => {
             let strict = out.strict;
             import::keepalived(&file, out.output(), strict)
@@ -185,7 +223,7 @@ pub fn main() -> ExitCode {
             target,
             from,
             json,
-            config_dir: paths.config_dir,
+            config: paths.config.into(),
             state_dir: paths.state_dir,
             bpffs: paths.bpffs,
         }),

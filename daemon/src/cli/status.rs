@@ -175,10 +175,19 @@ fn render_sync(s: &Status, out: &mut String) {
     }
 }
 
-/// The config dir, rejected files with their errors, skipped entries.
+/// The config dirs, rejected files with their errors, skipped and masked
+/// entries, and the files in force from the runtime and vendor dirs.
 fn render_files(s: &Status, out: &mut String) {
     let rejected = s.files.iter().filter(|f| f.state != FileState::Applied).count();
-    out.push_str(&format!("config: {} ({} file(s), {} rejected)\n", s.config_dir.display(), s.files.len(), rejected));
+    let dirs = if s.config_dirs.is_empty() {
+        s.config_dir.display().to_string()
+    } else {
+        s.config_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", then ")
+    };
+    out.push_str(&format!("config: {dirs} ({} file(s), {} rejected)\n", s.files.len(), rejected));
+    for f in s.files.iter().filter(|f| !f.path.starts_with(&s.config_dir)).take(FILES_SHOWN) {
+        out.push_str(&format!("  in force {}\n", f.path.display()));
+    }
     for f in s.files.iter().filter(|f| f.state != FileState::Applied) {
         let kept = if f.state == FileState::RejectedKeepingLastGood {
             "its last good version stays in force"
@@ -193,7 +202,14 @@ fn render_files(s: &Status, out: &mut String) {
     for sk in &s.skipped {
         out.push_str(&format!("  skipped {}: {}\n", sk.path.display(), sk.reason));
     }
+    for m in &s.masked {
+        let how = if m.by_null { " -> /dev/null" } else { "" };
+        out.push_str(&format!("  masked {}: by {}{how}\n", m.path.display(), m.by.display()));
+    }
 }
+
+/// The most files of the runtime and vendor dirs listed by name.
+const FILES_SHOWN: usize = 50;
 
 /// Checked and draining backends, one aligned line each: state, since
 /// when, the last check and why the last failure failed.

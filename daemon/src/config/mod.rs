@@ -2,10 +2,12 @@
 //!
 //! `schema` is the file format as written, `validate` checks one file on
 //! its own (a large one in the parts `split` finds), `merge` enforces what
-//! must be unique across files, and `store` reads the dir and keeps each
-//! file's last good version.
+//! must be unique across files, `dirs` says which drop-ins of the three
+//! config dirs are in force, and `store` reads them and keeps each file's
+//! last good version.
 
 mod capacity;
+mod dirs;
 mod duration;
 mod error;
 mod file_index;
@@ -20,8 +22,10 @@ mod validate;
 
 pub(crate) use capacity::Capacities;
 pub use capacity::{Capacity, MapSizes, SizeKey, SIZE_KEYS};
+pub(crate) use dirs::{ConfigDirs, DirRole, Masked};
 pub(crate) use duration::show_duration;
 pub(crate) use error::{clip, ConfigError};
+pub(crate) use read::{copy_drop_in, Unread};
 pub use store::FileState;
 pub(crate) use store::{check_dir, ConfigStore, Loaded};
 pub(crate) use types::*;

@@ -14,7 +14,7 @@ use std::path::Path;
 
 /// Why a drop-in was not read.
 #[derive(Debug)]
-pub(super) enum Unread {
+pub(crate) enum Unread {
     /// Some process has it open for writing; read it once it is closed.
     BeingWritten,
     /// Not a regular file (a FIFO, a dir, a device named `*.toml`).
@@ -25,7 +25,7 @@ pub(super) enum Unread {
 }
 
 /// The whole text of `path` (following a symlink to its target).
-pub(super) fn read_drop_in(path: &Path) -> Result<Vec<u8>, Unread> {
+pub(crate) fn read_drop_in(path: &Path) -> Result<Vec<u8>, Unread> {
     read_drop_in_with(path, |f, len| {
         let mut bytes = Vec::with_capacity(len);
         f.read_to_end(&mut bytes)?;
@@ -51,16 +51,36 @@ pub(super) fn hash_drop_in(path: &Path) -> Result<(usize, u64), Unread> {
     })
 }
 
+/// Copies `path`'s text, read as `read_drop_in` reads it, to `out` a
+/// piece at a time; returns its length and `TextHash`.
+pub(crate) fn copy_drop_in(path: &Path, out: &mut dyn io::Write) -> Result<(usize, u64), Unread> {
+    read_drop_in_with(path, |f, _| {
+        let mut hash = TextHash::default();
+        let mut piece = vec![0u8; 64 << 10];
+        loop {
+            match f.read(&mut piece) {
+                Ok(0) => return Ok(hash.finish()),
+                Ok(n) => {
+                    hash.add(&piece[..n]);
+                    out.write_all(&piece[..n])?;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    })
+}
+
 /// A hash of a file's text (SipHash, as the standard library's), fed in
 /// pieces: the same however the text is cut.
 #[derive(Default)]
-pub(super) struct TextHash {
+pub(crate) struct TextHash {
     hasher: std::collections::hash_map::DefaultHasher,
     len: usize,
 }
 
 impl TextHash {
-    pub(super) fn of(bytes: &[u8]) -> (usize, u64) {
+    pub(crate) fn of(bytes: &[u8]) -> (usize, u64) {
         let mut h = TextHash::default();
         h.add(bytes);
         h.finish()

@@ -1,5 +1,5 @@
-//! The config dir as the daemon sees it over time: every `*.toml` read in
-//! lexical order, each parsed on its own, and the last good version of each
+//! The config dirs as the daemon sees them over time: every `*.toml` in
+//! force (`dirs`) read in name order, each parsed on its own, and the last good version of each
 //! file kept so that a broken edit never takes away what the file declared
 //! before (README.md, "Configuration").
 
@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use super::dirs::{ConfigDirs, Skipped, Winner};
 use super::error::{ConfigError, Source};
 use super::merge::merge;
 use super::types::{Config, FileConfig};
@@ -45,14 +46,10 @@ pub(crate) struct Loaded {
     /// Entries named like drop-ins that were not read, and why (not a
     /// regular file, a dangling link, still open for writing).
     pub skipped: Vec<Skipped>,
+    /// Drop-ins hidden by one of the same name in an earlier dir.
+    pub masked: Vec<super::dirs::Masked>,
     /// Files parsed by this load; the others' text was unchanged.
     pub parsed_files: usize,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub(crate) struct Skipped {
-    pub path: PathBuf,
-    pub reason: String,
 }
 
 impl Loaded {
@@ -135,6 +132,12 @@ impl ConfigStore {
         Self::default()
     }
 
+    /// The length and hash of the text of `path` that this store's last
+    /// load parsed (or found unchanged); `None` for a file it has not.
+    pub(crate) fn text_of(&self, path: &Path) -> Option<(usize, u64)> {
+        self.parsed.get(path).map(|p| (p.len, p.hash))
+    }
+
     /// How many files this store has read (opened and read, whole or in
     /// pieces to hash).
     #[cfg(test)]
@@ -148,29 +151,30 @@ impl ConfigStore {
         self.parses
     }
 
-    /// Reads every file of the dir and returns the configuration in
-    /// force (SIGHUP, the periodic resync, the first load).
-    pub(crate) fn load(&mut self, dir: &Path) -> Result<Loaded, DirError> {
-        self.load_with(dir, Reread::All)
+    /// Reads every drop-in in force of the dirs and returns the
+    /// configuration in force (SIGHUP, the periodic resync, the first
+    /// load).
+    pub(crate) fn load(&mut self, dirs: &ConfigDirs) -> Result<Loaded, DirError> {
+        self.load_with(dirs, Reread::All)
     }
 
     /// As `load`, reading only the files whose inode, size or times
     /// changed since they were last read (after a file event).
-    pub(crate) fn load_changed(&mut self, dir: &Path) -> Result<Loaded, DirError> {
-        self.load_with(dir, Reread::Changed)
+    pub(crate) fn load_changed(&mut self, dirs: &ConfigDirs) -> Result<Loaded, DirError> {
+        self.load_with(dirs, Reread::Changed)
     }
 
-    fn load_with(&mut self, dir: &Path, reread: Reread) -> Result<Loaded, DirError> {
-        let (paths, mut skipped) = list_drop_ins(dir).map_err(|source| DirError { dir: dir.to_path_buf(), source })?;
-        // A dir others can write lets them plant drop-ins: nothing in it
-        // is obeyed.
-        let dir_unsafe = dir_trust(dir).err();
+    fn load_with(&mut self, dirs: &ConfigDirs, reread: Reread) -> Result<Loaded, DirError> {
+        let listing = super::dirs::list(dirs).map_err(|(dir, source)| DirError { dir, source })?;
+        let mut skipped = listing.skipped;
 
         // Parse every file alone. One still being written counts as its
         // last good version (or as absent) until its writer closes it.
         let mut parsed: Vec<(PathBuf, FileResult)> = Vec::new();
         let parses_before = self.parses;
-        for p in paths {
+        for Winner { path: p, dir_unsafe } in listing.files {
+            // A dir others can write lets them plant drop-ins: nothing in
+            // it is obeyed.
             if let Some(u) = &dir_unsafe {
                 parsed.push((p.clone(), Err(vec![whole_file_error(&p, format!("not read: {u}"))])));
                 continue;
@@ -234,15 +238,8 @@ impl ConfigStore {
         self.last_good = next_last_good;
         let present: std::collections::BTreeSet<&PathBuf> = files.iter().map(|f| &f.path).collect();
         self.parsed.retain(|p, _| present.contains(p));
-        Ok(Loaded { config: std::sync::Arc::new(config), files, skipped, parsed_files: self.parses - parses_before })
-    }
-}
-
-fn dir_trust(dir: &Path) -> Result<(), crate::trust::Unsafe> {
-    use std::os::unix::fs::MetadataExt;
-    match fs::metadata(dir) {
-        Ok(m) => crate::trust::check_trusted(dir, m.uid(), m.mode()),
-        Err(_) => Ok(()), // listing it already worked or failed
+        let parsed_files = self.parses - parses_before;
+        Ok(Loaded { config: std::sync::Arc::new(config), files, skipped, masked: listing.masked, parsed_files })
     }
 }
 
@@ -275,38 +272,6 @@ fn bounded(mut errors: Vec<ConfigError>) -> Vec<ConfigError> {
         });
     }
     errors
-}
-
-/// The drop-ins of a dir: regular files (or links to them) named `*.toml`,
-/// not hidden (editors' swap and backup files are), in lexical order; and
-/// the entries so named that are not regular files, with why.
-pub(crate) fn list_drop_ins(dir: &Path) -> io::Result<(Vec<PathBuf>, Vec<Skipped>)> {
-    let mut out = Vec::new();
-    let mut skipped = Vec::new();
-    for entry in fs::read_dir(dir)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if name.starts_with('.') || !name.ends_with(".toml") || name.len() == ".toml".len() {
-            continue;
-        }
-        let path = entry.path();
-        match fs::metadata(&path) {
-            Ok(meta) if meta.is_file() => out.push(path),
-            Ok(meta) => {
-                skipped.push(Skipped { path, reason: format!("{}, not a regular file", super::read::kind_of(&meta)) })
-            }
-            // A file removed while listing is simply gone.
-            Err(e) if e.kind() == io::ErrorKind::NotFound && fs::symlink_metadata(&path).is_err() => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                skipped.push(Skipped { path, reason: "a symlink to nothing (dangling)".to_string() })
-            }
-            Err(_) => out.push(path), // reading it will report the error
-        }
-    }
-    out.sort();
-    skipped.sort_by(|a, b| a.path.cmp(&b.path));
-    Ok((out, skipped))
 }
 
 /// A drop-in that was not parsed this time: skipped (and whether its last
@@ -425,6 +390,6 @@ pub(super) fn parse_bytes(path: &Path, bytes: Vec<u8>) -> Result<FileConfig, Vec
 }
 
 /// `hostmesh check`: every error of every file, with no history.
-pub(crate) fn check_dir(dir: &Path) -> Result<Loaded, DirError> {
-    ConfigStore::new().load(dir)
+pub(crate) fn check_dir(dirs: &ConfigDirs) -> Result<Loaded, DirError> {
+    ConfigStore::new().load(dirs)
 }

@@ -448,7 +448,7 @@ fn every_error_in_a_file_is_reported() {
 }
 
 fn load(dir: &Dir, store: &mut ConfigStore) -> Loaded {
-    store.load(&dir.0).expect("dir readable")
+    store.load(&ConfigDirs::only(dir.0.clone())).expect("dir readable")
 }
 
 fn service_names(l: &Loaded) -> Vec<&str> {
@@ -601,7 +601,7 @@ fn only_visible_toml_files_are_read_in_lexical_order() {
 
 #[test]
 fn a_missing_dir_is_an_error() {
-    let err = ConfigStore::new().load(Path::new("/nonexistent/hostmesh")).unwrap_err();
+    let err = ConfigStore::new().load(&ConfigDirs::only("/nonexistent/hostmesh".into())).unwrap_err();
     assert!(err.to_string().starts_with("cannot read config dir /nonexistent/hostmesh: "), "{err}");
 }
 
@@ -609,7 +609,7 @@ fn a_missing_dir_is_an_error() {
 fn shipped_examples_are_valid() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../etc");
     for dir in [root.clone(), root.join("examples")] {
-        let l = check_dir(&dir).expect("readable");
+        let l = check_dir(&ConfigDirs::only(dir.clone())).expect("readable");
         let bad: Vec<_> = l.rejected().flat_map(|f| f.errors.iter().map(|e| e.to_string())).collect();
         assert!(bad.is_empty(), "{}: {bad:?}", dir.display());
     }
@@ -774,24 +774,24 @@ fn a_load_after_file_events_reads_only_files_whose_stamp_changed() {
     let mut store = ConfigStore::new();
     dir.write("a.toml", "[[service]]\nname = \"aaa\"\nvip = \"10.0.0.1\"\nport = 80\n");
     dir.write("b.toml", "[[service]]\nname = \"bbb\"\nvip = \"10.0.0.2\"\nport = 80\n");
-    store.load_changed(&dir.0).unwrap();
+    store.load_changed(&ConfigDirs::only(dir.0.clone())).unwrap();
     assert_eq!(store.reads(), 2, "the first load reads every file");
-    store.load_changed(&dir.0).unwrap();
+    store.load_changed(&ConfigDirs::only(dir.0.clone())).unwrap();
     assert_eq!(store.reads(), 2, "nothing changed: nothing read");
     // Other text of the same length: its times changed, so it is read.
     dir.write("b.toml", "[[service]]\nname = \"ccc\"\nvip = \"10.0.0.2\"\nport = 80\n");
-    let l = store.load_changed(&dir.0).unwrap();
+    let l = store.load_changed(&ConfigDirs::only(dir.0.clone())).unwrap();
     assert_eq!(store.reads(), 3);
     assert_eq!(service_names(&l), ["aaa", "ccc"]);
     // A permission change is seen too (its ctime moves): a file others may
     // write is rejected, though its text is the same.
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(dir.0.join("a.toml"), fs::Permissions::from_mode(0o666)).unwrap();
-    let l = store.load_changed(&dir.0).unwrap();
+    let l = store.load_changed(&ConfigDirs::only(dir.0.clone())).unwrap();
     assert_eq!(l.files[0].state, FileState::RejectedKeepingLastGood);
     assert!(l.files[0].errors[0].message.contains("writable by group and others"), "{:?}", l.files[0]);
     // A full load reads every file again.
-    store.load(&dir.0).unwrap();
+    store.load(&ConfigDirs::only(dir.0.clone())).unwrap();
     assert_eq!(store.reads(), 6);
 }
 
@@ -1085,11 +1085,11 @@ fn a_text_s_hash_is_the_same_however_it_is_cut_and_a_reload_reads_an_unchanged_f
     // parsed again.
     let mut store = ConfigStore::new();
     d.write("b.toml", "[[service]]\nname = \"aaa\"\nvip = \"10.0.0.1\"\nport = 80\n");
-    store.load(&d.0).unwrap();
+    store.load(&ConfigDirs::only(d.0.clone())).unwrap();
     let parses = store.parses();
-    store.load(&d.0).unwrap();
+    store.load(&ConfigDirs::only(d.0.clone())).unwrap();
     assert_eq!(store.parses(), parses);
     d.write("b.toml", "[[service]]\nname = \"bbb\"\nvip = \"10.0.0.1\"\nport = 80\n");
-    let l = store.load(&d.0).unwrap();
+    let l = store.load(&ConfigDirs::only(d.0.clone())).unwrap();
     assert_eq!((store.parses(), service_names(&l)), (parses + 1, vec!["bbb"]));
 }

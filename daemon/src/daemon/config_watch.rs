@@ -1,20 +1,22 @@
-//! Config watching, the daemon's part: reads the config dir (every file
+//! Config watching, the daemon's part: reads the config dirs (every file
 //! for a full sync, the changed ones otherwise), keeps the configuration
-//! in force when the dir cannot be read, and logs each rejected file's
-//! errors. (inotify itself is `events::watch_config_dir`.)
+//! in force when the admin's dir cannot be read, and logs each rejected
+//! file's errors, and keeps the copies of the files in force that
+//! `hostmesh diff` reads (`applied.rs`). (inotify itself is
+//! `events::watch_config_dirs`.)
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use slog::{error, warn, Logger};
 
-use crate::config::{Config, ConfigStore, FileState, Loaded};
+use crate::config::{Config, ConfigDirs, ConfigStore, FileState, Loaded};
 use crate::metrics::Metrics;
 
 pub(super) struct ConfigWatch {
-    dir: PathBuf,
+    dirs: ConfigDirs,
     store: ConfigStore,
+    copies: super::applied::AppliedCopies,
     /// The configuration in force and the files it came from.
     pub(super) loaded: Loaded,
     /// How long the last read took.
@@ -22,11 +24,18 @@ pub(super) struct ConfigWatch {
 }
 
 impl ConfigWatch {
-    pub(super) fn new(dir: PathBuf) -> Self {
+    pub(super) fn new(dirs: ConfigDirs, state_dir: &std::path::Path) -> Self {
         ConfigWatch {
-            dir,
+            dirs,
             store: ConfigStore::new(),
-            loaded: Loaded { config: Default::default(), files: vec![], skipped: vec![], parsed_files: 0 },
+            copies: super::applied::AppliedCopies::new(state_dir),
+            loaded: Loaded {
+                config: Default::default(),
+                files: vec![],
+                skipped: vec![],
+                masked: vec![],
+                parsed_files: 0,
+            },
             load_time: Duration::ZERO,
         }
     }
@@ -41,10 +50,13 @@ impl ConfigWatch {
     /// down every service.
     pub(super) fn read(&mut self, full: bool, log: &Logger, metrics: &Metrics) {
         let reading = Instant::now();
-        let loaded = if full { self.store.load(&self.dir) } else { self.store.load_changed(&self.dir) };
+        let loaded = if full { self.store.load(&self.dirs) } else { self.store.load_changed(&self.dirs) };
         match loaded {
             Ok(loaded) => {
                 self.loaded = loaded;
+                for p in self.copies.update(&self.loaded, &self.store) {
+                    warn!(log, "hostmesh diff will not see the configuration in force"; "problem" => p);
+                }
                 metrics.reload(if self.loaded.rejected().next().is_some() { "rejected" } else { "applied" });
             }
             Err(e) => {

@@ -2,13 +2,14 @@
 //! channel: file changes from inotify, and signals. Events only trigger a
 //! sync; the loop does all the work.
 
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{SendError, Sender};
 use std::sync::Arc;
 use std::thread;
 
 use notify::{RecursiveMode, Watcher};
+
+use crate::config::{ConfigDirs, DirRole};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -90,9 +91,10 @@ pub(super) fn spawn_signal_thread(tx: EventSender, stopping: Arc<AtomicBool>) ->
     Ok(())
 }
 
-/// Watches the config dir (not recursively: drop-ins live at its top).
-/// The returned watcher must be kept alive.
-pub(super) fn watch_config_dir(dir: &Path, tx: EventSender) -> notify::Result<notify::RecommendedWatcher> {
+/// Watches the config dirs that exist (not recursively: drop-ins live at
+/// their tops); a runtime or vendor dir made later is read at the next
+/// resync or SIGHUP. The returned watcher must be kept alive.
+pub(super) fn watch_config_dirs(dirs: &ConfigDirs, tx: EventSender) -> notify::Result<notify::RecommendedWatcher> {
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
         use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};
         let event = match res {
@@ -111,6 +113,13 @@ pub(super) fn watch_config_dir(dir: &Path, tx: EventSender) -> notify::Result<no
         };
         let _ = tx.send(event);
     })?;
-    watcher.watch(dir, RecursiveMode::NonRecursive)?;
+    for (role, dir) in dirs.in_order() {
+        match watcher.watch(dir, RecursiveMode::NonRecursive) {
+            Ok(()) => {}
+            // A runtime or vendor dir that does not exist holds nothing.
+            Err(_) if role != DirRole::Admin && !dir.exists() => {}
+            Err(e) => return Err(e),
+        }
+    }
     Ok(watcher)
 }

@@ -5,7 +5,7 @@
 //!
 //! | owner | file | holds |
 //! |---|---|---|
-//! | `ConfigWatch` | `config_watch.rs` | the config store and the configuration in force |
+//! | `ConfigWatch` | `config_watch.rs` | the config store, the configuration in force and its copies for `diff` (`applied.rs`) |
 //! | `SyncRunner` | `sync_runner.rs` | the reconciler, the generation, the last sync's outcome |
 //! | `PeerProbing` | `peers.rs` | the gateway prober, the judgements last told and saved |
 //! | `BackendHealthState` | `backend_health.rs` | the backend checker and the saved states |
@@ -22,6 +22,7 @@
 //! backends and threads; the loop takes them as `Parts`, so unit tests
 //! (`tests.rs`) drive it on fakes.
 
+mod applied;
 mod backend_health;
 mod config_watch;
 mod drift;
@@ -130,8 +131,8 @@ pub(super) struct Daemon {
 }
 
 pub(crate) fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
-    if !paths.config_dir.is_dir() {
-        return Err(RunError::NoConfigDir(paths.config_dir.display().to_string()));
+    if !paths.config.admin().is_dir() {
+        return Err(RunError::NoConfigDir(paths.config.admin().display().to_string()));
     }
     crate::state::prepare_state_dir(&paths.state_dir)?;
     // One daemon per state dir and pin dir, before either is touched.
@@ -168,15 +169,16 @@ pub(crate) fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
     }) {
         warn!(log, "cannot follow kernel events; drift is repaired at the periodic resync"; "error" => e.to_string());
     }
-    let _watcher = match events::watch_config_dir(&paths.config_dir, tx.clone()) {
+    let _watcher = match events::watch_config_dirs(&paths.config, tx.clone()) {
         Ok(w) => Some(w),
         Err(e) => {
-            warn!(log, "cannot watch the config dir; changes apply at the next resync or SIGHUP"; "dir" => paths.config_dir.display().to_string(), "error" => e.to_string());
+            warn!(log, "cannot watch the config dirs; changes apply at the next resync or SIGHUP"; "dir" => paths.config.admin().display().to_string(), "error" => e.to_string());
             None
         }
     };
 
-    info!(log, "starting"; "version" => env!("CARGO_PKG_VERSION"), "config_dir" => paths.config_dir.display().to_string(),
+    let config_dirs = paths.config.in_order().map(|(_, d)| d.display().to_string()).collect::<Vec<_>>().join(", ");
+    info!(log, "starting"; "version" => env!("CARGO_PKG_VERSION"), "config_dirs" => config_dirs,
         "state_dir" => paths.state_dir.display().to_string(), "bpffs" => paths.bpffs.display().to_string());
     let parts = Parts {
         backends,
@@ -208,7 +210,7 @@ impl Daemon {
             started_at: crate::clock::now_unix(),
             features: parts.features,
             events: parts.events,
-            config: config_watch::ConfigWatch::new(paths.config_dir.clone()),
+            config: config_watch::ConfigWatch::new(paths.config.clone(), &paths.state_dir),
             runner: sync_runner::SyncRunner::new(
                 Reconciler::new(parts.backends, parts.originals)
                     .with_stop_flag(parts.stopping)

@@ -180,7 +180,8 @@ impl Daemon {
             pid: std::process::id(),
             started_at: self.started_at,
             updated_at: crate::clock::now_unix(),
-            config_dir: self.paths.config_dir.clone(),
+            config_dir: self.paths.config.admin().to_path_buf(),
+            config_dirs: self.paths.config.in_order().map(|(_, d)| d.to_path_buf()).collect(),
             bpffs: self.paths.bpffs.clone(),
             generation: self.runner.generation,
             resync_interval_ms: self.resync_interval().as_millis() as u64,
@@ -193,6 +194,11 @@ impl Daemon {
                 .skipped
                 .iter()
                 .map(|s| crate::state::SkippedEntry { path: s.path.clone(), reason: s.reason.clone() })
+                .collect(),
+            masked: loaded
+                .masked
+                .iter()
+                .map(|m| crate::state::MaskedEntry { path: m.path.clone(), by: m.by.clone(), by_null: m.by_null })
                 .collect(),
             objects,
             warnings: desired
@@ -222,6 +228,7 @@ mod tests {
             started_at: 0,
             updated_at: 0,
             config_dir: "/etc/hostmesh".into(),
+            config_dirs: vec!["/etc/hostmesh".into()],
             bpffs: "/sys/fs/bpf/hostmesh".into(),
             generation,
             resync_interval_ms: 30_000,
@@ -231,6 +238,7 @@ mod tests {
             counts: Counts::default(),
             files: vec![],
             skipped: vec![],
+            masked: vec![],
             objects: objects
                 .iter()
                 .map(|name| ObjectStatus {

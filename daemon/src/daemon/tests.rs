@@ -113,11 +113,15 @@ impl Running {
     fn start(config: &str) -> Running {
         let dir = tempfile::tempdir().unwrap();
         let paths = Paths {
-            config_dir: dir.path().join("conf"),
+            config: crate::config::ConfigDirs::new(
+                dir.path().join("conf"),
+                dir.path().join("run-conf"),
+                dir.path().join("vendor-conf"),
+            ),
             state_dir: dir.path().join("state"),
             bpffs: dir.path().join("bpf"),
         };
-        std::fs::create_dir(&paths.config_dir).unwrap();
+        std::fs::create_dir(paths.config.admin()).unwrap();
         std::fs::create_dir(&paths.state_dir).unwrap();
         let running_dir = dir.path().to_path_buf();
         write_file(&running_dir, "10-site.toml", config);

@@ -19,6 +19,11 @@ use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
+/// The dir in the state dir that holds a copy of each drop-in's text in
+/// force, under the file's name, for `hostmesh diff` (`daemon/applied.rs`
+/// writes it).
+pub const APPLIED_DIR: &str = "applied";
+
 /// Why a state dir (or config dir) cannot be trusted or used.
 #[derive(Debug, thiserror::Error)]
 pub enum StateDirError {
@@ -102,15 +107,31 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
 /// large file (the status of 100,000 services, ~30 MB of JSON) is never
 /// held in memory whole.
 pub fn write_atomic_with(path: &Path, fill: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> io::Result<()> {
+    write_atomic_as(path, 0o644, true, fill)
+}
+
+/// `write_atomic_with`, the file left with `mode`, and synced to disk
+/// first when `sync` (a copy that is made again at every start need not
+/// be).
+pub fn write_atomic_as(
+    path: &Path,
+    mode: u32,
+    sync: bool,
+    fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("state");
     let tmp = tempfile::Builder::new().prefix(&format!(".{name}.")).suffix(".tmp").tempfile_in(dir)?;
     let mut out = io::BufWriter::with_capacity(64 * 1024, tmp.as_file());
     fill(&mut out)?;
     out.into_inner().map_err(io::IntoInnerError::into_error)?;
-    tmp.as_file().sync_data()?;
+    if sync {
+        tmp.as_file().sync_data()?;
+    }
     // The temp file is 0600; the status is for everyone to read.
-    fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
+    if mode != 0o600 {
+        fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(mode))?;
+    }
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(())
 }

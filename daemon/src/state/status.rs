@@ -20,7 +20,12 @@ pub struct Status {
     /// Unix seconds.
     pub started_at: u64,
     pub updated_at: u64,
+    /// The admin's config dir.
     pub config_dir: PathBuf,
+    /// Every config dir, first in precedence first (admin, runtime,
+    /// vendor).
+    #[serde(default)]
+    pub config_dirs: Vec<PathBuf>,
     pub bpffs: PathBuf,
     /// Number of syncs so far.
     pub generation: u64,
@@ -34,6 +39,9 @@ pub struct Status {
     /// Entries named like drop-ins that were not read, and why.
     #[serde(default)]
     pub skipped: Vec<SkippedEntry>,
+    /// Drop-ins hidden by one of the same name in an earlier dir.
+    #[serde(default)]
+    pub masked: Vec<MaskedEntry>,
     pub objects: Vec<ObjectStatus>,
     pub warnings: Vec<String>,
     /// What the kernel offers, as probed at start.
@@ -149,6 +157,15 @@ pub struct FileStatus {
 pub struct SkippedEntry {
     pub path: PathBuf,
     pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MaskedEntry {
+    pub path: PathBuf,
+    /// The entry that won the name.
+    pub by: PathBuf,
+    /// The winner is a symlink to /dev/null.
+    pub by_null: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -299,6 +316,7 @@ struct StatusWithRows<'a> {
     started_at: u64,
     updated_at: u64,
     config_dir: &'a PathBuf,
+    config_dirs: &'a [PathBuf],
     bpffs: &'a PathBuf,
     generation: u64,
     resync_interval_ms: u64,
@@ -308,6 +326,7 @@ struct StatusWithRows<'a> {
     counts: &'a Counts,
     files: &'a [FileStatus],
     skipped: &'a [SkippedEntry],
+    masked: &'a [MaskedEntry],
     objects: ObjectsWithRows<'a>,
     warnings: &'a [String],
     kernel: &'a Option<KernelStatus>,
@@ -322,6 +341,7 @@ impl<'a> StatusWithRows<'a> {
             started_at,
             updated_at,
             config_dir,
+            config_dirs,
             bpffs,
             generation,
             resync_interval_ms,
@@ -331,6 +351,7 @@ impl<'a> StatusWithRows<'a> {
             counts,
             files,
             skipped,
+            masked,
             objects,
             warnings,
             kernel,
@@ -342,6 +363,7 @@ impl<'a> StatusWithRows<'a> {
             started_at: *started_at,
             updated_at: *updated_at,
             config_dir,
+            config_dirs,
             bpffs,
             generation: *generation,
             resync_interval_ms: *resync_interval_ms,
@@ -351,6 +373,7 @@ impl<'a> StatusWithRows<'a> {
             counts,
             files,
             skipped,
+            masked,
             objects: ObjectsWithRows { objects, at: at.min(objects.len()), marker },
             warnings,
             kernel,
@@ -404,6 +427,7 @@ mod tests {
             started_at: 1,
             updated_at: 2,
             config_dir: "/etc/hostmesh".into(),
+            config_dirs: vec!["/etc/hostmesh".into()],
             bpffs: "/sys/fs/bpf/hostmesh".into(),
             generation: 3,
             resync_interval_ms: 30_000,
@@ -417,6 +441,7 @@ mod tests {
                 errors: vec![ErrorEntry { line: 1, column: 2, key: None, message: "m".into(), text: "t".into() }],
             }],
             skipped: vec![SkippedEntry { path: "/etc/hostmesh/b.toml~".into(), reason: "r".into() }],
+            masked: vec![],
             objects: vec![object("first", &[], None), object("last", &[], Some(9))],
             warnings: vec!["w".into()],
             kernel: Some(KernelStatus {

@@ -56,7 +56,7 @@ pub(crate) struct ExplainArgs {
     pub target: String,
     pub from: Option<String>,
     pub json: bool,
-    pub config_dir: PathBuf,
+    pub config: crate::config::ConfigDirs,
     pub state_dir: PathBuf,
     pub bpffs: PathBuf,
 }
@@ -72,7 +72,7 @@ pub(crate) fn run(a: ExplainArgs) -> ExitCode {
         }
     };
     let mut notes = Vec::new();
-    let config = match crate::config::ConfigStore::new().load(&a.config_dir) {
+    let config = match crate::config::ConfigStore::new().load(&a.config) {
         Ok(l) => l.config,
         Err(e) => {
             notes.push(format!("(cannot read the config dir, so objects have no names: {e})"));
