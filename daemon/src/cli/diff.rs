@@ -1,7 +1,7 @@
 //! `hostmesh diff`: what the daemon would do if these config dirs were its
 //! configuration — the objects it would add, change and remove, against
 //! the configuration in force (the copies of the files in force that the
-//! daemon keeps in the state dir, `daemon/applied.rs`, which stay there
+//! daemon keeps in the state dir, `daemon/src/daemon/applied.rs`, which stay there
 //! whether it runs or not), the files it would reject and the capacity
 //! used. It touches nothing. Exit 0: nothing would change; 1: something
 //! would; 2: a dir or the state could not be read, or a file would be

@@ -20,7 +20,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 /// The dir in the state dir that holds a copy of each drop-in's text in
-/// force, under the file's name, for `hostmesh diff` (`daemon/applied.rs`
+/// force, under the file's name, for `hostmesh diff` (`daemon/src/daemon/applied.rs`
 /// writes it).
 pub const APPLIED_DIR: &str = "applied";
 
