@@ -241,3 +241,31 @@ pub fn udp_rate(ns: &Netns, src: IpAddr, dst: SocketAddr, secs: Duration) -> Rat
         Rate { per_sec: ok as f64 / start.elapsed().as_secs_f64(), errors }
     })
 }
+
+/// Runs the bench process in a cgroup of its own (the connect-time
+/// programs attach there) and moves it back on drop.
+pub struct InCgroup {
+    cgroup: hm_testkit::Cgroup,
+    original: std::path::PathBuf,
+}
+
+impl InCgroup {
+    pub fn enter() -> InCgroup {
+        let cgroup = hm_testkit::Cgroup::new();
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let rel = own.lines().find_map(|l| l.strip_prefix("0::")).unwrap_or("/").trim_start_matches('/').to_string();
+        let root = cgroup.path().parent().unwrap().to_path_buf();
+        cgroup.add(std::process::id());
+        InCgroup { cgroup, original: root.join(rel) }
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        self.cgroup.path()
+    }
+}
+
+impl Drop for InCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.original.join("cgroup.procs"), std::process::id().to_string());
+    }
+}

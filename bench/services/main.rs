@@ -11,13 +11,12 @@ mod systems;
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr, SocketAddrV4};
-use std::path::PathBuf;
 use std::time::Duration;
 
-use hm_testkit::{Cgroup, Netns};
+use hm_testkit::Netns;
 
 use hm_bench::interleave::{self, Kind, Measured, Path, Plan, Spread};
-use hm_bench::load::{catch_interrupts, interrupted, EchoServers};
+use hm_bench::load::{catch_interrupts, interrupted, EchoServers, InCgroup};
 use hm_bench::options::Options;
 use hm_bench::progstats;
 use systems::*;
@@ -192,30 +191,6 @@ fn profiled(label: String, profiles: &mut Vec<Profile>, plan: &Plan, measure: im
     rows
 }
 
-/// Runs the bench process in a cgroup of its own (the connect-time
-/// programs attach there) and moves it back on drop.
-struct InCgroup {
-    cgroup: Cgroup,
-    original: PathBuf,
-}
-
-impl InCgroup {
-    fn enter() -> InCgroup {
-        let cgroup = Cgroup::new();
-        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
-        let rel = own.lines().find_map(|l| l.strip_prefix("0::")).unwrap_or("/").trim_start_matches('/').to_string();
-        let root = cgroup.path().parent().unwrap().to_path_buf();
-        cgroup.add(std::process::id());
-        InCgroup { cgroup, original: root.join(rel) }
-    }
-}
-
-impl Drop for InCgroup {
-    fn drop(&mut self) {
-        let _ = std::fs::write(self.original.join("cgroup.procs"), std::process::id().to_string());
-    }
-}
-
 fn main() {
     hm_testkit::require_root();
     catch_interrupts();
@@ -256,7 +231,7 @@ fn main() {
     {
         let t = Topology::new(server_threads);
         for &n in &sizes {
-            let hm = Hostmesh::start(&t.client, &o.hostmesh, cg.cgroup.path(), "all", n);
+            let hm = Hostmesh::start(&t.client, &o.hostmesh, cg.path(), "all", n);
             syncs.push((n, "first sync, connect-time", hm.last_sync_ms()));
             for (mode, path) in [("all", "hostmesh connect-time"), ("off", "hostmesh bpfnat veth")] {
                 if mode == "off" {
@@ -317,7 +292,7 @@ fn main() {
 /// reads to put each symbol's samples per connection.
 fn alone(o: &Options, cg: &InCgroup, plan: &Plan, which: &str) {
     let t = Topology::new(plan.clients);
-    let _hm = Hostmesh::start(&t.client, &o.hostmesh, cg.cgroup.path(), "off", 1);
+    let _hm = Hostmesh::start(&t.client, &o.hostmesh, cg.path(), "off", 1);
     for name in which.split(',') {
         let (ns, src, to) = match name {
             "direct" => (&t.clean, CLEAN, Target::Backend),
