@@ -24,9 +24,13 @@ pub enum Path {
     Udp,
     /// TCP from another machine to the host's node port.
     NodePort,
+    /// TCP to a mesh VIP: the sidecar's listener, by sk_lookup.
+    Mesh,
 }
 
-pub const PATHS: [Path; 4] = [Path::Web, Path::Long, Path::Udp, Path::NodePort];
+pub const PATHS: [Path; 5] = [Path::Web, Path::Long, Path::Udp, Path::NodePort, Path::Mesh];
+/// Attempts and failures, per path.
+pub type Counts = [(u64, u64); PATHS.len()];
 
 impl Path {
     pub fn index(self) -> usize {
@@ -39,6 +43,7 @@ impl Path {
             Path::Long => "long",
             Path::Udp => "udp",
             Path::NodePort => "nodeport",
+            Path::Mesh => "mesh",
         }
     }
 }
@@ -58,7 +63,7 @@ const FAILURES_KEPT: usize = 100_000;
 pub struct Recorder {
     pub start: Instant,
     /// Per second: attempts and failures per path.
-    seconds: Mutex<Vec<[(u64, u64); 4]>>,
+    seconds: Mutex<Vec<Counts>>,
     failures: Mutex<Vec<Failure>>,
 }
 
@@ -77,7 +82,7 @@ impl Recorder {
         {
             let mut s = self.seconds.lock().unwrap();
             if s.len() <= second {
-                s.resize(second + 1, [(0, 0); 4]);
+                s.resize(second + 1, [(0, 0); PATHS.len()]);
             }
             s[second][path.index()].0 += 1;
             if result.is_err() {
@@ -93,9 +98,9 @@ impl Recorder {
     }
 
     /// Attempts and failures per path over seconds `[from, to)`.
-    pub fn counts(&self, from: usize, to: usize) -> [(u64, u64); 4] {
+    pub fn counts(&self, from: usize, to: usize) -> Counts {
         let s = self.seconds.lock().unwrap();
-        let mut out = [(0, 0); 4];
+        let mut out = [(0, 0); PATHS.len()];
         for sec in s.iter().take(to).skip(from) {
             for (o, c) in out.iter_mut().zip(sec) {
                 o.0 += c.0;
@@ -123,6 +128,7 @@ impl Load {
         let web: SocketAddr = format!("{WEB_VIP}:{WEB_PORT}").parse().unwrap();
         let dns: SocketAddr = format!("{DNS_VIP}:{DNS_PORT}").parse().unwrap();
         let node: SocketAddr = format!("{HOST_OUTSIDE}:{NODE_PORT}").parse().unwrap();
+        let mesh: SocketAddr = format!("{MESH_VIP}:{MESH_PORT}").parse().unwrap();
         let mut spawn = |ns: &Netns, body: fn(&Recorder, SocketAddr, &AtomicBool), to: SocketAddr| {
             let (stop, rec, file) = (Arc::clone(&stop), Arc::clone(rec), ns.file());
             threads.push(std::thread::spawn(move || {
@@ -137,6 +143,7 @@ impl Load {
         spawn(host, long_tcp, web);
         spawn(host, udp, dns);
         spawn(outside, short_tcp::<1>, node);
+        spawn(host, short_tcp::<2>, mesh);
         Load { stop, threads }
     }
 
@@ -153,14 +160,19 @@ impl Load {
 const PACE: Duration = Duration::from_millis(2);
 const TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Short connections; `N` 0 is the web VIP, 1 the node port.
+/// Short connections; `N` 0 is the web VIP, 1 the node port, 2 the mesh
+/// VIP (paced ten times slower: its sidecar is a Python process).
 fn short_tcp<const N: u8>(rec: &Recorder, to: SocketAddr, stop: &AtomicBool) {
-    let path = if N == 0 { Path::Web } else { Path::NodePort };
+    let (path, pace) = match N {
+        0 => (Path::Web, PACE),
+        1 => (Path::NodePort, PACE),
+        _ => (Path::Mesh, PACE * 10),
+    };
     while !stop.load(Ordering::Relaxed) {
         let from = Instant::now();
         let r = connect(to).and_then(|mut s| exchange(&mut s));
         rec.record(path, from, r);
-        std::thread::sleep(PACE);
+        std::thread::sleep(pace);
     }
 }
 
@@ -251,6 +263,7 @@ pub fn preflight(host: &Netns, outside: &Netns) -> Result<(), String> {
     run(host, Path::Web, format!("{WEB_VIP}:{WEB_PORT}"));
     run(host, Path::Udp, format!("{DNS_VIP}:{DNS_PORT}"));
     run(outside, Path::NodePort, format!("{HOST_OUTSIDE}:{NODE_PORT}"));
+    run(host, Path::Mesh, format!("{MESH_VIP}:{MESH_PORT}"));
     match rec.failures().first() {
         None => Ok(()),
         Some(f) => Err(format!("the {} path does not work: {}", f.path.name(), f.why)),

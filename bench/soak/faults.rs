@@ -50,10 +50,11 @@ pub enum Fault {
     RpFilter,
     BackendLinkFlap,
     BackendKilled(usize),
+    SidecarRestart,
     Pressure,
 }
 
-const KINDS: [Fault; 17] = [
+const KINDS: [Fault; 18] = [
     Fault::AddService,
     Fault::ChangeService,
     Fault::RemoveService,
@@ -70,6 +71,7 @@ const KINDS: [Fault; 17] = [
     Fault::RpFilter,
     Fault::BackendLinkFlap,
     Fault::BackendKilled(0),
+    Fault::SidecarRestart,
     Fault::Pressure,
 ];
 
@@ -169,7 +171,9 @@ pub fn apply(f: Fault, w: &mut World, rng: &mut Rng, ms: &dyn Fn(Instant) -> u64
         Fault::KillMidSync => {
             if let Some(mut d) = w.daemon.take() {
                 d.signal(Signal::SIGHUP);
-                std::thread::sleep(Duration::from_millis(20 + rng.below(60)));
+                // A full resync of this world takes 10–30 ms: the kill lands in it or
+                // just after.
+                std::thread::sleep(Duration::from_millis(rng.below(25)));
                 d.signal(Signal::SIGKILL);
                 let _ = d.exited_within(Duration::from_secs(10));
             }
@@ -210,6 +214,14 @@ pub fn apply(f: Fault, w: &mut World, rng: &mut Rng, ms: &dyn Fn(Instant) -> u64
             std::thread::sleep(Duration::from_secs(3));
             w.start_backend(i);
             return Some(excuse(&PATHS, until));
+        }
+        // The sidecar ends; started again a second later, its listener is
+        // registered within about 250 ms (README, "Mesh redirects").
+        Fault::SidecarRestart => {
+            w.kill_sidecar();
+            std::thread::sleep(Duration::from_secs(1));
+            w.start_sidecar();
+            return Some(excuse(&[Path::Mesh], Instant::now() + Duration::from_secs(1)));
         }
         // A burst past the veth path's conntrack capacity: the LRU map
         // evicts the flows least recently seen, which may be one whose

@@ -1,8 +1,9 @@
 //! bench/soak: hostmesh under steady load on every path (connect-time LB,
-//! long connections, the veth path, a node port from another machine)
-//! while faults land from a seeded schedule — edits, signals, restarts, a
-//! SIGKILL during a sync, links flapped, a route deleted, a map unpinned,
-//! rp_filter changed, backends killed, conntrack filled. It records per
+//! long connections, the veth path, a node port from another machine, a
+//! mesh redirect to a real sidecar) while faults land from a seeded
+//! schedule — edits, signals, restarts, a SIGKILL during a sync, links
+//! flapped, a route deleted, a map unpinned, rp_filter changed, backends
+//! and the sidecar killed, conntrack filled. It records per
 //! minute the connections tried and failed, the failures no fault explains,
 //! the daemon's RSS and fds, map entries and conntrack; then stops the
 //! load, waits for conntrack to drain, tears down and checks nothing is
@@ -126,6 +127,7 @@ fn diagnose(w: &World) {
         (format!("{HOST_OUTSIDE}:{NODE_PORT}/tcp"), Some(from.as_str())),
         (format!("{DNS_VIP}:{DNS_PORT}/udp"), None),
         (format!("{WEB_VIP}:{WEB_PORT}/tcp"), None),
+        (format!("{MESH_VIP}:{MESH_PORT}/tcp"), None),
     ] {
         let mut args = vec!["explain", target.as_str()];
         args.extend(from.iter().flat_map(|f| ["--from", *f]));

@@ -16,6 +16,12 @@ pub const WEB_PORT: u16 = 80;
 pub const DNS_VIP: &str = "10.96.0.53";
 pub const DNS_PORT: u16 = 53;
 pub const NODE_PORT: u16 = 30080;
+/// A mesh redirect: connections to it go to the sidecar's listener.
+pub const MESH_VIP: &str = "10.96.0.80";
+pub const MESH_PORT: u16 = 80;
+const SIDECAR_PORT: u16 = 15001;
+/// The sidecar the mesh tests use: a process of its own (Python).
+const SIDECAR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/clients/sidecar.py");
 /// The host's address on the outside client's link.
 pub const HOST_OUTSIDE: &str = "172.16.0.1";
 pub const OUTSIDE: &str = "172.16.0.2";
@@ -35,6 +41,7 @@ pub struct World {
     pub opts: DaemonOptions,
     pub daemon: Option<Daemon>,
     backends: Vec<Option<Servers>>,
+    sidecar: Option<std::process::Child>,
     pub cgroup: PathBuf,
     _dir: TempDir,
 }
@@ -58,8 +65,19 @@ impl World {
         host.set_sysctl("net/ipv4/ip_forward", "1");
         let dir = TempDir::new("hm-soak");
         let opts = DaemonOptions::in_dir(bin.to_str().expect("utf-8 path"), &dir);
-        let mut w = World { host, backends_ns, outside, opts, daemon: None, backends: vec![], cgroup, _dir: dir };
+        let mut w = World {
+            host,
+            backends_ns,
+            outside,
+            opts,
+            daemon: None,
+            backends: vec![],
+            sidecar: None,
+            cgroup,
+            _dir: dir,
+        };
         w.backends = (0..BACKENDS.len()).map(|i| Some(w.serve(i))).collect();
+        w.start_sidecar();
         w.write_config();
         w
     }
@@ -87,6 +105,33 @@ impl World {
         }
     }
 
+    /// The mesh's sidecar, answering "b-sidecar ..." once it listens.
+    pub fn start_sidecar(&mut self) {
+        use std::io::BufRead;
+        let mut child = self
+            .host
+            .command("python3")
+            .args([SIDECAR, "b-sidecar", &SIDECAR_PORT.to_string()])
+            .stdout(std::process::Stdio::piped())
+            // Its tracebacks of clients that reset their connection (every
+            // one of the soak's does) are noise here.
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start the sidecar (python3)");
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(child.stdout.as_mut().expect("its stdout")).read_line(&mut line);
+        assert_eq!(line.trim(), "ready", "the sidecar did not start");
+        self.sidecar = Some(child);
+    }
+
+    /// Ends the sidecar (by its PID: the child this world started).
+    pub fn kill_sidecar(&mut self) {
+        if let Some(mut c) = self.sidecar.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
     pub fn write(&self, name: &str, text: &str) {
         self.opts.write_config(name, text);
     }
@@ -106,6 +151,12 @@ impl World {
         );
         self.write("10-web.toml", &web(1));
         self.write("20-dns.toml", &dns());
+        self.write(
+            "25-mesh.toml",
+            &format!(
+                "[[mesh]]\nname = \"mesh\"\nvip = \"{MESH_VIP}\"\nport = {MESH_PORT}\nredirect_port = {SIDECAR_PORT}\n"
+            ),
+        );
         let mut bulk = String::with_capacity(BULK * 120);
         for i in 0..BULK {
             bulk.push_str(&format!(
@@ -150,6 +201,12 @@ impl World {
             out.extend(entries.flatten().map(|e| format!("pin {}", e.path().display())));
         }
         out
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        self.kill_sidecar();
     }
 }
 

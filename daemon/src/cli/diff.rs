@@ -28,7 +28,14 @@ pub(super) fn run(dirs: &ConfigDirs, state_dir: &Path) -> ExitCode {
     let applied = state_dir.join(crate::state::APPLIED_DIR);
     let have = if applied.is_dir() {
         match ConfigStore::new().load(&ConfigDirs::only(applied.clone())) {
-            Ok(l) => l.config,
+            Ok(l) => {
+                // The daemon copies only what it accepted: a copy that does
+                // not load means the state dir was written by another hand.
+                for f in l.rejected() {
+                    eprintln!("hostmesh diff: the copy {} does not load; it is left out", f.path.display());
+                }
+                l.config
+            }
             Err(e) => {
                 eprintln!("hostmesh diff: the configuration in force: {e}");
                 return ExitCode::from(2);

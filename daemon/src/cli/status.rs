@@ -185,8 +185,15 @@ fn render_files(s: &Status, out: &mut String) {
         s.config_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", then ")
     };
     out.push_str(&format!("config: {dirs} ({} file(s), {} rejected)\n", s.files.len(), rejected));
-    for f in s.files.iter().filter(|f| !f.path.starts_with(&s.config_dir)).take(FILES_SHOWN) {
+    let beneath: Vec<_> = s.files.iter().filter(|f| !f.path.starts_with(&s.config_dir)).collect();
+    for f in beneath.iter().take(FILES_SHOWN) {
         out.push_str(&format!("  in force {}\n", f.path.display()));
+    }
+    if beneath.len() > FILES_SHOWN {
+        out.push_str(&format!(
+            "  and {} more in force from the runtime and vendor dirs\n",
+            beneath.len() - FILES_SHOWN
+        ));
     }
     for f in s.files.iter().filter(|f| f.state != FileState::Applied) {
         let kept = if f.state == FileState::RejectedKeepingLastGood {
