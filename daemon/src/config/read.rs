@@ -37,18 +37,7 @@ pub(crate) fn read_drop_in(path: &Path) -> Result<Vec<u8>, Unread> {
 /// reads it but a piece at a time: a file of 100,000 services (9 MB) is
 /// never held whole to learn that it did not change.
 pub(super) fn hash_drop_in(path: &Path) -> Result<(usize, u64), Unread> {
-    read_drop_in_with(path, |f, _| {
-        let mut hash = TextHash::default();
-        let mut piece = vec![0u8; 64 << 10];
-        loop {
-            match f.read(&mut piece) {
-                Ok(0) => return Ok(hash.finish()),
-                Ok(n) => hash.add(&piece[..n]),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-    })
+    copy_drop_in(path, &mut io::sink())
 }
 
 /// Copies `path`'s text, read as `read_drop_in` reads it, to `out` a
