@@ -133,6 +133,13 @@ pub fn pin_to_cpu(cpu: usize) {
 
 /// A TCP socket bound to `src` and connected to `dst`.
 pub(crate) fn connect_from(src: IpAddr, dst: SocketAddr) -> std::io::Result<TcpStream> {
+    connect_within(src, dst, None)
+}
+
+/// A TCP socket bound to `src` and connected to `dst`, closed with a reset
+/// (SO_LINGER 0); `limit` bounds the connect (SO_SNDTIMEO, which a blocking
+/// connect(2) honours), so a SYN lost for good does not wait two minutes.
+pub fn connect_within(src: IpAddr, dst: SocketAddr, limit: Option<Duration>) -> std::io::Result<TcpStream> {
     use std::os::fd::FromRawFd;
     let family = if dst.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
     // SAFETY: plain socket(2); the fd is owned by the TcpStream below.
@@ -152,6 +159,9 @@ pub(crate) fn connect_from(src: IpAddr, dst: SocketAddr) -> std::io::Result<TcpS
             &linger as *const libc::linger as *const libc::c_void,
             std::mem::size_of::<libc::linger>() as libc::socklen_t,
         );
+    }
+    if limit.is_some() {
+        stream.set_write_timeout(limit)?;
     }
     let sock = nix::sys::socket::SockaddrStorage::from(SocketAddr::new(src, 0));
     nix::sys::socket::bind(fd, &sock).map_err(std::io::Error::from)?;

@@ -9,7 +9,7 @@
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use hm_testkit::gateway_pairs::{MA_WORKLOAD, MB_WORKLOAD};
 use hm_testkit::Netns;
-use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, SockaddrStorage};
 
 use crate::topology::ECHO_PORT;
 
@@ -46,15 +45,9 @@ pub struct Outcome {
 /// Connects from A's workload to B's echo server; the calling thread must
 /// be in A's member's namespace.
 fn connect_here() -> std::io::Result<TcpStream> {
-    let src = SocketAddr::new(MA_WORKLOAD.parse().unwrap(), 0);
-    let fd = socket::socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
-    socket::bind(fd.as_raw_fd(), &SockaddrStorage::from(src))?;
-    let stream = TcpStream::from(fd);
-    stream.set_write_timeout(Some(ATTEMPT_LIMIT))?;
-    stream.set_read_timeout(Some(ATTEMPT_LIMIT))?;
     let dst: SocketAddr = format!("{MB_WORKLOAD}:{ECHO_PORT}").parse().unwrap();
-    // A blocking connect(2) honours SO_SNDTIMEO.
-    socket::connect(stream.as_raw_fd(), &SockaddrStorage::from(dst))?;
+    let stream = hm_bench::load::connect_within(MA_WORKLOAD.parse().unwrap(), dst, Some(ATTEMPT_LIMIT))?;
+    stream.set_read_timeout(Some(ATTEMPT_LIMIT))?;
     Ok(stream)
 }
 

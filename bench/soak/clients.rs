@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use hm_testkit::Netns;
 
+use crate::sites::{MA, MA_WORKLOAD, SITE_PORT};
 use crate::world::*;
+use hm_testkit::gateway_pairs::MB_WORKLOAD;
 
 /// The paths the soak loads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,9 +28,12 @@ pub enum Path {
     NodePort,
     /// TCP to a mesh VIP: the sidecar's listener, by sk_lookup.
     Mesh,
+    /// Short TCP connections from site A's member to site B's, through
+    /// the gateways in use.
+    Gateway,
 }
 
-pub const PATHS: [Path; 5] = [Path::Web, Path::Long, Path::Udp, Path::NodePort, Path::Mesh];
+pub const PATHS: [Path; 6] = [Path::Web, Path::Long, Path::Udp, Path::NodePort, Path::Mesh, Path::Gateway];
 /// Attempts and failures, per path.
 pub type Counts = [(u64, u64); PATHS.len()];
 
@@ -44,6 +49,7 @@ impl Path {
             Path::Udp => "udp",
             Path::NodePort => "nodeport",
             Path::Mesh => "mesh",
+            Path::Gateway => "gateway",
         }
     }
 }
@@ -122,13 +128,15 @@ pub struct Load {
 }
 
 impl Load {
-    pub fn start(host: &Netns, outside: &Netns, rec: &Arc<Recorder>) -> Load {
+    pub fn start(w: &World, rec: &Arc<Recorder>) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
         let web: SocketAddr = format!("{WEB_VIP}:{WEB_PORT}").parse().unwrap();
         let dns: SocketAddr = format!("{DNS_VIP}:{DNS_PORT}").parse().unwrap();
         let node: SocketAddr = format!("{HOST_OUTSIDE}:{NODE_PORT}").parse().unwrap();
         let mesh: SocketAddr = format!("{MESH_VIP}:{MESH_PORT}").parse().unwrap();
+        let site: SocketAddr = format!("{MB_WORKLOAD}:{SITE_PORT}").parse().unwrap();
+        let (host, outside) = (&w.host, &w.outside);
         let mut spawn = |ns: &Netns, body: fn(&Recorder, SocketAddr, &AtomicBool), to: SocketAddr| {
             let (stop, rec, file) = (Arc::clone(&stop), Arc::clone(rec), ns.file());
             threads.push(std::thread::spawn(move || {
@@ -144,6 +152,7 @@ impl Load {
         spawn(host, udp, dns);
         spawn(outside, short_tcp::<1>, node);
         spawn(host, short_tcp::<2>, mesh);
+        spawn(&w.sites.hosts[MA], short_tcp::<3>, site);
         Load { stop, threads }
     }
 
@@ -161,16 +170,18 @@ const PACE: Duration = Duration::from_millis(2);
 const TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Short connections; `N` 0 is the web VIP, 1 the node port, 2 the mesh
-/// VIP (paced ten times slower: its sidecar is a Python process).
+/// VIP (paced ten times slower: its sidecar is a Python process), 3 site
+/// B's server from site A's workload address.
 fn short_tcp<const N: u8>(rec: &Recorder, to: SocketAddr, stop: &AtomicBool) {
     let (path, pace) = match N {
         0 => (Path::Web, PACE),
         1 => (Path::NodePort, PACE),
-        _ => (Path::Mesh, PACE * 10),
+        2 => (Path::Mesh, PACE * 10),
+        _ => (Path::Gateway, PACE),
     };
     while !stop.load(Ordering::Relaxed) {
         let from = Instant::now();
-        let r = connect(to).and_then(|mut s| exchange(&mut s));
+        let r = connect_on(path, to).and_then(|mut s| exchange(&mut s));
         rec.record(path, from, r);
         std::thread::sleep(pace);
     }
@@ -180,7 +191,7 @@ fn short_tcp<const N: u8>(rec: &Recorder, to: SocketAddr, stop: &AtomicBool) {
 fn long_tcp(rec: &Recorder, to: SocketAddr, stop: &AtomicBool) {
     while !stop.load(Ordering::Relaxed) {
         let from = Instant::now();
-        let mut r = connect(to);
+        let mut r = connect_on(Path::Long, to);
         if let Ok(s) = &mut r {
             let mut result = Ok(());
             while from.elapsed() < Duration::from_secs(5) && !stop.load(Ordering::Relaxed) {
@@ -219,8 +230,14 @@ fn udp_once(to: SocketAddr) -> Result<(), String> {
     }
 }
 
-fn connect(to: SocketAddr) -> Result<TcpStream, String> {
-    let s = TcpStream::connect_timeout(&to, TIMEOUT).map_err(|e| format!("connect: {e}"))?;
+/// A connection for `path`: from site A's workload address on the
+/// gateway path, from the address the route picks on the others.
+fn connect_on(path: Path, to: SocketAddr) -> Result<TcpStream, String> {
+    let s = match path {
+        Path::Gateway => hm_bench::load::connect_within(MA_WORKLOAD.parse().unwrap(), to, Some(TIMEOUT)),
+        _ => TcpStream::connect_timeout(&to, TIMEOUT),
+    };
+    let s = s.map_err(|e| format!("connect: {e}"))?;
     s.set_read_timeout(Some(TIMEOUT)).map_err(|e| e.to_string())?;
     s.set_write_timeout(Some(TIMEOUT)).map_err(|e| e.to_string())?;
     // Closed with a reset: no TIME_WAIT piles up over an hour.
@@ -243,7 +260,8 @@ fn exchange(s: &mut TcpStream) -> Result<(), String> {
 
 /// One request on each path, before the load: a world that does not work
 /// at all is not a soak.
-pub fn preflight(host: &Netns, outside: &Netns) -> Result<(), String> {
+pub fn preflight(w: &World) -> Result<(), String> {
+    let (host, outside) = (&w.host, &w.outside);
     let rec = Arc::new(Recorder::new(Instant::now()));
     let run = |ns: &Netns, path: Path, to: String| {
         let (file, rec) = (ns.file(), Arc::clone(&rec));
@@ -253,7 +271,7 @@ pub fn preflight(host: &Netns, outside: &Netns) -> Result<(), String> {
             let from = Instant::now();
             let r = match path {
                 Path::Udp => udp_once(to),
-                _ => connect(to).and_then(|mut s| exchange(&mut s)),
+                _ => connect_on(path, to).and_then(|mut s| exchange(&mut s)),
             };
             rec.record(path, from, r);
         })
@@ -264,6 +282,7 @@ pub fn preflight(host: &Netns, outside: &Netns) -> Result<(), String> {
     run(host, Path::Udp, format!("{DNS_VIP}:{DNS_PORT}"));
     run(outside, Path::NodePort, format!("{HOST_OUTSIDE}:{NODE_PORT}"));
     run(host, Path::Mesh, format!("{MESH_VIP}:{MESH_PORT}"));
+    run(&w.sites.hosts[MA], Path::Gateway, format!("{MB_WORKLOAD}:{SITE_PORT}"));
     match rec.failures().first() {
         None => Ok(()),
         Some(f) => Err(format!("the {} path does not work: {}", f.path.name(), f.why)),

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use crate::clients::{Path, PATHS};
+use crate::clients::Path;
+use crate::sites::{MA, MB};
 use crate::world::*;
 
 /// A small PRNG (xorshift64*): the same seed, the same schedule.
@@ -52,9 +53,13 @@ pub enum Fault {
     BackendKilled(usize),
     SidecarRestart,
     Pressure,
+    /// The gateway in use of site A or B (the site drawn) loses its links.
+    GatewayCut(char),
+    /// SIGKILL to the daemon of site A's gateway in use, started again.
+    GatewayKilled,
 }
 
-const KINDS: [Fault; 18] = [
+const KINDS: [Fault; 20] = [
     Fault::AddService,
     Fault::ChangeService,
     Fault::RemoveService,
@@ -73,6 +78,8 @@ const KINDS: [Fault; 18] = [
     Fault::BackendKilled(0),
     Fault::SidecarRestart,
     Fault::Pressure,
+    Fault::GatewayCut('A'),
+    Fault::GatewayKilled,
 ];
 
 /// `(seconds into the soak, fault)`, about one every 8 s, none in the
@@ -94,6 +101,9 @@ pub fn schedule(seed: u64, minutes: u64, only: &[String]) -> Vec<(u64, Fault)> {
         if let Fault::BackendKilled(_) = f {
             f = Fault::BackendKilled(rng.below(BACKENDS.len() as u64) as usize);
         }
+        if let Fault::GatewayCut(_) = f {
+            f = Fault::GatewayCut(if rng.below(2) == 0 { 'A' } else { 'B' });
+        }
         out.push((at / 1000, f));
         at += 4000 + rng.below(8000);
     }
@@ -107,6 +117,9 @@ pub struct Excuse {
     pub until_ms: u64,
     pub paths: Vec<Path>,
 }
+
+/// The paths a backend's fault reaches.
+const BACKEND_PATHS: [Path; 4] = [Path::Web, Path::Long, Path::Udp, Path::NodePort];
 
 /// How long after a backend or a link comes back (or goes) its checks and
 /// one sync take to catch up: fall 2 × 300 ms + a 200 ms timeout, a sync,
@@ -206,14 +219,14 @@ pub fn apply(f: Fault, w: &mut World, rng: &mut Rng, ms: &dyn Fn(Instant) -> u64
             // The link going down took the backends' default route with it;
             // their host's network manager would put it back.
             let _ = w.backends_ns.exec_output("ip", &["route", "replace", "default", "via", "192.168.10.1"]);
-            return Some(excuse(&PATHS, Instant::now() + CATCH_UP));
+            return Some(excuse(&BACKEND_PATHS, Instant::now() + CATCH_UP));
         }
         Fault::BackendKilled(i) => {
             w.kill_backend(i);
             let until = Instant::now() + CATCH_UP;
             std::thread::sleep(Duration::from_secs(3));
             w.start_backend(i);
-            return Some(excuse(&PATHS, until));
+            return Some(excuse(&BACKEND_PATHS, until));
         }
         // The sidecar ends; started again a second later, its listener is
         // registered within about 250 ms (README, "Mesh redirects").
@@ -229,6 +242,24 @@ pub fn apply(f: Fault, w: &mut World, rng: &mut Rng, ms: &dyn Fn(Instant) -> u64
         Fault::Pressure => {
             crate::clients::pressure(&w.host, CONNTRACK_SIZE + CONNTRACK_SIZE / 4);
             return Some(excuse(&[Path::Udp], Instant::now() + Duration::from_secs(1)));
+        }
+        // The member and the peers' gateways move to the other gateway
+        // within 2.5 s with the default probes (README, "Several gateways
+        // per site"); an attempt begun just before waits out its 1 s
+        // timeout. The gateway comes back 5 s after the cut, and `cut`
+        // waits until it could be counted up again, so the next fault finds
+        // both gateways of the site up.
+        Fault::GatewayCut(site) => {
+            let member = if site == 'A' { MA } else { MB };
+            let until = start + Duration::from_millis(4500);
+            w.sites.cut(w.sites.in_use(member), Duration::from_secs(5));
+            return Some(excuse(&[Path::Gateway], until));
+        }
+        // A gateway's daemon restarting moves nothing and loses nothing:
+        // its programs keep forwarding and answering probes.
+        Fault::GatewayKilled => {
+            let gw = w.sites.in_use(MA);
+            w.sites.kill_daemon(gw);
         }
     }
     None

@@ -1,11 +1,12 @@
 //! bench/soak: hostmesh under steady load on every path (connect-time LB,
 //! long connections, the veth path, a node port from another machine, a
-//! mesh redirect to a real sidecar) while faults land from a seeded
-//! schedule — edits, signals, restarts, a SIGKILL during a sync, links
-//! flapped, a route deleted, a map unpinned, rp_filter changed, backends
-//! and the sidecar killed, conntrack filled. It records per
-//! minute the connections tried and failed, the failures no fault explains,
-//! the daemon's RSS and fds, map entries and conntrack; then stops the
+//! mesh redirect to a real sidecar, two sites joined by two gateways each)
+//! while faults land from a seeded schedule — edits, signals, restarts, a
+//! SIGKILL during a sync, links flapped, a route deleted, a map unpinned,
+//! rp_filter changed, backends and the sidecar killed, conntrack filled, a
+//! gateway cut off, a gateway's daemon killed. It records per minute the
+//! connections tried and failed, the failures no fault explains, the
+//! daemons' RSS and fds, map entries and conntrack; then stops the
 //! load, waits for conntrack to drain, tears down and checks nothing is
 //! left. Exit 0 when every goal holds, 1 naming the failing minute and
 //! fault.
@@ -16,6 +17,7 @@
 mod clients;
 mod faults;
 mod report;
+mod sites;
 mod world;
 
 use std::sync::Arc;
@@ -51,11 +53,11 @@ fn main() {
     let mut w = World::new(&o.hostmesh, cg.path().to_path_buf());
     w.start_daemon();
     // Backends serve once their first checks passed, a moment after READY.
-    let mut ready = clients::preflight(&w.host, &w.outside);
+    let mut ready = clients::preflight(&w);
     let waiting = Instant::now();
     while ready.is_err() && waiting.elapsed() < Duration::from_secs(15) {
         std::thread::sleep(Duration::from_millis(200));
-        ready = clients::preflight(&w.host, &w.outside);
+        ready = clients::preflight(&w);
     }
     if let Err(e) = ready {
         let (_, status) = w.hostmesh(&["status", "--state-dir", w.opts.state_dir.to_str().unwrap()]);
@@ -67,7 +69,7 @@ fn main() {
         std::process::exit(1);
     }
     let rec = Arc::new(Recorder::new(Instant::now()));
-    let load = Load::start(&w.host, &w.outside, &rec);
+    let load = Load::start(&w, &rec);
     let mut soak = Soak { minutes, seed, samples: vec![], excuses: vec![], applied: vec![] };
     run(&mut w, &rec, &plan, &mut soak);
     load.stop();
@@ -81,7 +83,7 @@ fn main() {
     print!("{}", soak.table(&rec, &failures));
     print!("{verdict}");
     if minutes >= 60 {
-        let body = format!("{}\n{verdict}", soak.table(&rec, &failures));
+        let body = format!("{}{}\n{verdict}", report::heading(minutes, plan.len()), soak.table(&rec, &failures));
         hm_bench::results::write_section(&o.out, "bench/soak", &body).expect("write RESULTS.md");
     }
     drop(w);
@@ -136,9 +138,13 @@ fn diagnose(w: &World) {
         let (_, text) = w.hostmesh(&all);
         eprintln!("$ hostmesh {}\n{text}", args.join(" "));
     }
+    for member in [sites::MA, sites::MB] {
+        eprintln!("{}", w.sites.status_text(member));
+    }
 }
 
-/// `hostmesh teardown`, the daemon stopped first; what is left after it.
+/// `hostmesh teardown`, the daemon stopped first, and the same on every
+/// host of the sites; what is left after it.
 fn teardown(w: &mut World) -> Vec<String> {
     if let Some(mut d) = w.daemon.take() {
         d.stop(Duration::from_secs(30));
@@ -146,9 +152,10 @@ fn teardown(w: &mut World) -> Vec<String> {
     let mut args = vec!["teardown".to_string()];
     args.extend(w.opts.path_args());
     let (code, text) = w.hostmesh(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    let mut left = w.leftovers();
+    let mut left = world::leftovers(&w.host, &w.opts);
     if code != 0 {
         left.push(format!("teardown exited {code}: {text}"));
     }
+    left.extend(w.sites.teardown());
     left
 }

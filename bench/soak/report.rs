@@ -5,36 +5,50 @@ use std::time::{Duration, Instant};
 
 use crate::clients::{Failure, Recorder, PATHS};
 use crate::faults::{Excuse, Fault};
-use crate::world::{World, UDP_TIMEOUT_S};
+use crate::sites::GA1;
+use crate::world::{World, BULK, NODE_PORT, UDP_TIMEOUT_S};
 
-/// The daemon as seen at one moment.
+/// The daemons as seen at one moment: the host's, and site A's first
+/// gateway's (`gw_`).
 #[derive(Debug, Clone)]
 pub struct Sample {
     pub at_ms: u64,
     pub rss_kib: u64,
     pub fds: u64,
+    pub gw_rss_kib: u64,
+    pub gw_fds: u64,
     pub map_entries: u64,
     pub conntrack: u64,
 }
 
+/// A process's resident memory (KiB) and open fds; 0 for what cannot be
+/// read (the process is gone).
+fn usage(pid: Option<u32>) -> (u64, u64) {
+    let Some(pid) = pid else { return (0, 0) };
+    let rss_kib = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:").map(|v| v.trim().trim_end_matches(" kB").trim().to_string()))
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count() as u64).unwrap_or(0);
+    (rss_kib, fds)
+}
+
 impl Sample {
     pub fn take(w: &World, rec: &Recorder) -> Sample {
-        let pid = w.pid().unwrap_or(0);
-        let rss_kib = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("VmRSS:").map(|v| v.trim().trim_end_matches(" kB").trim().to_string()))
-            })
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count() as u64).unwrap_or(0);
+        let (rss_kib, fds) = usage(w.pid());
+        let (gw_rss_kib, gw_fds) = usage(w.sites.pid(GA1));
         let counts = w.status().map(|s| s["counts"].clone()).unwrap_or_default();
         let n = |k: &str| counts[k].as_u64().unwrap_or(0);
         Sample {
             at_ms: rec.ms(Instant::now()),
             rss_kib,
             fds,
+            gw_rss_kib,
+            gw_fds,
             map_entries: n("map_entries"),
             conntrack: n("conntrack_open") + n("conntrack_closed") + n("conntrack_external"),
         }
@@ -83,6 +97,25 @@ pub struct Soak {
     pub applied: Vec<(u64, Fault)>,
 }
 
+/// The section's heading in bench/RESULTS.md: the command, the machine,
+/// the world and the load.
+pub fn heading(minutes: u64, faults: usize) -> String {
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!(
+        "## bench/soak: {minutes} minutes of faults under load\n\n         Command (as root): `./bench/run soak --minutes {minutes} --seed SEED` (the seed is below)\n\n         One run on Linux {} with {cpus} CPUs. The host namespace runs hostmesh with the web service \
+         (connect-time LB, and node port {NODE_PORT} from another namespace), the dns service (UDP: the veth path), a \
+         mesh redirect to a real sidecar and {BULK} more services; three backends in a namespace of their own, \
+         health-checked every 300 ms. Beside it, two sites of two gateways each (hostmesh on all six hosts, the \
+         default probes). Load all the while: short TCP connections to the web VIP (two threads), one connection \
+         held 5 s at a time, UDP requests from a new socket each, short connections to the node port, to the mesh \
+         VIP and from site A's member to site B's through the gateways in use. {faults} faults from the seeded \
+         schedule, one every 4–12 s. A failure counts as explained only within the window of a fault that should \
+         cause it, on the paths it reaches.\n",
+        kernel.trim()
+    )
+}
+
 /// A failure no fault explains.
 pub fn unexplained<'a>(failures: &'a [Failure], excuses: &[Excuse]) -> Vec<&'a Failure> {
     failures
@@ -101,14 +134,14 @@ impl Soak {
     pub fn table(&self, rec: &Recorder, failures: &[Failure]) -> String {
         let lost = unexplained(failures, &self.excuses);
         let mut out = String::new();
-        let _ = writeln!(out, "\nseed {}; per minute (attempts / failed per path; unexplained failures; the daemon's RSS and fds, map entries and conntrack entries at the minute's last sample):\n", self.seed);
+        let _ = writeln!(out, "\nseed {}; per minute (attempts / failed per path; unexplained failures; the host daemon's RSS and fds, site A's first gateway's (gw), the host's map entries and conntrack entries at the minute's last sample):\n", self.seed);
         let paths: Vec<&str> = PATHS.iter().map(|p| p.name()).collect();
         let _ = writeln!(
             out,
-            "| min | {} | unexplained | faults | RSS MiB | fds | map entries | conntrack |",
+            "| min | {} | unexplained | faults | RSS MiB | fds | gw RSS MiB | gw fds | map entries | conntrack |",
             paths.join(" | ")
         );
-        let _ = writeln!(out, "|---:|{}---:|---|---:|---:|---:|---:|", "---:|".repeat(paths.len()));
+        let _ = writeln!(out, "|---:|{}---:|---|---:|---:|---:|---:|---:|---:|", "---:|".repeat(paths.len()));
         for m in 0..self.minutes as usize {
             let counts = rec.counts(m * 60, (m + 1) * 60);
             let cells: Vec<String> = counts.iter().map(|(a, f)| format!("{a} / {f}")).collect();
@@ -120,11 +153,13 @@ impl Soak {
                 .map(|(_, f)| format!("{f:?}"))
                 .collect();
             let s = self.samples.iter().rev().find(|s| Self::minute_of(s.at_ms) == m);
-            let (rss, fds, maps, ct) =
-                s.map_or((0.0, 0, 0, 0), |s| (s.rss_kib as f64 / 1024.0, s.fds, s.map_entries, s.conntrack));
+            let mib = |kib: u64| kib as f64 / 1024.0;
+            let (rss, fds, gw_rss, gw_fds, maps, ct) = s.map_or((0.0, 0, 0.0, 0, 0, 0), |s| {
+                (mib(s.rss_kib), s.fds, mib(s.gw_rss_kib), s.gw_fds, s.map_entries, s.conntrack)
+            });
             let _ = writeln!(
                 out,
-                "| {m} | {} | {un} | {} | {rss:.1} | {fds} | {maps} | {ct} |",
+                "| {m} | {} | {un} | {} | {rss:.1} | {fds} | {gw_rss:.1} | {gw_fds} | {maps} | {ct} |",
                 cells.join(" | "),
                 if faults.is_empty() { "-".to_string() } else { faults.join(", ") }
             );
@@ -154,11 +189,17 @@ impl Soak {
                 fault.map_or("none".to_string(), |(at, f)| format!("{f:?} at {at} ms"))
             ));
         }
-        for (what, pick) in [("RSS", (|s: &Sample| s.rss_kib) as fn(&Sample) -> u64), ("fds", |s: &Sample| s.fds)] {
+        let picks: [(&str, fn(&Sample) -> u64); 4] = [
+            ("the daemon's RSS", |s| s.rss_kib),
+            ("the daemon's fds", |s| s.fds),
+            ("site A's first gateway's RSS", |s| s.gw_rss_kib),
+            ("site A's first gateway's fds", |s| s.gw_fds),
+        ];
+        for (what, pick) in picks {
             if let Some((early, late)) = self.growth(pick) {
                 if late > early * 1.05 {
                     problems.push(format!(
-                        "the daemon's {what} grew {:.1} % (median {early:.0} early, {late:.0} at the end)",
+                        "{what} grew {:.1} % (median {early:.0} early, {late:.0} at the end)",
                         (late / early - 1.0) * 100.0
                     ));
                 }

@@ -2,7 +2,8 @@
 //! backends behind `eth0`, and a client namespace on another "machine"
 //! behind `eth1` (the node port's side). Each backend is a pair of named
 //! servers (TCP and UDP) that a fault may kill and start again; the daemon
-//! may be signalled, killed and started again.
+//! may be signalled, killed and started again. Beside them, two sites
+//! joined by their gateways (`crate::sites`).
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -10,6 +11,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use hm_testkit::{Daemon, DaemonOptions, Netns, Proto, Servers, TempDir};
+
+use crate::sites::Sites;
 
 pub const WEB_VIP: &str = "10.96.0.10";
 pub const WEB_PORT: u16 = 80;
@@ -44,6 +47,8 @@ pub struct World {
     sidecar: Option<std::process::Child>,
     pub cgroup: PathBuf,
     _dir: TempDir,
+    /// The two sites, in namespaces of their own.
+    pub sites: Sites,
 }
 
 impl World {
@@ -75,6 +80,7 @@ impl World {
             sidecar: None,
             cgroup,
             _dir: dir,
+            sites: Sites::new(bin),
         };
         w.backends = (0..BACKENDS.len()).map(|i| Some(w.serve(i))).collect();
         w.start_sidecar();
@@ -190,18 +196,18 @@ impl World {
         let text = fs::read_to_string(self.opts.state_dir.join("status.json")).ok()?;
         serde_json::from_str(&text).ok()
     }
+}
 
-    /// The kernel objects hostmesh leaves in the host namespace and its
-    /// pins: none after a teardown.
-    pub fn leftovers(&self) -> Vec<String> {
-        let mut out: Vec<String> =
-            self.host.links().into_iter().filter(|l| l.starts_with("hm-")).map(|l| format!("link {l}")).collect();
-        out.extend(self.host.routes_with_proto("hostmesh").iter().map(|r| format!("route {r}")));
-        if let Ok(entries) = fs::read_dir(&self.opts.bpffs) {
-            out.extend(entries.flatten().map(|e| format!("pin {}", e.path().display())));
-        }
-        out
+/// The kernel objects hostmesh leaves in `ns` and in the pins of `opts`:
+/// none after a teardown.
+pub fn leftovers(ns: &Netns, opts: &DaemonOptions) -> Vec<String> {
+    let mut out: Vec<String> =
+        ns.links().into_iter().filter(|l| l.starts_with("hm-")).map(|l| format!("link {l}")).collect();
+    out.extend(ns.routes_with_proto("hostmesh").iter().map(|r| format!("route {r}")));
+    if let Ok(entries) = fs::read_dir(&opts.bpffs) {
+        out.extend(entries.flatten().map(|e| format!("pin {}", e.path().display())));
     }
+    out
 }
 
 impl Drop for World {
