@@ -83,7 +83,7 @@ fn main() {
     print!("{}", soak.table(&rec, &failures));
     print!("{verdict}");
     if minutes >= 60 {
-        let body = format!("{}{}\n{verdict}", report::heading(minutes, plan.len()), soak.table(&rec, &failures));
+        let body = format!("{}{}\n{verdict}", report::heading(minutes, seed, plan.len()), soak.table(&rec, &failures));
         hm_bench::results::write_section(&o.out, "bench/soak", &body).expect("write RESULTS.md");
     }
     drop(w);

@@ -21,6 +21,9 @@ pub struct Sample {
     pub conntrack: u64,
 }
 
+/// One measure of a sample.
+type Pick = fn(&Sample) -> u64;
+
 /// A process's resident memory (KiB) and open fds; 0 for what cannot be
 /// read (the process is gone).
 fn usage(pid: Option<u32>) -> (u64, u64) {
@@ -99,11 +102,13 @@ pub struct Soak {
 
 /// The section's heading in bench/RESULTS.md: the command, the machine,
 /// the world and the load.
-pub fn heading(minutes: u64, faults: usize) -> String {
+pub fn heading(minutes: u64, seed: u64, faults: usize) -> String {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     format!(
-        "## bench/soak: {minutes} minutes of faults under load\n\n         Command (as root): `./bench/run soak --minutes {minutes} --seed SEED` (the seed is below)\n\n         One run on Linux {} with {cpus} CPUs. The host namespace runs hostmesh with the web service \
+        "## bench/soak: {minutes} minutes of faults under load\n\n\
+         Command (as root): `./bench/run soak --minutes {minutes} --seed {seed}`\n\n\
+         One run on Linux {} with {cpus} CPUs. The host namespace runs hostmesh with the web service \
          (connect-time LB, and node port {NODE_PORT} from another namespace), the dns service (UDP: the veth path), a \
          mesh redirect to a real sidecar and {BULK} more services; three backends in a namespace of their own, \
          health-checked every 300 ms. Beside it, two sites of two gateways each (hostmesh on all six hosts, the \
@@ -189,7 +194,7 @@ impl Soak {
                 fault.map_or("none".to_string(), |(at, f)| format!("{f:?} at {at} ms"))
             ));
         }
-        let picks: [(&str, fn(&Sample) -> u64); 4] = [
+        let picks: [(&str, Pick); 4] = [
             ("the daemon's RSS", |s| s.rss_kib),
             ("the daemon's fds", |s| s.fds),
             ("site A's first gateway's RSS", |s| s.gw_rss_kib),
@@ -229,7 +234,7 @@ impl Soak {
     /// The median of `pick` over the early window (minutes 5–15 of an
     /// hour, the same share of a shorter soak) and the late one (the last
     /// 10 minutes of an hour).
-    fn growth(&self, pick: fn(&Sample) -> u64) -> Option<(f64, f64)> {
+    fn growth(&self, pick: Pick) -> Option<(f64, f64)> {
         let total = self.minutes * 60_000;
         let window = |from: u64, to: u64| {
             let mut v: Vec<u64> =

@@ -129,7 +129,7 @@ impl Sites {
     /// returns what is left: hostmesh's links, routes and pins, by host.
     pub fn teardown(&mut self) -> Vec<String> {
         let mut left = Vec::new();
-        for i in 0..self.hosts.len() {
+        for (i, name) in NAMES.iter().enumerate() {
             if let Some(mut d) = self.daemons[i].take() {
                 d.stop(Duration::from_secs(30));
             }
@@ -139,16 +139,13 @@ impl Sites {
             let out = hm_testkit::cli(&self.hosts[i], &self.opts[i].bin, &args);
             if !out.status.success() {
                 left.push(format!(
-                    "{}: teardown exited {:?}: {}",
-                    NAMES[i],
+                    "{name}: teardown exited {:?}: {}",
                     out.status.code(),
                     String::from_utf8_lossy(&out.stderr)
                 ));
             }
             left.extend(
-                crate::world::leftovers(&self.hosts[i], &self.opts[i])
-                    .into_iter()
-                    .map(|l| format!("{}: {l}", NAMES[i])),
+                crate::world::leftovers(&self.hosts[i], &self.opts[i]).into_iter().map(|l| format!("{name}: {l}")),
             );
         }
         left
