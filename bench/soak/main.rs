@@ -146,16 +146,7 @@ fn diagnose(w: &World) {
 /// `hostmesh teardown`, the daemon stopped first, and the same on every
 /// host of the sites; what is left after it.
 fn teardown(w: &mut World) -> Vec<String> {
-    if let Some(mut d) = w.daemon.take() {
-        d.stop(Duration::from_secs(30));
-    }
-    let mut args = vec!["teardown".to_string()];
-    args.extend(w.opts.path_args());
-    let (code, text) = w.hostmesh(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    let mut left = world::leftovers(&w.host, &w.opts);
-    if code != 0 {
-        left.push(format!("teardown exited {code}: {text}"));
-    }
+    let mut left = world::teardown(&w.host, &w.opts, w.daemon.take());
     left.extend(w.sites.teardown());
     left
 }

@@ -130,23 +130,8 @@ impl Sites {
     pub fn teardown(&mut self) -> Vec<String> {
         let mut left = Vec::new();
         for (i, name) in NAMES.iter().enumerate() {
-            if let Some(mut d) = self.daemons[i].take() {
-                d.stop(Duration::from_secs(30));
-            }
-            let mut args = vec!["teardown".to_string()];
-            args.extend(self.opts[i].path_args());
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let out = hm_testkit::cli(&self.hosts[i], &self.opts[i].bin, &args);
-            if !out.status.success() {
-                left.push(format!(
-                    "{name}: teardown exited {:?}: {}",
-                    out.status.code(),
-                    String::from_utf8_lossy(&out.stderr)
-                ));
-            }
-            left.extend(
-                crate::world::leftovers(&self.hosts[i], &self.opts[i]).into_iter().map(|l| format!("{name}: {l}")),
-            );
+            let host = crate::world::teardown(&self.hosts[i], &self.opts[i], self.daemons[i].take());
+            left.extend(host.into_iter().map(|l| format!("{name}: {l}")));
         }
         left
     }

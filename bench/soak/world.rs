@@ -198,9 +198,28 @@ impl World {
     }
 }
 
+/// Stops `daemon` (if it runs), runs `hostmesh teardown` in `ns` with the
+/// paths of `opts`, and returns what is left: a failed teardown, and the
+/// kernel objects and pins `leftovers` finds.
+pub fn teardown(ns: &Netns, opts: &DaemonOptions, daemon: Option<Daemon>) -> Vec<String> {
+    if let Some(mut d) = daemon {
+        d.stop(Duration::from_secs(30));
+    }
+    let mut args = vec!["teardown".to_string()];
+    args.extend(opts.path_args());
+    let out = hm_testkit::cli(ns, &opts.bin, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut left = Vec::new();
+    if !out.status.success() {
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        left.push(format!("teardown exited {:?}: {text}", out.status.code()));
+    }
+    left.extend(leftovers(ns, opts));
+    left
+}
+
 /// The kernel objects hostmesh leaves in `ns` and in the pins of `opts`:
 /// none after a teardown.
-pub fn leftovers(ns: &Netns, opts: &DaemonOptions) -> Vec<String> {
+fn leftovers(ns: &Netns, opts: &DaemonOptions) -> Vec<String> {
     let mut out: Vec<String> =
         ns.links().into_iter().filter(|l| l.starts_with("hm-")).map(|l| format!("link {l}")).collect();
     out.extend(ns.routes_with_proto("hostmesh").iter().map(|r| format!("route {r}")));
