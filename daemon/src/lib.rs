@@ -18,6 +18,7 @@ mod config;
 mod daemon;
 mod health;
 mod http_endpoint;
+mod keys;
 mod log;
 mod metrics;
 mod model;

@@ -14,6 +14,7 @@
 //!
 //! Tests must run as root: nothing here skips when it is not.
 
+pub mod capture;
 mod cgroup;
 mod daemon;
 pub mod gateway_pairs;

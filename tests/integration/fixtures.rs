@@ -342,3 +342,14 @@ pub fn bound(kind: nix::sys::socket::SockType, src: std::net::SocketAddr) -> std
     socket::bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrStorage::from(src))?;
     Ok(fd)
 }
+
+/// Whether this kernel makes WireGuard links: in the kernel matrix, every
+/// Debian kernel does (its module, loaded by the harness); here, asked of
+/// the kernel itself in a namespace of the test's own.
+pub fn kernel_has_wireguard() -> bool {
+    if let Ok(lacks) = std::env::var("HM_KERNEL_LACKS") {
+        return !lacks.split(',').any(|f| f.trim() == "wireguard");
+    }
+    let ns = hm_testkit::Netns::new();
+    ns.exec_output("ip", &["link", "add", "wgoracle", "type", "wireguard"]).status.success()
+}

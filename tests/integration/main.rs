@@ -3,6 +3,7 @@
 
 mod capacity;
 mod conntrack;
+mod encrypted;
 mod explain;
 mod external;
 mod failover;

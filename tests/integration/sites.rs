@@ -41,14 +41,21 @@ impl Sites {
 
     /// As `start`, over `u`, with `[daemon]` lines for A's gateway.
     pub fn start_with(u: &Underlay, extra_ma: &str, ga_daemon: &str) -> Sites {
+        Self::start_edited(u, ga_daemon, |name, _, text| if name == "ma" { format!("{text}{extra_ma}") } else { text })
+    }
+
+    /// As `start_with`, each host's config as `edit` makes it of the
+    /// test kit's (`edit(NAME, HOST, TEXT)`, NAME one of ma, ga, gb, mb;
+    /// run with every host made, before any daemon starts).
+    pub fn start_edited(u: &Underlay, ga_daemon: &str, edit: impl Fn(&str, &Host, String) -> String) -> Sites {
         let (ma, ga, gb, mb) = (Host::new(), Host::with_daemon_config(ga_daemon), Host::new(), Host::new());
         hm_testkit::sites::wire(u, [&ma.ns, &ga.ns, &gb.ns, &mb.ns]);
         let probes = format!("probe_interval = \"{PROBE_INTERVAL_MS}ms\"\nprobe_loss = {PROBE_LOSS}");
         let [c_ma, c_ga, c_gb, c_mb] = hm_testkit::sites::configs(u, &probes);
-        ma.write("gateway.toml", &format!("{c_ma}{extra_ma}"));
-        ga.write("gateway.toml", &c_ga);
-        gb.write("gateway.toml", &c_gb);
-        mb.write("gateway.toml", &c_mb);
+        ma.write("gateway.toml", &edit("ma", &ma, c_ma));
+        ga.write("gateway.toml", &edit("ga", &ga, c_ga));
+        gb.write("gateway.toml", &edit("gb", &gb, c_gb));
+        mb.write("gateway.toml", &edit("mb", &mb, c_mb));
         let at = |ip: &str| SocketAddr::new(ip.parse().expect("workload address"), ECHO_PORT);
         let echo = Servers::echo(&mb.ns, &[at(MB_WORKLOAD), at(MB_WORKLOAD6)])
             .join(Servers::echo(&ma.ns, &[at(MA_WORKLOAD), at(MA_WORKLOAD6)]));

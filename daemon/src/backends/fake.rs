@@ -16,6 +16,7 @@ pub(crate) struct KernelState {
     pub maps: BTreeMap<MapEntryKey, Vec<u8>>,
     pub attachments: BTreeMap<Attachment, AttachStatus>,
     pub routes: BTreeMap<RouteKey, RouteSpec>,
+    pub rules: std::collections::BTreeSet<RuleSpec>,
     pub nft_table: Option<std::collections::BTreeSet<NftRule>>,
     pub facts: HostFacts,
     /// Every mutating call, in order ("create_link hm-natin", ...).
@@ -127,11 +128,24 @@ impl NetBackend for FakeKernel {
     fn set_link_up(&mut self, name: &str) -> Result<()> {
         let mut s = self.mutate(format!("set_link_up {name}"))?;
         match s.links.get_mut(name) {
-            Some(LinkSpec::Veth { up, .. }) | Some(LinkSpec::Vxlan { up, .. }) => {
+            Some(LinkSpec::Veth { up, .. })
+            | Some(LinkSpec::Vxlan { up, .. })
+            | Some(LinkSpec::Wireguard(WireguardSpec { up, .. })) => {
                 *up = true;
                 Ok(())
             }
             _ => Err(missing(format!("set link {name} up"), libc::ENODEV)),
+        }
+    }
+
+    fn configure_link(&mut self, name: &str, spec: &LinkSpec) -> Result<()> {
+        let mut s = self.mutate(format!("configure_link {name}"))?;
+        match s.links.get_mut(name) {
+            Some(have @ LinkSpec::Wireguard(_)) if matches!(spec, LinkSpec::Wireguard(_)) => {
+                *have = spec.clone();
+                Ok(())
+            }
+            _ => Err(missing(format!("configure link {name}"), libc::ENODEV)),
         }
     }
 
@@ -170,6 +184,20 @@ impl NetBackend for FakeKernel {
 
     fn delete_route(&mut self, key: &RouteKey) -> Result<()> {
         self.mutate(format!("delete_route {}", key.dst))?.routes.remove(key);
+        Ok(())
+    }
+
+    fn rules(&mut self) -> Result<std::collections::BTreeSet<RuleSpec>> {
+        Ok(self.state().rules.clone())
+    }
+
+    fn add_rule(&mut self, rule: &RuleSpec) -> Result<()> {
+        self.mutate(format!("add_rule {}", rule.table))?.rules.insert(rule.clone());
+        Ok(())
+    }
+
+    fn delete_rule(&mut self, rule: &RuleSpec) -> Result<()> {
+        self.mutate(format!("delete_rule {}", rule.table))?.rules.remove(rule);
         Ok(())
     }
 

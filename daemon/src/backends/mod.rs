@@ -76,12 +76,21 @@ pub trait NetBackend {
     fn links(&mut self) -> Result<BTreeMap<String, LinkSpec>>;
     fn create_link(&mut self, name: &str, spec: &LinkSpec) -> Result<()>;
     fn set_link_up(&mut self, name: &str) -> Result<()>;
+    /// Sets an existing link's configuration to `spec` in place (a
+    /// WireGuard device's key, port, MTU and exact peers, and up).
+    fn configure_link(&mut self, name: &str, spec: &LinkSpec) -> Result<()>;
     /// Deleting a link that does not exist succeeds.
     fn delete_link(&mut self, name: &str) -> Result<()>;
     fn routes(&mut self) -> Result<BTreeMap<RouteKey, RouteSpec>>;
     /// Creates or replaces.
     fn replace_route(&mut self, key: &RouteKey, spec: &RouteSpec) -> Result<()>;
     fn delete_route(&mut self, key: &RouteKey) -> Result<()>;
+    /// hostmesh's policy rules (`proto hostmesh`).
+    fn rules(&mut self) -> Result<std::collections::BTreeSet<RuleSpec>>;
+    /// Adding a rule that exists already succeeds.
+    fn add_rule(&mut self, rule: &RuleSpec) -> Result<()>;
+    /// Deleting a rule that is gone already succeeds.
+    fn delete_rule(&mut self, rule: &RuleSpec) -> Result<()>;
     fn neighbours(&mut self) -> Result<BTreeMap<NeighKey, NeighSpec>>;
     fn replace_neighbour(&mut self, key: &NeighKey, spec: &NeighSpec) -> Result<()>;
     fn delete_neighbour(&mut self, key: &NeighKey) -> Result<()>;

@@ -22,12 +22,19 @@ pub(super) fn run(state_dir: &Path, json: bool) -> ExitCode {
         }
     };
     let liveness = liveness(&status);
+    let wireguard = wireguard_peers();
     if json {
         let mut value = serde_json::to_value(&status).expect("status serialises");
         value["liveness"] = serde_json::Value::String(liveness.label().into());
+        if let Some(peers) = &wireguard {
+            value["wireguard"] = serde_json::to_value(peers).expect("peers serialise");
+        }
         println!("{}", serde_json::to_string_pretty(&value).expect("json"));
     } else {
         print!("{}", render(&status, &liveness));
+        if let Some(peers) = &wireguard {
+            print!("{}", render_wireguard(peers));
+        }
     }
     let problems = !status.last_sync.ok || status.files.iter().any(|f| f.state != FileState::Applied);
     match liveness {
@@ -41,6 +48,31 @@ pub(super) fn run(state_dir: &Path, json: bool) -> ExitCode {
         Liveness::Stale(_) => ExitCode::FAILURE,
         _ => ExitCode::from(3),
     }
+}
+
+/// The peers of `hm-wg0` as the kernel has them now (read live: the
+/// handshakes and counters move between syncs); `None` without the device.
+fn wireguard_peers() -> Option<Vec<crate::backends::netlink::wireguard::PeerState>> {
+    crate::backends::netlink::wireguard::peers(crate::model::encryption::WG).ok()
+}
+
+/// `wireguard hm-wg0:` and a line per peer: its endpoint, key, last
+/// handshake and bytes.
+fn render_wireguard(peers: &[crate::backends::netlink::wireguard::PeerState]) -> String {
+    let mut out = format!("wireguard {}: {} peer(s)\n", crate::model::encryption::WG, peers.len());
+    for p in peers {
+        let endpoint = p.endpoint.map_or("no endpoint".to_string(), |e| e.to_string());
+        let key = p.key.map(|k| k.to_string()).unwrap_or_default();
+        let handshake = match u64::try_from(p.last_handshake_s) {
+            Ok(at) if at > 0 => format!("last handshake {}", ago(at)),
+            _ => "no handshake yet".to_string(),
+        };
+        out.push_str(&format!(
+            "  {endpoint}  key {key}  {handshake}, received {} B, sent {} B\n",
+            p.rx_bytes, p.tx_bytes
+        ));
+    }
+    out
 }
 
 pub(super) enum Liveness {

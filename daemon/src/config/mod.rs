@@ -39,6 +39,8 @@ pub(crate) use validate::parse_file;
 mod fuzz;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod wireguard_tests;
 
 /// One valid file's text as the whole configuration, for other modules'
 /// unit tests.

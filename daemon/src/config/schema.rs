@@ -136,6 +136,9 @@ pub(super) struct RawGateway {
     pub probe_port: Option<S<i64>>,
     pub probe_rise: Option<S<i64>>,
     pub preempt: Option<S<bool>>,
+    /// hostmesh extensions: WireGuard between gateways.
+    pub private_key_file: Option<S<String>>,
+    pub wireguard_port: Option<S<i64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -143,8 +146,20 @@ pub(super) struct RawGateway {
 pub(super) struct RawPeer {
     pub name: S<String>,
     pub endpoint: Option<S<String>>,
-    pub endpoints: Option<S<Vec<S<String>>>>,
+    pub endpoints: Option<S<Vec<S<RawEndpoint>>>>,
     pub cidrs: Vec<S<String>>,
+    /// hostmesh extensions: WireGuard between gateways.
+    pub encryption: Option<S<String>>,
+    pub public_key: Option<S<String>>,
+    pub wireguard_port: Option<S<i64>>,
+}
+
+/// A peer's gateway is either `"ip"` or `{ address = "ip", public_key =
+/// "…" }` (each gateway of an encrypted peer has its own key).
+#[derive(Debug)]
+pub(super) struct RawEndpoint {
+    pub address: S<String>,
+    pub public_key: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -188,5 +203,40 @@ impl<'de> Visitor<'de> for BackendVisitor {
         }
         let address = address.ok_or_else(|| de::Error::missing_field("address"))?;
         Ok(RawBackend { address, weight })
+    }
+}
+
+impl<'de> Deserialize<'de> for RawEndpoint {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(EndpointVisitor)
+    }
+}
+
+struct EndpointVisitor;
+
+impl<'de> Visitor<'de> for EndpointVisitor {
+    type Value = RawEndpoint;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(r#"an endpoint as "ip" or { address = "ip", public_key = "…" }"#)
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<RawEndpoint, E> {
+        // As for backends: the caller's Spanned<RawEndpoint> has the span.
+        Ok(RawEndpoint { address: Spanned::new(0..0, v.to_string()), public_key: None })
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawEndpoint, A::Error> {
+        let mut address = None;
+        let mut public_key = None;
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "address" => address = Some(map.next_value::<S<String>>()?),
+                "public_key" => public_key = Some(map.next_value::<S<String>>()?),
+                other => return Err(de::Error::unknown_field(other, &["address", "public_key"])),
+            }
+        }
+        let address = address.ok_or_else(|| de::Error::missing_field("address"))?;
+        Ok(RawEndpoint { address, public_key })
     }
 }

@@ -38,14 +38,14 @@ impl Drop for Dir {
 }
 
 /// Parses one file's text and returns its errors as display strings.
-fn errors(text: &str) -> Vec<String> {
+pub(super) fn errors(text: &str) -> Vec<String> {
     match parse_file(&Source::new(Path::new("t.toml"), text)) {
         Ok(_) => Vec::new(),
         Err(errs) => errs.iter().map(|e| e.to_string()).collect(),
     }
 }
 
-fn one_error(text: &str) -> String {
+pub(super) fn one_error(text: &str) -> String {
     let errs = errors(text);
     assert_eq!(errs.len(), 1, "expected exactly one error, got {errs:?}");
     errs.into_iter().next().unwrap()

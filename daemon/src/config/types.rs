@@ -10,6 +10,8 @@ use std::time::Duration;
 use ipnet::IpNet;
 use serde::Serialize;
 
+pub(crate) use crate::keys::{KeySource, PublicKey};
+
 use super::capacity::MapSizes;
 use super::error::Origin;
 pub(crate) use super::health_check::*;
@@ -312,8 +314,15 @@ pub(crate) struct Gateway {
     /// Whether a recovered gateway earlier in its list takes the traffic
     /// back from the one it moved to.
     pub preempt: bool,
+    /// This gateway's WireGuard private key (`private_key_file`), needed
+    /// once a peer is encrypted; where it is, never the key.
+    pub private_key: Option<KeySource>,
+    /// The UDP port this gateway's WireGuard device listens on.
+    pub wireguard_port: u16,
     pub origin: Origin,
 }
+
+pub(crate) const DEFAULT_WIREGUARD_PORT: u16 = 51820;
 
 pub(crate) const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 pub(crate) const DEFAULT_PROBE_LOSS: u32 = 3;
@@ -329,7 +338,20 @@ pub(crate) struct Peer {
     /// `endpoint` as a list of one); empty on a member's peer.
     pub endpoints: Vec<IpAddr>,
     pub cidrs: Vec<IpNet>,
+    pub encryption: Encryption,
     pub origin: Origin,
+}
+
+/// How a peer's traffic crosses between this site's gateways and its own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase", tag = "kind")]
+pub(crate) enum Encryption {
+    /// VXLAN in clear.
+    None,
+    /// VXLAN inside WireGuard: each of the peer's gateways' public key
+    /// (in the order of `endpoints`), and the port they listen on (`None`:
+    /// this gateway's own `wireguard_port`).
+    Wireguard { public_keys: Vec<PublicKey>, port: Option<u16> },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -28,6 +28,7 @@ mod config_watch;
 mod drift;
 mod event_loop;
 mod events;
+mod key_watch;
 mod leaving;
 mod metrics_feed;
 mod notify;
@@ -120,6 +121,7 @@ pub(super) struct Daemon {
     config: config_watch::ConfigWatch,
     runner: sync_runner::SyncRunner,
     peers: peers::PeerProbing,
+    key_watch: key_watch::KeyWatch,
     backend_health: backend_health::BackendHealthState,
     leaving: leaving::Leaving,
     drift: drift::DriftWatch,
@@ -217,6 +219,7 @@ impl Daemon {
                     .with_waiting_flag(waiting),
             ),
             peers: peers::PeerProbing::new(parts.prober, &paths.state_dir),
+            key_watch: Default::default(),
             backend_health: backend_health::BackendHealthState::restore(&paths.state_dir, &log),
             leaving: Default::default(),
             drift: Default::default(),

@@ -294,8 +294,14 @@ fn peer_object(p: &Peer, g: &Gateway, d: &Desired, health: Option<&Choice>, inde
             format!("via peer gateway {}", eps.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))
         }
     };
-    let detail = format!("{} {via}{}", cidr_list(&p.cidrs), route_mtus(d, &p.cidrs));
+    let encrypted = if p.encryption == crate::config::Encryption::None { "" } else { ", encrypted (WireGuard)" };
+    let detail = format!("{} {via}{}{encrypted}", cidr_list(&p.cidrs), route_mtus(d, &p.cidrs));
     let mut o = object(ObjectKind::Peer, &p.name, Some(p.origin.to_string()), detail, errors);
+    if let Some(why) = d.refused_peers.get(&p.name) {
+        o.state = ObjectState::Refused;
+        o.detail = format!("{}: encrypted (WireGuard) but {why}: not applied, routes unreachable", cidr_list(&p.cidrs));
+        return o;
+    }
     if let Some(c) = health {
         o.since = Some(c.active_since);
         if o.state == ObjectState::Applied {

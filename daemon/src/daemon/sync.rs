@@ -20,6 +20,7 @@ impl Daemon {
         self.runner.generation += 1;
         let config = std::sync::Arc::clone(self.config.config());
         self.peers.track(&config, &self.events, &self.log);
+        self.key_watch.track(&config, &self.events, &self.log);
         self.runner.reconciler.set_gateways(self.peers.chosen());
         let states = self.backend_health.track(&config, &self.events, &self.log);
         let serving = crate::health::serving_config(&config, &states);

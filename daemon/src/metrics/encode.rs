@@ -69,6 +69,7 @@ impl prometheus_client::collector::Collector for Collector {
         daemon(&mut enc, &snap)?;
         backends(&mut enc, &snap)?;
         traffic(&mut enc, &snap, &self.0)?;
+        wireguard(&mut enc)?;
         let kinds = [("full", &self.0.sync_full), ("incremental", &self.0.sync_incremental)];
         let mut m = enc.encode_descriptor(
             "hostmesh_sync_duration_seconds",
@@ -122,6 +123,33 @@ impl prometheus_client::collector::Collector for Collector {
             }),
         )
     }
+}
+
+/// `hm-wg0`'s peers, read at the scrape (handshakes and bytes move between
+/// syncs); nothing without the device.
+fn wireguard(enc: &mut DescriptorEncoder) -> Result<(), Error> {
+    let Ok(peers) = crate::backends::netlink::wireguard::peers(crate::model::encryption::WG) else { return Ok(()) };
+    let label = |p: &crate::backends::netlink::wireguard::PeerState| {
+        vec![("endpoint", p.endpoint.map_or("none".to_string(), |e| e.ip().to_string()))]
+    };
+    gauges(
+        enc,
+        "hostmesh_wireguard_last_handshake_seconds",
+        "Unix time of each encrypted peer gateway's last WireGuard handshake (0: none yet).",
+        peers.iter().map(|p| (label(p), p.last_handshake_s)),
+    )?;
+    counters(
+        enc,
+        "hostmesh_wireguard_received_bytes",
+        "Bytes received from each encrypted peer gateway through WireGuard.",
+        peers.iter().map(|p| (label(p), p.rx_bytes)),
+    )?;
+    counters(
+        enc,
+        "hostmesh_wireguard_sent_bytes",
+        "Bytes sent to each encrypted peer gateway through WireGuard.",
+        peers.iter().map(|p| (label(p), p.tx_bytes)),
+    )
 }
 
 fn daemon(enc: &mut DescriptorEncoder, snap: &Snapshot) -> Result<(), Error> {

@@ -14,7 +14,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use ipnet::IpNet;
 
 use crate::abi::{self, addr16, Endpoint, GwConfig, LpmKey, Pod};
-use crate::config::{Config, Gateway, GatewayRole};
+use crate::config::{Config, Gateway, GatewayRole, Peer};
+
+use super::encryption;
 
 use super::state::*;
 use super::{HostFacts, Via};
@@ -129,58 +131,13 @@ fn member(config: &Config, g: &Gateway, facts: &HostFacts, out: &mut Desired) {
 }
 
 /// A gateway routes each peer's CIDRs to the peer's endpoint in use and
-/// each member's CIDRs to that member; a peer whose every endpoint is down
-/// gets `unreachable` routes so its traffic fails at once. Every endpoint
-/// of a peer is known as the peer's (HM_PEER_ENDPOINTS), whichever carries
-/// its traffic: after a failover on the other side, packets arrive from
-/// another of them.
+/// each member's CIDRs to that member.
 fn gateway(config: &Config, g: &Gateway, facts: &HostFacts, out: &mut Desired) {
-    let family = |ip: IpAddr| if ip.is_ipv4() { "IPv4" } else { "IPv6" };
+    let mut device = encryption::Device::default();
     for p in &config.peers {
-        let owner = Object::Peer(&p.name).into_owner();
-        let Some(&endpoint) = p.endpoints.first() else {
-            out.warnings.push(format!(
-                "peer \"{}\" has no endpoint; a gateway needs the remote gateway's address: not applied",
-                p.name
-            ));
-            continue;
-        };
-        if endpoint.is_ipv4() != g.local_ip.is_ipv4() {
-            out.warnings.push(format!(
-                "peer \"{}\": endpoint {endpoint} is {} but local_ip {} is {}; the tunnel runs from local_ip: not applied",
-                p.name,
-                family(endpoint),
-                g.local_ip,
-                family(g.local_ip)
-            ));
-            continue;
-        }
-        for ep in &p.endpoints {
-            let ep = Endpoint { addr: addr16(*ep), flags: 0 };
-            want(
-                &mut out.map_entries,
-                MapEntryKey { map: BpfMap::PeerEndpoints, key: ep.to_bytes().into() },
-                1u32.to_bytes(),
-                &owner,
-            );
-        }
-        let in_use = facts.gateway_in_use(&Via::Peer(p.name.clone()), &p.endpoints);
-        let up = in_use.is_some();
-        // A peer that is down stays in the trie, marked down.
-        let endpoint = in_use.unwrap_or(endpoint);
-        let mtu = route_mtu(facts, endpoint, &mut out.warnings);
-        for cidr in &p.cidrs {
-            let value = Endpoint { addr: addr16(endpoint), flags: if up { abi::EP_UP } else { 0 } };
-            want(
-                &mut out.map_entries,
-                MapEntryKey { map: BpfMap::Peers, key: LpmKey::of(cidr).to_bytes().into() },
-                value.to_bytes(),
-                &owner,
-            );
-            let spec = if up { via_tunnel(cidr, mtu) } else { RouteSpec::Unreachable };
-            want(&mut out.routes, RouteKey { table: RT_TABLE_MAIN, dst: *cidr }, spec, &owner);
-        }
+        peer(p, g, facts, &mut device, out);
     }
+    device.finish(g, out);
     for m in &config.members {
         let owner = Object::Member(&m.name).into_owner();
         if m.endpoint.is_ipv4() != g.local_ip.is_ipv4() {
@@ -208,6 +165,78 @@ fn gateway(config: &Config, g: &Gateway, facts: &HostFacts, out: &mut Desired) {
     }
 }
 
+fn family(ip: IpAddr) -> &'static str {
+    if ip.is_ipv4() {
+        "IPv4"
+    } else {
+        "IPv6"
+    }
+}
+
+/// A peer on a gateway: its CIDRs to its endpoint in use; `unreachable`
+/// routes when every endpoint is down, so its traffic fails at once.
+/// Every endpoint of a peer is known as the peer's (HM_PEER_ENDPOINTS),
+/// whichever carries its traffic: after a failover on the other side,
+/// packets arrive from another of them. An encrypted peer goes through
+/// `device` (`model::encryption`), or is refused.
+fn peer(p: &Peer, g: &Gateway, facts: &HostFacts, device: &mut encryption::Device, out: &mut Desired) {
+    let owner = Object::Peer(&p.name).into_owner();
+    let Some(&endpoint) = p.endpoints.first() else {
+        out.warnings.push(format!(
+            "peer \"{}\" has no endpoint; a gateway needs the remote gateway's address: not applied",
+            p.name
+        ));
+        return;
+    };
+    let key = match encryption::device_key(p, g, facts) {
+        Ok(key) => key,
+        Err(why) => return encryption::refuse(p, &why, &owner, out),
+    };
+    if endpoint.is_ipv4() != g.local_ip.is_ipv4() {
+        out.warnings.push(format!(
+            "peer \"{}\": endpoint {endpoint} is {} but local_ip {} is {}; the tunnel runs from local_ip: not applied",
+            p.name,
+            family(endpoint),
+            g.local_ip,
+            family(g.local_ip)
+        ));
+        return;
+    }
+    // The steering into WireGuard, before any entry sends to the endpoints.
+    if let Some(key) = key {
+        let mtus: Vec<u32> = p.endpoints.iter().map(|ep| underlay_mtu(facts, *ep, &mut out.warnings)).collect();
+        device.add(p, g, key, &mtus, &owner, out);
+    }
+    for ep in &p.endpoints {
+        let ep = Endpoint { addr: addr16(*ep), flags: 0 };
+        want(
+            &mut out.map_entries,
+            MapEntryKey { map: BpfMap::PeerEndpoints, key: ep.to_bytes().into() },
+            1u32.to_bytes(),
+            &owner,
+        );
+    }
+    let in_use = facts.gateway_in_use(&Via::Peer(p.name.clone()), &p.endpoints);
+    let up = in_use.is_some();
+    // A peer that is down stays in the trie, marked down.
+    let endpoint = in_use.unwrap_or(endpoint);
+    let mut mtu = route_mtu(facts, endpoint, &mut out.warnings);
+    if key.is_some() {
+        mtu = mtu.saturating_sub(encryption::overhead(endpoint));
+    }
+    for cidr in &p.cidrs {
+        let value = Endpoint { addr: addr16(endpoint), flags: if up { abi::EP_UP } else { 0 } };
+        want(
+            &mut out.map_entries,
+            MapEntryKey { map: BpfMap::Peers, key: LpmKey::of(cidr).to_bytes().into() },
+            value.to_bytes(),
+            &owner,
+        );
+        let spec = if up { via_tunnel(cidr, mtu) } else { RouteSpec::Unreachable };
+        want(&mut out.routes, RouteKey { table: RT_TABLE_MAIN, dst: *cidr }, spec, &owner);
+    }
+}
+
 fn via_tunnel(cidr: &IpNet, mtu: u32) -> RouteSpec {
     let gateway = if cidr.addr().is_ipv4() { IpAddr::V4(TUN_NEXT_HOP_V4) } else { IpAddr::V6(TUN_NEXT_HOP_V6) };
     RouteSpec::Via { gateway, dev: TUN.to_string(), mtu: Some(mtu) }
@@ -217,14 +246,19 @@ fn via_tunnel(cidr: &IpNet, mtu: u32) -> RouteSpec {
 /// MTU less the encapsulation, so TCP picks the right MSS by itself.
 pub(crate) fn route_mtu(facts: &HostFacts, underlay: IpAddr, warnings: &mut Vec<String>) -> u32 {
     let overhead = if underlay.is_ipv4() { OVERHEAD_V4 } else { OVERHEAD_V6 };
-    let mtu = facts.underlay_mtu.get(&underlay).copied().unwrap_or_else(|| {
+    underlay_mtu(facts, underlay, warnings).saturating_sub(overhead)
+}
+
+/// The MTU of the underlay's path to `underlay` (outside any tunnel), or
+/// the default, said once, when it cannot be learned.
+pub(crate) fn underlay_mtu(facts: &HostFacts, underlay: IpAddr, warnings: &mut Vec<String>) -> u32 {
+    facts.underlay_mtu.get(&underlay).copied().unwrap_or_else(|| {
         let note = format!("no route to {underlay} to learn the underlay's MTU; assuming {DEFAULT_UNDERLAY_MTU}");
         if !warnings.contains(&note) {
             warnings.push(note);
         }
         DEFAULT_UNDERLAY_MTU
-    });
-    mtu.saturating_sub(overhead)
+    })
 }
 
 /// The underlay addresses whose MTU compile needs.

@@ -40,10 +40,12 @@ pub enum Feature {
     CoarseClock,
     /// BPF_MAP_UPDATE_BATCH and BPF_MAP_DELETE_BATCH.
     MapBatch,
+    /// WireGuard devices (`CONFIG_WIREGUARD`, built in or a module).
+    Wireguard,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 11] = [
+    pub const ALL: [Feature; 12] = [
         Feature::Tcx,
         Feature::NetnsCookieSockopt,
         Feature::SetRetval,
@@ -55,6 +57,7 @@ impl Feature {
         Feature::SockDestroy,
         Feature::CoarseClock,
         Feature::MapBatch,
+        Feature::Wireguard,
     ];
 
     pub fn name(self) -> &'static str {
@@ -70,6 +73,7 @@ impl Feature {
             Feature::SockDestroy => "sock_destroy",
             Feature::CoarseClock => "coarse_clock",
             Feature::MapBatch => "map_batch",
+            Feature::Wireguard => "wireguard",
         }
     }
 
@@ -91,6 +95,7 @@ impl Feature {
             Feature::SockDestroy => "destroying sockets with sock_diag (CONFIG_INET_DIAG_DESTROY)",
             Feature::CoarseClock => "bpf_ktime_get_coarse_ns() in BPF programs",
             Feature::MapBatch => "batched map updates and deletes (BPF_MAP_UPDATE_BATCH, BPF_MAP_DELETE_BATCH)",
+            Feature::Wireguard => "WireGuard devices (CONFIG_WIREGUARD)",
         }
     }
 
@@ -108,6 +113,7 @@ impl Feature {
             Feature::SockDestroy => "4.5",
             Feature::CoarseClock => "5.11",
             Feature::MapBatch => "5.6",
+            Feature::Wireguard => "5.6",
         }
     }
 
@@ -150,6 +156,10 @@ impl Feature {
             Feature::MapBatch => {
                 "map entries are written and deleted one system call each: a start or an edit of many services takes \
                  longer"
+            }
+            Feature::Wireguard => {
+                "peers with encryption = \"wireguard\" are not applied: their CIDRs are unreachable from this \
+                 gateway, so nothing goes to them in clear"
             }
         }
     }

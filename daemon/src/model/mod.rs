@@ -4,6 +4,7 @@
 
 mod bpf_map;
 mod bpfnat;
+pub(crate) mod encryption;
 pub(crate) mod external;
 pub(crate) mod flow_hash;
 pub(crate) mod gateway;
@@ -18,6 +19,7 @@ mod owners;
 mod reach;
 mod services;
 mod state;
+mod wireguard_state;
 
 use std::collections::BTreeSet;
 
@@ -60,6 +62,11 @@ pub struct HostFacts {
     pub backend_routes: std::collections::BTreeMap<std::net::IpAddr, BackendRoute>,
     /// Every interface's addresses (read when a service has a node port).
     pub addresses: std::collections::BTreeMap<String, BTreeSet<std::net::IpAddr>>,
+    /// This gateway's WireGuard key, from `[gateway] private_key_file`
+    /// read as the trust rules allow (it compares by its public half; the
+    /// private half goes to the kernel only), or why it could not be read;
+    /// `None` when no peer is encrypted.
+    pub wireguard_key: Option<Result<crate::keys::DeviceKey, String>>,
 }
 
 /// A list of gateways traffic goes through: on a member, its own site's

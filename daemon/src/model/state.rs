@@ -12,6 +12,7 @@ use ipnet::IpNet;
 use serde::Serialize;
 
 pub(crate) use super::owners::{IntoOwner, Object, Owner, Owners};
+pub(crate) use super::wireguard_state::{RuleSpec, WireguardPeer, WireguardSpec};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct Owned<T> {
@@ -39,6 +40,8 @@ pub enum LinkSpec {
     /// A flow-based VXLAN device (`external`): the tunnel key comes from
     /// the TC programs on it.
     Vxlan { port: u16, mac: [u8; 6], up: bool },
+    /// A WireGuard device, whole: its key, port and peers are set with it.
+    Wireguard(WireguardSpec),
     /// Something named like ours that is not what we create; observed only.
     Foreign { link_kind: String },
 }
@@ -71,13 +74,18 @@ pub enum RouteSpec {
     Local { dev: String, src: IpAddr },
     /// `unreachable dst`: fail at once (a peer that is down).
     Unreachable,
+    /// `dst dev dev src src`: straight into a device with no next hop
+    /// (WireGuard), leaving from `src` (the tunnel's `local_ip`: where the
+    /// kernel cannot set a tunnel's source, the route's is used, and the
+    /// peer accepts only that one).
+    Dev { dev: String, src: IpAddr },
 }
 
 impl RouteSpec {
     /// The link the route depends on, if any.
     pub fn dev(&self) -> Option<&str> {
         match self {
-            RouteSpec::Via { dev, .. } | RouteSpec::Local { dev, .. } => Some(dev),
+            RouteSpec::Via { dev, .. } | RouteSpec::Local { dev, .. } | RouteSpec::Dev { dev, .. } => Some(dev),
             RouteSpec::Unreachable => None,
         }
     }
@@ -350,6 +358,8 @@ pub(crate) struct Desired {
     pub map_entries: BTreeMap<MapEntryKey, Owned<MapValue>>,
     pub attachments: BTreeMap<Attachment, Owned<()>>,
     pub routes: BTreeMap<RouteKey, Owned<RouteSpec>>,
+    /// Policy routing rules.
+    pub rules: BTreeMap<RuleSpec, Owned<()>>,
     /// The tproxy rules of `table inet hostmesh`; the table exists only
     /// when there are some.
     pub nft_rules: BTreeMap<NftRule, Owned<()>>,
@@ -359,6 +369,9 @@ pub(crate) struct Desired {
     pub connect_time: crate::config::CtlbMode,
     /// Things compile could not honour, in plain sentences.
     pub warnings: Vec<String>,
+    /// Peers not applied because their encryption cannot be carried here,
+    /// with why (`model::encryption::refuse`).
+    pub refused_peers: BTreeMap<String, String>,
     /// Services with external_policy = "local": how many of their backends
     /// serve on this host (`[daemon] service_health_listen` answers it).
     pub local_backends: BTreeMap<String, usize>,
@@ -399,6 +412,7 @@ pub(crate) struct Observed {
     pub map_entries: BTreeMap<MapEntryKey, MapValue>,
     pub attachments: BTreeMap<Attachment, AttachStatus>,
     pub routes: BTreeMap<RouteKey, RouteSpec>,
+    pub rules: BTreeSet<RuleSpec>,
     /// `table inet hostmesh`'s rules; `None` when the table does not exist.
     pub nft_table: Option<BTreeSet<NftRule>>,
     /// `Some` when the map entries were read against a desired state
@@ -430,6 +444,7 @@ impl Desired {
             map_entries,
             attachments: self.attachments.keys().map(|a| (a.clone(), AttachStatus::Current)).collect(),
             routes,
+            rules: self.rules.keys().cloned().collect(),
             nft_table: (!self.nft_rules.is_empty()).then(|| self.nft_rules.keys().cloned().collect()),
             map_entries_missing: None,
         }

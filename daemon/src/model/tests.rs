@@ -38,6 +38,7 @@ fn facts() -> HostFacts {
             .into_iter()
             .map(|(dev, ips)| (dev.to_string(), ips.iter().map(|ip| ip.parse().unwrap()).collect()))
             .collect(),
+        wireguard_key: None,
     }
 }
 
@@ -393,6 +394,33 @@ fn a_gateway_fills_the_peer_and_member_tries_and_withdraws_a_down_peer() {
     let entry = entries(&d, BpfMap::Peers)[&abi::LpmKey::of(&cidr).to_bytes()].clone();
     assert_eq!(entry, abi::Endpoint { flags: 0, ..peer }.to_bytes(), "the trie keeps the peer, marked down");
     assert!(matches!(route(&d, "10.10.1.0/24"), RouteSpec::Via { .. }), "members are not affected");
+}
+
+#[test]
+fn an_encrypted_peer_that_cannot_be_carried_is_not_applied_and_its_cidrs_are_unreachable() {
+    let key = "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=";
+    let encrypted = GATEWAY.replace(
+        "endpoint = \"198.51.100.2\"\n",
+        &format!("endpoint = \"198.51.100.2\"\nencryption = \"wireguard\"\npublic_key = \"{key}\"\n"),
+    );
+    let with_key = encrypted.replace("vni = 7001\n", "vni = 7001\nprivate_key_file = \"/etc/hostmesh/keys/a.key\"\n");
+    let no_wireguard =
+        HostFacts { features: KernelFeatures::lacking([Feature::Wireguard]), ..facts_with_mtu("198.51.100.2", 1500) };
+    let unread = HostFacts { wireguard_key: Some(Err("private key /etc/hostmesh/keys/a.key: readable by others (mode 0644); fix: chmod 0600 /etc/hostmesh/keys/a.key".into())), ..facts_with_mtu("198.51.100.2", 1500) };
+    for (text, facts, why) in [
+        (&with_key, &no_wireguard, "the kernel lacks WireGuard devices (CONFIG_WIREGUARD)"),
+        (&encrypted, &facts_with_mtu("198.51.100.2", 1500), "[gateway] has no private_key_file"),
+        (&with_key, &unread, "private key /etc/hostmesh/keys/a.key: readable by others (mode 0644); fix: chmod 0600 /etc/hostmesh/keys/a.key"),
+    ] {
+        let d = compile(&config(text), facts, &Prior::default());
+        assert_eq!(route(&d, "10.20.0.0/16"), RouteSpec::Unreachable, "{why}");
+        assert!(entries(&d, BpfMap::Peers).is_empty() && entries(&d, BpfMap::PeerEndpoints).is_empty(), "{why}");
+        assert_eq!(
+            d.warnings[..1],
+            [format!("peer \"site-b\" is encrypted (WireGuard) but {why}: not applied; its CIDRs are unreachable, so nothing goes to them in clear")]
+        );
+        assert!(matches!(route(&d, "10.10.1.0/24"), RouteSpec::Via { .. }), "members are not affected");
+    }
 }
 
 #[test]

@@ -174,6 +174,7 @@ fn apply_one(b: &mut Backends, step: &Step, originals: &mut SysctlOriginals) -> 
     match step {
         Step::DeleteLink(name) => b.net.delete_link(name),
         Step::CreateLink(name, spec) => b.net.create_link(name, spec),
+        Step::ConfigureLink(name, spec) => b.net.configure_link(name, spec),
         Step::SetLinkUp(name) => b.net.set_link_up(name),
         Step::SetSysctl { path, value, original } => {
             // Record before writing: if we crash in between, the original
@@ -194,6 +195,8 @@ fn apply_one(b: &mut Backends, step: &Step, originals: &mut SysctlOriginals) -> 
         Step::DeleteNftTable => b.nft.delete_mesh_table(),
         Step::ReplaceRoute(k, s) => b.net.replace_route(k, s),
         Step::DeleteRoute(k) => b.net.delete_route(k),
+        Step::AddRule(r) => b.net.add_rule(r),
+        Step::DeleteRule(r) => b.net.delete_rule(r),
         Step::Detach(a) => b.bpf.detach(a),
         Step::DeleteMapEntry(k) => b.bpf.delete_map_entry(k),
         Step::DeleteNeighbour(k) => b.net.delete_neighbour(k),

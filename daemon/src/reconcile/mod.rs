@@ -18,3 +18,5 @@ pub(crate) use to_empty::reconcile_to_empty;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod wireguard_tests;

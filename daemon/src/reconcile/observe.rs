@@ -57,6 +57,7 @@ fn observe_all_but_nft(
         map_entries,
         attachments: b.bpf.attachments()?,
         routes: b.net.routes()?,
+        rules: b.net.rules()?,
         nft_table: None,
         map_entries_missing,
     }))

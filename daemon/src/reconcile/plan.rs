@@ -1,15 +1,17 @@
 //! `plan(have, want)`: the ordered steps that take the kernel from what is
 //! observed to what is desired, without misrouting traffic on the way.
 //!
-//! Adds go bottom-up: links, sysctls, neighbours, map entries, programs,
-//! and routes last, most specific first — a route only starts steering
-//! traffic once everything behind it is ready. Removals go top-down:
-//! routes first (most general first), then programs, map entries,
-//! neighbours, sysctls, and links last.
+//! Adds go bottom-up: links, sysctls, neighbours, the WireGuard steering
+//! (its routes, then its rules), map entries, programs, and routes last,
+//! most specific first — a route only starts steering traffic once
+//! everything behind it is ready. Removals go top-down: routes first (most
+//! general first), then programs, map entries, the WireGuard steering
+//! (rules, then their routes), neighbours, sysctls, and links last.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
+use crate::model::encryption;
 use crate::model::*;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,6 +19,9 @@ pub(crate) enum Step {
     /// Delete a link that is in the way (wrong kind or peer) or unwanted.
     DeleteLink(String),
     CreateLink(String, LinkSpec),
+    /// Set a link's configuration in place (a WireGuard device's key,
+    /// port, MTU and peers): nothing on it is lost.
+    ConfigureLink(String, LinkSpec),
     SetLinkUp(String),
     /// Set a sysctl; `original` is the value to restore later, recorded
     /// the first time hostmesh changes it.
@@ -32,6 +37,8 @@ pub(crate) enum Step {
     ReplaceNftTable(BTreeSet<NftRule>),
     ReplaceRoute(RouteKey, RouteSpec),
     DeleteRoute(RouteKey),
+    AddRule(RuleSpec),
+    DeleteRule(RuleSpec),
     Detach(Attachment),
     DeleteNftTable,
     DeleteMapEntry(MapEntryKey),
@@ -121,7 +128,12 @@ impl fmt::Display for Step {
             Step::DeleteLink(n) => write!(f, "delete link {n}"),
             Step::CreateLink(n, LinkSpec::Veth { peer, .. }) => write!(f, "create veth {n} peer {peer}"),
             Step::CreateLink(n, LinkSpec::Vxlan { port, .. }) => write!(f, "create vxlan {n} external dstport {port}"),
+            Step::CreateLink(n, LinkSpec::Wireguard(w)) => write!(f, "create wireguard {n} listen-port {}", w.port),
             Step::CreateLink(n, LinkSpec::Foreign { link_kind }) => write!(f, "create {link_kind} link {n}"),
+            Step::ConfigureLink(n, LinkSpec::Wireguard(w)) => {
+                write!(f, "set wireguard {n} listen-port {} mtu {} ({} peers)", w.port, w.mtu, w.peers.len())
+            }
+            Step::ConfigureLink(n, _) => write!(f, "set link {n}"),
             Step::SetLinkUp(n) => write!(f, "set link {n} up"),
             Step::SetSysctl { path, value, .. } => write!(f, "set sysctl {} = {value}", path.replace('/', ".")),
             Step::ReplaceNeighbour(k, s) => {
@@ -138,6 +150,11 @@ impl fmt::Display for Step {
             Step::ReplaceRoute(k, RouteSpec::Unreachable) => {
                 write!(f, "set route unreachable {} table {}", k.dst, k.table)
             }
+            Step::ReplaceRoute(k, RouteSpec::Dev { dev, src }) => {
+                write!(f, "set route {} dev {dev} src {src} table {}", k.dst, k.table)
+            }
+            Step::AddRule(r) => write!(f, "add rule {}", fmt_rule(r)),
+            Step::DeleteRule(r) => write!(f, "delete rule {}", fmt_rule(r)),
             Step::ReplaceNftTable(rules) => write!(f, "set table inet hostmesh ({} rules)", rules.len()),
             Step::DeleteNftTable => write!(f, "delete table inet hostmesh"),
             Step::DeleteRoute(k) => write!(f, "delete route {} table {}", k.dst, k.table),
@@ -151,6 +168,12 @@ impl fmt::Display for Step {
     }
 }
 
+/// As `ip rule` prints it.
+fn fmt_rule(r: &RuleSpec) -> String {
+    let family = if r.v6 { "-6 " } else { "" };
+    format!("{family}priority {} not fwmark {:#x} lookup {}", r.priority, r.not_fwmark, r.table)
+}
+
 /// `/proc/sys/net/ipv4/conf/<dev>/...` -> dev
 fn sysctl_dev(path: &str) -> Option<&str> {
     let rest = path.strip_prefix("net/ipv4/conf/").or_else(|| path.strip_prefix("net/ipv6/conf/"))?;
@@ -160,7 +183,7 @@ fn sysctl_dev(path: &str) -> Option<&str> {
 fn link_names(name: &str, spec: &LinkSpec) -> Vec<String> {
     match spec {
         LinkSpec::Veth { peer, .. } => vec![name.to_string(), peer.clone()],
-        LinkSpec::Vxlan { .. } | LinkSpec::Foreign { .. } => vec![name.to_string()],
+        LinkSpec::Vxlan { .. } | LinkSpec::Wireguard(_) | LinkSpec::Foreign { .. } => vec![name.to_string()],
     }
 }
 
@@ -229,7 +252,7 @@ impl<'a> Steps<'a> {
 
     fn push(&mut self, step: Step, owners: &Owners) {
         let link = match &step {
-            Step::CreateLink(n, _) | Step::SetLinkUp(n) => Some(self.group(n)),
+            Step::CreateLink(n, _) | Step::ConfigureLink(n, _) | Step::SetLinkUp(n) => Some(self.group(n)),
             Step::Attach(a) => a.device().map(|d| self.group(d)),
             Step::ReplaceRoute(_, spec) => spec.dev().map(|d| self.group(d)),
             _ => None,
@@ -253,10 +276,12 @@ fn plan_links(steps: &mut Steps, have: &Observed, want: &Desired) -> BTreeSet<St
     let mut gone: BTreeSet<String> = BTreeSet::new();
     let mut create = Vec::new();
     let mut set_up = Vec::new();
+    let mut configure = Vec::new();
     for (name, w) in &want.links {
         match have.links.get(name) {
             Some(h) if h == &w.spec => {}
             Some(h) if same_except_up(h, &w.spec) => set_up.push((name, &w.owners)),
+            Some(LinkSpec::Wireguard(_)) if matches!(w.spec, LinkSpec::Wireguard(_)) => configure.push((name, w)),
             Some(h) => {
                 steps.push(Step::DeleteLink(name.clone()), &w.owners);
                 gone.extend(link_names(name, h));
@@ -271,6 +296,9 @@ fn plan_links(steps: &mut Steps, have: &Observed, want: &Desired) -> BTreeSet<St
     }
     for (name, w) in create {
         steps.push(Step::CreateLink(name.clone(), w.spec.clone()), &w.owners);
+    }
+    for (name, w) in configure {
+        steps.push(Step::ConfigureLink(name.clone(), w.spec.clone()), &w.owners);
     }
     for (name, owners) in set_up {
         steps.push(Step::SetLinkUp(name.clone()), owners);
@@ -302,6 +330,18 @@ fn plan_additions<'a>(
             steps.push(Step::ReplaceNeighbour(k.clone(), w.spec.clone()), &w.owners);
         }
     }
+    // The steering into WireGuard before any entry or route that sends
+    // traffic its way (`model::encryption`): its routes, then its rules.
+    let changed = |k: &RouteKey, w: &Owned<RouteSpec>| {
+        let current = if w.spec.dev().is_some_and(on_gone_link) { None } else { have.routes.get(k) };
+        current != Some(&w.spec)
+    };
+    for (k, w) in want.routes.iter().filter(|(k, w)| encryption::is_guard_table(k.table) && changed(k, w)) {
+        steps.push(Step::ReplaceRoute(k.clone(), w.spec.clone()), &w.owners);
+    }
+    for (r, w) in want.rules.iter().filter(|(r, _)| !have.rules.contains(*r)) {
+        steps.push(Step::AddRule(r.clone()), &w.owners);
+    }
     plan_map_puts(steps, have, want, give_up)?;
     for (a, w) in &want.attachments {
         let current = if a.device().is_some_and(on_gone_link) { None } else { have.attachments.get(a) };
@@ -320,14 +360,8 @@ fn plan_additions<'a>(
         steps.push(Step::ReplaceNftTable(want_nft), &nft_owners);
     }
     // Routes: most specific first.
-    let mut routes: Vec<_> = want
-        .routes
-        .iter()
-        .filter(|(k, w)| {
-            let current = if w.spec.dev().is_some_and(on_gone_link) { None } else { have.routes.get(*k) };
-            current != Some(&w.spec)
-        })
-        .collect();
+    let mut routes: Vec<_> =
+        want.routes.iter().filter(|(k, w)| !encryption::is_guard_table(k.table) && changed(k, w)).collect();
     routes.sort_by_key(|(k, _)| std::cmp::Reverse(k.dst.prefix_len()));
     for (k, w) in routes {
         steps.push(Step::ReplaceRoute(k.clone(), w.spec.clone()), &w.owners);
@@ -389,7 +423,9 @@ fn plan_removals(
     give_up: &dyn Fn() -> bool,
 ) -> Option<()> {
     let none = Owners::new();
-    let mut stale_routes: Vec<_> = have.routes.keys().filter(|k| !want.routes.contains_key(*k)).collect();
+    let stale = |k: &&RouteKey| !want.routes.contains_key(*k);
+    let mut stale_routes: Vec<_> =
+        have.routes.keys().filter(stale).filter(|k| !encryption::is_guard_table(k.table)).collect();
     stale_routes.sort_by_key(|k| k.dst.prefix_len());
     for k in stale_routes {
         steps.push(Step::DeleteRoute(k.clone()), &none);
@@ -419,6 +455,14 @@ fn plan_removals(
             steps.steps.push(PlannedStep::Delete(k.clone()));
         }
     }
+    // The WireGuard steering once nothing sends its way: rules, then
+    // their routes.
+    for r in have.rules.iter().filter(|r| !want.rules.contains_key(*r)) {
+        steps.push(Step::DeleteRule(r.clone()), &none);
+    }
+    for k in have.routes.keys().filter(stale).filter(|k| encryption::is_guard_table(k.table)) {
+        steps.push(Step::DeleteRoute(k.clone()), &none);
+    }
     for k in have.neighbours.keys().filter(|k| !want.neighbours.contains_key(*k)) {
         steps.push(Step::DeleteNeighbour(k.clone()), &none);
     }
@@ -439,6 +483,7 @@ fn same_except_up(have: &LinkSpec, want: &LinkSpec) -> bool {
             LinkSpec::Veth { peer: p2, mac: m2, peer_mac: pm2, .. },
         ) => p1 == p2 && m1 == m2 && pm1 == pm2,
         (LinkSpec::Vxlan { port: p1, mac: m1, .. }, LinkSpec::Vxlan { port: p2, mac: m2, .. }) => p1 == p2 && m1 == m2,
+        (LinkSpec::Wireguard(h), LinkSpec::Wireguard(w)) => h == &WireguardSpec { up: h.up, ..w.clone() },
         _ => false,
     }
 }

@@ -300,6 +300,7 @@ impl Reconciler {
             facts.addresses = self.backends.host.addresses()?;
         }
         facts.gateways = self.gateways.clone();
+        facts.wireguard_key = wireguard_key(config);
         Ok(facts)
     }
 
@@ -457,4 +458,22 @@ impl Reconciler {
     ) -> Result<usize, BackendError> {
         self.backends.bpf.prune_backend_stats(configured)
     }
+}
+
+/// This gateway's WireGuard key, when a peer is encrypted: its private
+/// key read as the trust rules allow (`keys::read_private_key`); why it
+/// could not be, if not. Read again each sync, so a fixed file (mode,
+/// owner) or a new key counts at the next one.
+fn wireguard_key(config: &Config) -> Option<Result<crate::keys::DeviceKey, String>> {
+    let g = config.gateway.as_ref()?;
+    if config.peers.iter().all(|p| p.encryption == crate::config::Encryption::None) {
+        return None;
+    }
+    let source = g.private_key.as_ref()?;
+    let creds = std::env::var_os("CREDENTIALS_DIRECTORY").map(std::path::PathBuf::from);
+    Some(
+        crate::keys::read_private_key(source, creds.as_deref())
+            .map(crate::keys::DeviceKey::of)
+            .map_err(|e| e.to_string()),
+    )
 }

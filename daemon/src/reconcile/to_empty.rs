@@ -1,6 +1,6 @@
 //! A reconcile to the empty state, for `hostmesh teardown`: what hostmesh
 //! owns is read back, `plan` removes it in its own order (routes first,
-//! then programs, the nftables table, neighbours, sysctls put back, links
+//! then programs, the nftables table, policy rules, neighbours, sysctls put back, links
 //! last) and `apply` carries that out, step by step, like any sync.
 //!
 //! Two things differ from a sync. Attached programs are read back without
@@ -34,6 +34,7 @@ pub(crate) fn reconcile_to_empty(b: &mut Backends, originals: &mut SysctlOrigina
         links: b.net.links()?,
         neighbours: b.net.neighbours()?,
         routes: b.net.routes()?,
+        rules: b.net.rules()?,
         nft_table: b.nft.mesh_table()?,
         attachments: b.bpf.present()?.into_iter().map(|a| (a, AttachStatus::Current)).collect(),
         ..Observed::default()

@@ -205,6 +205,9 @@ pub enum ObjectState {
     /// A gateway peer answering its probes, or not.
     Up,
     Down,
+    /// Not applied, on purpose: an encrypted peer this gateway cannot
+    /// carry (its detail says why); its CIDRs are unreachable.
+    Refused,
 }
 
 /// One table of the names, shared by `Display` and the JSON (serde).

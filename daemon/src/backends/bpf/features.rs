@@ -122,6 +122,7 @@ fn has(feature: Feature) -> bool {
             loads(BPF_PROG_TYPE_SCHED_CLS, None, &[call(BPF_FUNC_ktime_get_coarse_ns), mov_imm(0, 0), exit()])
         }
         Feature::MapBatch => super::batch::supported(),
+        Feature::Wireguard => crate::backends::netlink::link::wireguard_supported(),
         // return bpf_redirect_neigh(1, NULL, 0, 0);
         Feature::RedirectNeigh => loads(
             BPF_PROG_TYPE_SCHED_CLS,

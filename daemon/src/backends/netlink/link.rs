@@ -122,12 +122,49 @@ pub(super) fn create_vxlan(sock: &mut NetlinkSocket, name: &str, mac: [u8; 6], p
     sock.request(RouteNetlinkMessage::NewLink(msg), NLM_F_CREATE | NLM_F_EXCL)
 }
 
+/// `ip link add name mtu mtu type wireguard`
+pub(super) fn create_wireguard(sock: &mut NetlinkSocket, name: &str, mtu: u32) -> io::Result<()> {
+    let mut msg = LinkMessage::default();
+    msg.attributes.push(LinkAttribute::IfName(name.to_string()));
+    msg.attributes.push(LinkAttribute::Mtu(mtu));
+    msg.attributes.push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(InfoKind::Wireguard)]));
+    sock.request(RouteNetlinkMessage::NewLink(msg), NLM_F_CREATE | NLM_F_EXCL)
+}
+
+/// `ip link set dev INDEX mtu MTU`
+pub(super) fn set_mtu(sock: &mut NetlinkSocket, index: u32, mtu: u32) -> io::Result<()> {
+    let mut msg = LinkMessage::default();
+    msg.header.index = index;
+    msg.attributes.push(LinkAttribute::Mtu(mtu));
+    sock.request(RouteNetlinkMessage::SetLink(msg), 0)
+}
+
 pub(super) fn set_up(sock: &mut NetlinkSocket, index: u32) -> io::Result<()> {
     let mut msg = LinkMessage::default();
     msg.header.index = index;
     msg.header.flags = LinkFlags::Up;
     msg.header.change_mask = LinkFlags::Up;
     sock.request(RouteNetlinkMessage::SetLink(msg), 0)
+}
+
+/// The link the WireGuard probe makes and deletes at once.
+const WG_PROBE: &str = "hm-wgprobe";
+
+/// Whether this kernel makes WireGuard links (built in, or a module it
+/// loads on request): `ip link add hm-wgprobe type wireguard`, deleted at
+/// once; a kernel without WireGuard refuses the kind.
+pub(crate) fn wireguard_supported() -> bool {
+    let Ok(mut sock) = NetlinkSocket::open() else { return false };
+    // One left by a daemon killed between the two requests.
+    let _ = delete(&mut sock, WG_PROBE);
+    let mut msg = LinkMessage::default();
+    msg.attributes.push(LinkAttribute::IfName(WG_PROBE.to_string()));
+    msg.attributes.push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(InfoKind::Wireguard)]));
+    let made = sock.request(RouteNetlinkMessage::NewLink(msg), NLM_F_CREATE | NLM_F_EXCL).is_ok();
+    if made {
+        let _ = delete(&mut sock, WG_PROBE);
+    }
+    made
 }
 
 /// Deleting a link that is already gone succeeds.

@@ -2,18 +2,21 @@
 //! network namespace. `socket` speaks netlink; `link`, `route` and `neigh`
 //! build typed requests; this module maps them to the model.
 
-mod link;
+pub(crate) mod link;
 pub(crate) mod monitor;
 mod neigh;
 mod route;
+mod rule;
 pub(crate) mod sock_destroy;
 mod socket;
 pub mod tc;
+pub(crate) mod wireguard;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 
 pub use link::Link;
+use route::IntoDev;
 pub use socket::{NetlinkSocket, RouteSocket};
 
 use super::{BackendError, NetBackend, Result, LINK_PREFIX};
@@ -90,6 +93,13 @@ pub fn owned_links(links: &[Link]) -> BTreeMap<String, LinkSpec> {
                 (Some("vxlan"), Some((port, true))) => {
                     out.insert(l.name.clone(), LinkSpec::Vxlan { port, mac: l.mac.unwrap_or_default(), up: l.up });
                 }
+                // Its key, port and peers are read by `links`, over
+                // generic netlink.
+                (Some("wireguard"), _) => {
+                    let mtu = l.mtu.unwrap_or_default();
+                    let spec = WireguardSpec { mtu, up: l.up, port: 0, fwmark: 0, key: None, peers: BTreeMap::new() };
+                    out.insert(l.name.clone(), LinkSpec::Wireguard(spec));
+                }
                 _ => {
                     let kind = l.kind.clone().unwrap_or_else(|| "unknown".into());
                     let kind = match kind.as_str() {
@@ -133,10 +143,13 @@ impl Rtnetlink {
         Ok(Some(RouteTo { kind, dev, gateway: r.gateway, hostmesh: protocol == Some(crate::model::RTPROT_HOSTMESH) }))
     }
 
-    /// The MTU of the path to each address: the route's MTU if it has one,
-    /// else its output link's.
+    /// The MTU of the underlay's path to each address: the route's MTU if
+    /// it has one, else its output link's; looked up as WireGuard's own
+    /// packets are (with its mark), so never the path into `hm-wg0`.
     pub fn path_mtus(&mut self, to: &[std::net::IpAddr]) -> Result<BTreeMap<std::net::IpAddr, u32>> {
-        self.routes_to(to, |r, link| r.mtu.or(link.and_then(|l| l.mtu)))
+        self.routes_to_marked(to, Some(crate::model::encryption::WG_FWMARK), |r, link| {
+            r.mtu.or(link.and_then(|l| l.mtu))
+        })
     }
 
     /// The route to each address (`ip route get`): local or not, its
@@ -159,13 +172,25 @@ impl Rtnetlink {
         to: &[std::net::IpAddr],
         what: impl Fn(&route::Route, Option<&Link>) -> Option<T>,
     ) -> Result<BTreeMap<std::net::IpAddr, T>> {
+        self.routes_to_marked(to, None, what)
+    }
+
+    /// `routes_to` for packets with `mark`.
+    fn routes_to_marked<T>(
+        &mut self,
+        to: &[std::net::IpAddr],
+        mark: Option<u32>,
+        what: impl Fn(&route::Route, Option<&Link>) -> Option<T>,
+    ) -> Result<BTreeMap<std::net::IpAddr, T>> {
         let mut out = BTreeMap::new();
         if to.is_empty() {
             return Ok(out);
         }
         let links = self.all_links()?;
         for ip in to {
-            let Some(r) = route::get(&mut self.sock, *ip).map_err(err(format!("look up the route to {ip}")))? else {
+            let Some(r) =
+                route::get_marked(&mut self.sock, *ip, mark).map_err(err(format!("look up the route to {ip}")))?
+            else {
                 continue;
             };
             let link = r.oif.and_then(|i| links.iter().find(|l| l.index == i));
@@ -218,7 +243,14 @@ impl Rtnetlink {
 
 impl NetBackend for Rtnetlink {
     fn links(&mut self) -> Result<BTreeMap<String, LinkSpec>> {
-        Ok(owned_links(&self.all_links()?))
+        let mut links = owned_links(&self.all_links()?);
+        for (name, spec) in links.iter_mut() {
+            if let LinkSpec::Wireguard(w) = spec {
+                let device = wireguard::device(name).map_err(err(format!("read wireguard device {name}")))?;
+                *w = WireguardSpec { mtu: w.mtu, up: w.up, ..device };
+            }
+        }
+        Ok(links)
     }
 
     fn create_link(&mut self, name: &str, spec: &LinkSpec) -> Result<()> {
@@ -239,6 +271,11 @@ impl NetBackend for Rtnetlink {
                     self.set_link_up(name)?;
                 }
                 Ok(())
+            }
+            LinkSpec::Wireguard(w) => {
+                link::create_wireguard(&mut self.sock, name, w.mtu)
+                    .map_err(err(format!("create wireguard {name} mtu {}", w.mtu)))?;
+                self.configure_link(name, spec)
             }
             LinkSpec::Foreign { link_kind } => Err(BackendError::Netlink {
                 op: format!("create {link_kind} link {name}"),
@@ -266,6 +303,28 @@ impl NetBackend for Rtnetlink {
         Ok(())
     }
 
+    fn configure_link(&mut self, name: &str, spec: &LinkSpec) -> Result<()> {
+        let LinkSpec::Wireguard(w) = spec else {
+            return Err(BackendError::Netlink {
+                op: format!("configure link {name}"),
+                source: io::Error::new(io::ErrorKind::Unsupported, "only a WireGuard device is set in place"),
+            });
+        };
+        // The key, port, mark and peers before the device goes up: it
+        // never runs with another's.
+        wireguard::set_device(name, w).map_err(err(format!(
+            "set wireguard {name} listen-port {} ({} peers)",
+            w.port,
+            w.peers.len()
+        )))?;
+        let index = self.index_of(name)?;
+        link::set_mtu(&mut self.sock, index, w.mtu).map_err(err(format!("set {name} mtu {}", w.mtu)))?;
+        if w.up {
+            link::set_up(&mut self.sock, index).map_err(err(format!("set {name} up")))?;
+        }
+        Ok(())
+    }
+
     fn delete_link(&mut self, name: &str) -> Result<()> {
         link::delete(&mut self.sock, name).map_err(err(format!("delete link {name}")))
     }
@@ -277,10 +336,13 @@ impl NetBackend for Rtnetlink {
             .into_iter()
             .filter(|r| r.protocol == RTPROT_HOSTMESH)
             .filter_map(|r| {
-                let spec = match r.kind {
-                    route::RouteType::Unreachable => RouteSpec::Unreachable,
-                    route::RouteType::Local => RouteSpec::Local { dev: names.get(&r.oif?)?.clone(), src: r.prefsrc? },
-                    _ => RouteSpec::Via { gateway: r.gateway?, dev: names.get(&r.oif?)?.clone(), mtu: r.mtu },
+                let spec = match (r.kind, r.gateway) {
+                    (route::RouteType::Unreachable, _) => RouteSpec::Unreachable,
+                    (route::RouteType::Local, _) => {
+                        RouteSpec::Local { dev: names.get(&r.oif?)?.clone(), src: r.prefsrc? }
+                    }
+                    (_, None) => RouteSpec::Dev { dev: names.get(&r.oif?)?.clone(), src: r.prefsrc? },
+                    (_, Some(gateway)) => RouteSpec::Via { gateway, dev: names.get(&r.oif?)?.clone(), mtu: r.mtu },
                 };
                 Some((RouteKey { table: r.table, dst: r.dst }, spec))
             })
@@ -296,12 +358,41 @@ impl NetBackend for Rtnetlink {
             }
             RouteSpec::Local { dev, src } => {
                 let oif = self.index_of(dev)?;
-                route::replace_local(&mut self.sock, key.table, &key.dst, oif, *src, RTPROT_HOSTMESH)
-                    .map_err(err(format!("add route local {} dev {dev} src {src} table {}", key.dst, key.table)))
+                route::replace_into(
+                    &mut self.sock,
+                    key.table,
+                    &key.dst,
+                    IntoDev { oif, src: *src, local: true },
+                    RTPROT_HOSTMESH,
+                )
+                .map_err(err(format!("add route local {} dev {dev} src {src} table {}", key.dst, key.table)))
             }
             RouteSpec::Unreachable => route::replace_unreachable(&mut self.sock, key.table, &key.dst, RTPROT_HOSTMESH)
                 .map_err(err(format!("add route unreachable {} table {}", key.dst, key.table))),
+            RouteSpec::Dev { dev, src } => {
+                let oif = self.index_of(dev)?;
+                route::replace_into(
+                    &mut self.sock,
+                    key.table,
+                    &key.dst,
+                    IntoDev { oif, src: *src, local: false },
+                    RTPROT_HOSTMESH,
+                )
+                .map_err(err(format!("add route {} dev {dev} src {src} table {}", key.dst, key.table)))
+            }
         }
+    }
+
+    fn rules(&mut self) -> Result<BTreeSet<RuleSpec>> {
+        Ok(rule::dump(&mut self.sock, RTPROT_HOSTMESH).map_err(err("dump rules"))?.into_iter().collect())
+    }
+
+    fn add_rule(&mut self, r: &RuleSpec) -> Result<()> {
+        rule::add(&mut self.sock, r, RTPROT_HOSTMESH).map_err(err(format!("add rule lookup {}", r.table)))
+    }
+
+    fn delete_rule(&mut self, r: &RuleSpec) -> Result<()> {
+        rule::delete(&mut self.sock, r, RTPROT_HOSTMESH).map_err(err(format!("delete rule lookup {}", r.table)))
     }
 
     fn delete_route(&mut self, key: &RouteKey) -> Result<()> {

@@ -135,21 +135,29 @@ pub(super) fn replace_via(
     sock.request(RouteNetlinkMessage::NewRoute(m), NLM_F_CREATE | NLM_F_REPLACE)
 }
 
-/// `ip route replace local dst dev oif src src proto P table T`: deliver
-/// to this host.
-pub(super) fn replace_local(
+/// A route into a device with no next hop, from `src`: `local` delivers
+/// to this host (`ip route replace local dst dev oif src src`, scope
+/// host), otherwise straight into the device (`ip route replace dst dev
+/// oif src src`, scope link).
+pub(super) struct IntoDev {
+    pub oif: u32,
+    pub src: IpAddr,
+    pub local: bool,
+}
+
+/// `ip route replace [local] dst dev oif src src proto P table T`
+pub(super) fn replace_into(
     sock: &mut NetlinkSocket,
     table: u32,
     dst: &IpNet,
-    oif: u32,
-    src: IpAddr,
+    to: IntoDev,
     protocol: u8,
 ) -> io::Result<()> {
     let mut m = message(table, dst, protocol);
-    m.header.scope = RouteScope::Host;
-    m.header.kind = RouteType::Local;
-    m.attributes.push(RouteAttribute::Oif(oif));
-    m.attributes.push(RouteAttribute::PrefSource(src.into()));
+    (m.header.scope, m.header.kind) =
+        if to.local { (RouteScope::Host, RouteType::Local) } else { (RouteScope::Link, RouteType::Unicast) };
+    m.attributes.push(RouteAttribute::Oif(to.oif));
+    m.attributes.push(RouteAttribute::PrefSource(to.src.into()));
     sock.request(RouteNetlinkMessage::NewRoute(m), NLM_F_CREATE | NLM_F_REPLACE)
 }
 
@@ -176,16 +184,21 @@ pub(super) fn delete(sock: &mut NetlinkSocket, table: u32, dst: &IpNet, protocol
 
 /// `ip route get dst`: the route the kernel would use, if any.
 pub(super) fn get(sock: &mut NetlinkSocket, dst: IpAddr) -> io::Result<Option<Route>> {
-    get_with(sock, dst, false)
+    get_with(sock, dst, false, None)
+}
+
+/// `ip route get dst mark M`: the route a packet with that mark takes.
+pub(super) fn get_marked(sock: &mut NetlinkSocket, dst: IpAddr, mark: Option<u32>) -> io::Result<Option<Route>> {
+    get_with(sock, dst, false, mark)
 }
 
 /// The FIB entry that `get` used, whole (with its protocol): `ip route get
 /// fibmatch`.
 pub(super) fn get_fib_match(sock: &mut NetlinkSocket, dst: IpAddr) -> io::Result<Option<Route>> {
-    get_with(sock, dst, true)
+    get_with(sock, dst, true, None)
 }
 
-fn get_with(sock: &mut NetlinkSocket, dst: IpAddr, fib_match: bool) -> io::Result<Option<Route>> {
+fn get_with(sock: &mut NetlinkSocket, dst: IpAddr, fib_match: bool, mark: Option<u32>) -> io::Result<Option<Route>> {
     let mut m = RouteMessage::default();
     if fib_match {
         m.header.flags = RouteFlags::FibMatch;
@@ -193,6 +206,9 @@ fn get_with(sock: &mut NetlinkSocket, dst: IpAddr, fib_match: bool) -> io::Resul
     m.header.address_family = if dst.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
     m.header.destination_prefix_length = if dst.is_ipv4() { 32 } else { 128 };
     m.attributes.push(RouteAttribute::Destination(dst.into()));
+    if let Some(mark) = mark {
+        m.attributes.push(RouteAttribute::Mark(mark));
+    }
     match sock.query(RouteNetlinkMessage::GetRoute(m)) {
         Ok(answers) => Ok(answers.into_iter().find_map(|a| match a {
             RouteNetlinkMessage::NewRoute(r) => parse(&r),

@@ -410,13 +410,19 @@ fn gateway(e: &mut Explanation, addr: IpAddr, endpoint: IpAddr, up: bool, src: &
         peer.map_or("(not in the config)".to_string(), |p| format!("\"{}\"", p.name)),
         if up { "answers its probes" } else { "does not answer its probes now: traffic to it fails fast" }
     ));
+    let encrypted = member.is_none() && peer.is_some_and(|p| p.encryption != crate::config::Encryption::None);
+    if encrypted {
+        e.sentences.push(format!(
+            "The tunnel's packets to {endpoint} cross the WAN inside WireGuard (hm-wg0), encrypted, never in clear."
+        ));
+    }
     let peer = peer.map(|p| p.name.clone());
     if member.is_some() {
         e.kernel.push(format!("{}[0].gateway = {endpoint}", HmMap::GwConfig));
     } else {
         e.kernel.push(format!("{}[{addr}] = endpoint {endpoint} ({})", HmMap::Peers, if up { "up" } else { "down" }));
     }
-    e.gateway = Some(GatewayView { peer, endpoint, up });
+    e.gateway = Some(GatewayView { peer, endpoint, up, encrypted });
 }
 
 fn nothing(e: &mut Explanation, addr: IpAddr, port: u16, proto: Protocol, src: &Sources<'_>) {
@@ -428,7 +434,18 @@ fn nothing(e: &mut Explanation, addr: IpAddr, port: u16, proto: Protocol, src: &
         .filter(|s| s.vip == addr && !(s.port == port && s.protocol == proto))
         .map(|s| format!("{} ({}/{})", s.name, s.port, s.protocol))
         .collect();
-    let why = if let Some(s) = configured {
+    let refused = src.config.peers.iter().find(|p| p.cidrs.iter().any(|c| c.contains(&addr))).filter(|p| {
+        src.status.is_some_and(|s| {
+            s.objects.iter().any(|o| o.kind == ObjectKind::Peer && o.name == p.name && o.state == ObjectState::Refused)
+        })
+    });
+    let why = if let Some(p) = refused {
+        format!(
+            "it is behind gateway peer \"{}\", which is encrypted (WireGuard) and refused here: its CIDRs are \
+             unreachable, so nothing goes to it in clear (`hostmesh status` says why)",
+            p.name
+        )
+    } else if let Some(s) = configured {
         format!("service \"{}\" ({}) is configured but not in the kernel: `hostmesh status` says why", s.name, s.origin)
     } else if !other_ports.is_empty() {
         format!("no service has this port and protocol; the address has {}", other_ports.join(", "))

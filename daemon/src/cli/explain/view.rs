@@ -66,6 +66,8 @@ pub(crate) struct GatewayView {
     pub peer: Option<String>,
     pub endpoint: IpAddr,
     pub up: bool,
+    /// The leg to the endpoint goes through WireGuard.
+    pub encrypted: bool,
 }
 
 /// The backend (or listener, or endpoint) a given source reaches.

@@ -36,6 +36,7 @@ impl Check<'_, '_> {
             Some(p) => self.port(CTX, "udp_port", p, false),
         };
         let probes = self.gateway_probes(&g, udp_port);
+        let (private_key, wireguard_port) = self.gateway_wireguard(&g, role, [udp_port, probes.port]);
         if self.errors.len() > before {
             return None;
         }
@@ -50,6 +51,8 @@ impl Check<'_, '_> {
             probe_port: probes.port?,
             probe_rise: probes.rise?,
             preempt: g.preempt.as_ref().is_some_and(|v| *v.get_ref()),
+            private_key,
+            wireguard_port: wireguard_port?,
             origin,
         })
     }
@@ -173,6 +176,46 @@ impl Check<'_, '_> {
         Probes { port, interval, loss, rise }
     }
 
+    /// `private_key_file` (a gateway's only) and `wireguard_port` (not a
+    /// port the tunnel or the probes use).
+    fn gateway_wireguard(
+        &mut self,
+        g: &RawGateway,
+        role: Option<GatewayRole>,
+        taken: [Option<u16>; 2],
+    ) -> (Option<KeySource>, Option<u16>) {
+        let private_key = g.private_key_file.as_ref().and_then(|v| {
+            if role == Some(GatewayRole::Member) {
+                self.fail(
+                    &v.span(),
+                    "private_key_file",
+                    format!("{CTX}: private_key_file is only for role = \"gateway\"; a member reaches its own gateway on the site's network, in clear"),
+                );
+                return None;
+            }
+            match KeySource::parse(v.get_ref()) {
+                Ok(k) => Some(k),
+                Err(why) => {
+                    self.fail(&v.span(), "private_key_file", format!("{CTX}: private_key_file {why}"));
+                    None
+                }
+            }
+        });
+        let port = match &g.wireguard_port {
+            None => Some(DEFAULT_WIREGUARD_PORT),
+            Some(p) => self.port(CTX, "wireguard_port", p, false),
+        };
+        if let Some(p) = port.filter(|p| taken.contains(&Some(*p))) {
+            let span = g.wireguard_port.as_ref().map(|v| v.span()).unwrap_or_else(|| g.role.span());
+            self.fail(
+                &span,
+                "wireguard_port",
+                format!("{CTX}: wireguard_port {p} is the tunnel's udp_port or the probe_port; use another port"),
+            );
+        }
+        (private_key, port)
+    }
+
     /// A count of probes in a row (`probe_loss`, `probe_rise`): 1 to 1000.
     fn probe_count(&mut self, key: &str, v: &Option<S<i64>>, default: u32) -> Option<u32> {
         match v {
@@ -189,13 +232,104 @@ impl Check<'_, '_> {
         let before = self.errors.len();
         let name = self.name("peer", &p.name);
         let ctx = format!("peer \"{}\"", p.name.get_ref());
+        // Each endpoint's address, with the span of its entry when the
+        // entry is a plain string.
+        let addresses = p.endpoints.as_ref().map(|l| {
+            let items = l.get_ref().iter().map(|e| {
+                let span = if e.get_ref().address.span().is_empty() { e.span() } else { e.get_ref().address.span() };
+                S::new(span, e.get_ref().address.get_ref().clone())
+            });
+            S::new(l.span(), items.collect())
+        });
         let endpoints =
-            self.address_list(&ctx, ("endpoint", &p.endpoint), ("endpoints", &p.endpoints)).unwrap_or_default();
+            self.address_list(&ctx, ("endpoint", &p.endpoint), ("endpoints", &addresses)).unwrap_or_default();
         let cidrs = self.cidrs(&ctx, &p.cidrs);
+        let encryption = self.encryption(&ctx, &p, endpoints.len());
         if self.errors.len() > before {
             return None;
         }
-        Some(Peer { name: name?, endpoints, cidrs, origin: Origin::at(self.src, &p.name.span()) })
+        Some(Peer {
+            name: name?,
+            endpoints,
+            cidrs,
+            encryption: encryption?,
+            origin: Origin::at(self.src, &p.name.span()),
+        })
+    }
+
+    /// `encryption`, and for WireGuard one public key per endpoint: the
+    /// peer's `public_key` when it has one endpoint, each endpoint's
+    /// `public_key` when it has several (a site's gateways each have their
+    /// own key: WireGuard sends to one address per key). `n` endpoints.
+    fn encryption(&mut self, ctx: &str, p: &RawPeer, n: usize) -> Option<Encryption> {
+        let kind = match &p.encryption {
+            None => "none",
+            Some(v) => self.choice(ctx, "encryption", v, &[("none", "none"), ("wireguard", "wireguard")])?,
+        };
+        let per_endpoint: Vec<&S<String>> = p
+            .endpoints
+            .iter()
+            .flat_map(|l| l.get_ref().iter().filter_map(|e| e.get_ref().public_key.as_ref()))
+            .collect();
+        if kind == "none" {
+            let stray = p
+                .public_key
+                .as_ref()
+                .map(|v| ("public_key", v.span()))
+                .or_else(|| per_endpoint.first().map(|v| ("public_key", v.span())))
+                .or_else(|| p.wireguard_port.as_ref().map(|v| ("wireguard_port", v.span())));
+            if let Some((key, span)) = stray {
+                self.fail(&span, key, format!("{ctx}: {key} is only for encryption = \"wireguard\""));
+                return None;
+            }
+            return Some(Encryption::None);
+        }
+        let span = p.encryption.as_ref().map(|v| v.span()).unwrap_or_default();
+        if n == 0 {
+            self.fail(&span, "encryption", format!("{ctx}: encryption is between gateways; give this peer's `endpoints` on a gateway (a member's traffic reaches its own gateway in clear)"));
+            return None;
+        }
+        let keys: Vec<&S<String>> = match (&p.public_key, per_endpoint.len()) {
+            (Some(k), 0) if n == 1 => vec![k],
+            (Some(k), 0) => {
+                self.fail(&k.span(), "public_key", format!("{ctx}: {n} endpoints need a key each; give each entry of `endpoints` as {{ address = \"…\", public_key = \"…\" }}"));
+                return None;
+            }
+            (Some(k), _) => {
+                self.fail(&k.span(), "public_key", format!("{ctx}: give `public_key` or each endpoint's, not both"));
+                return None;
+            }
+            (None, m) if m == n => per_endpoint,
+            (None, _) => {
+                self.fail(&span, "public_key", format!("{ctx}: encryption = \"wireguard\" needs each endpoint's public key (`public_key`, or {{ address = \"…\", public_key = \"…\" }} in `endpoints`)"));
+                return None;
+            }
+        };
+        let mut public_keys: Vec<PublicKey> = Vec::with_capacity(n);
+        for k in keys {
+            match PublicKey::parse(k.get_ref()) {
+                Some(key) if public_keys.contains(&key) => {
+                    self.fail(
+                        &k.span(),
+                        "public_key",
+                        format!("{ctx}: public key {key} is given twice; each gateway has its own"),
+                    );
+                }
+                Some(key) => public_keys.push(key),
+                None => self.fail(
+                    &k.span(),
+                    "public_key",
+                    format!(
+                        "{ctx}: public_key is not a WireGuard key (44 characters of base64, as `wg pubkey` prints)"
+                    ),
+                ),
+            }
+        }
+        let port = match &p.wireguard_port {
+            None => Some(None),
+            Some(v) => self.port(ctx, "wireguard_port", v, false).map(Some),
+        };
+        (public_keys.len() == n).then_some(Encryption::Wireguard { public_keys, port: port? })
     }
 
     pub(super) fn member(&mut self, m: RawMember) -> Option<Member> {

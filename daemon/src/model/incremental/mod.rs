@@ -137,6 +137,7 @@ fn same_facts(a: &HostFacts, b: &HostFacts, config: &Config) -> bool {
         && a.backend_routes == b.backend_routes
         && a.addresses == b.addresses
         && a.features == b.features
+        && a.wireguard_key == b.wireguard_key
         && configured_exist(a) == configured_exist(b)
 }
 

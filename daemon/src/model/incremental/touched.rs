@@ -34,10 +34,12 @@ impl Touched {
             map_entries: pick(&want.map_entries, &self.map_entries),
             attachments: want.attachments.clone(),
             routes: pick(&want.routes, &self.routes),
+            rules: want.rules.clone(),
             nft_rules: want.nft_rules.clone(),
             mesh_path: want.mesh_path.clone(),
             connect_time: want.connect_time,
             warnings: want.warnings.clone(),
+            refused_peers: want.refused_peers.clone(),
             local_backends: want.local_backends.clone(),
             ids: Default::default(),
         }

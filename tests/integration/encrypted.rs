@@ -1,0 +1,277 @@
+//! Encrypted sites (README.md, "Encrypted peers"): the two gateways of
+//! sites.rs joined through WireGuard. On a kernel with WireGuard (Debian's
+//! in the kernel matrix's VMs) members talk over TCP and UDP, IPv4 and
+//! IPv6, and the WAN carries nothing but WireGuard; a wrong key gets
+//! nothing through; a key rotation and a restart keep a connection. On a
+//! kernel without it (this development machine's) the peer is refused,
+//! status says why, and nothing at all goes to its CIDRs.
+
+use std::io::{BufRead, BufReader, Write};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use hm_testkit::capture::{Capture, Frame};
+use hm_testkit::{scaled, wait_soon};
+
+use crate::fixtures::*;
+use crate::sites::*;
+
+const WG_PORT: u16 = 51820;
+/// B's gateway's WAN address: A's WireGuard peer.
+const GB_WAN: &str = UNDERLAY_V4.gb_wan;
+/// A's gateway's metrics, in its own namespace.
+const METRICS: &str = "127.0.0.1:9853";
+/// Bytes a member sends that must never show on the WAN.
+const MARKER: &[u8] = b"hostmesh-plaintext-marker-7f3a";
+/// What the WAN must never carry in clear: the marker, and the members'
+/// workload addresses (inside VXLAN or not).
+const SECRETS: [&[u8]; 3] = [MARKER, &[10, 10, 1, 1], &[10, 20, 1, 1]];
+
+/// A WireGuard key pair: the private key as `wg genkey` writes it, and
+/// the public key as `wg pubkey` would print it.
+struct KeyPair {
+    private: String,
+    public: String,
+}
+
+fn key_pair(seed: u8) -> KeyPair {
+    let secret = [seed; 32];
+    let public = x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from(secret));
+    let b64 = base64::engine::general_purpose::STANDARD;
+    KeyPair { private: b64.encode(secret), public: b64.encode(public.as_bytes()) }
+}
+
+/// Writes `key` as a host's private key, 0600 in a 0700 dir, as an
+/// operator would (written aside, then renamed into place).
+fn install_key(host: &Host, key: &KeyPair) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = host.opts.state_dir.parent().expect("the host's dir").join("keys");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let path = dir.join("wg.key");
+    let aside = dir.join("wg.key.new");
+    std::fs::write(&aside, format!("{}\n", key.private)).unwrap();
+    std::fs::set_permissions(&aside, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::rename(&aside, &path).unwrap();
+    path.display().to_string()
+}
+
+/// A gateway's config made encrypted: its key file, and the peer's
+/// public key.
+fn encrypt(text: &str, key_file: &str, peer_public: &str) -> String {
+    text.replacen("[gateway]\n", &format!("[gateway]\nprivate_key_file = \"{key_file}\"\n"), 1).replacen(
+        "[[peer]]\n",
+        &format!("[[peer]]\nencryption = \"wireguard\"\npublic_key = \"{peer_public}\"\n"),
+        1,
+    )
+}
+
+/// Both sites, their gateways encrypted with key pairs `keys[0]` (A) and
+/// `keys[1]` (B); B is told `b_knows_a` as A's public key.
+fn encrypted_sites(keys: &[KeyPair; 2], b_knows_a: &str) -> Sites {
+    Sites::start_edited(&UNDERLAY_V4, &format!("metrics_listen = \"{METRICS}\""), |name, host, text| match name {
+        "ga" => encrypt(&text, &install_key(host, &keys[0]), &keys[1].public),
+        "gb" => encrypt(&text, &install_key(host, &keys[1]), b_knows_a),
+        _ => text,
+    })
+}
+
+/// From A's member, one TCP connection to B's member's echo server that
+/// carries `MARKER`, and its echo, each step within `timeout`; the
+/// connection, kept.
+fn marked_exchange(sites: &Sites, timeout: Duration) -> std::io::Result<BufReader<std::net::TcpStream>> {
+    let stream = connect_from(&sites.ma.ns, MA_WORKLOAD, &format!("{MB_WORKLOAD}:{ECHO_PORT}"), timeout)?;
+    let mut reader = BufReader::new(stream);
+    let mut greeting = String::new();
+    reader.read_line(&mut greeting)?;
+    echo_once(&mut reader)?;
+    Ok(reader)
+}
+
+/// One write of `MARKER` on a kept connection, and its echo.
+fn echo_once(conn: &mut BufReader<std::net::TcpStream>) -> std::io::Result<()> {
+    conn.get_mut().write_all(MARKER)?;
+    let mut back = vec![0u8; MARKER.len()];
+    std::io::Read::read_exact(conn, &mut back)?;
+    if back != MARKER {
+        return Err(std::io::Error::other("the echo differs"));
+    }
+    Ok(())
+}
+
+/// Nothing A's gateway shows holds its private key: not its log, status
+/// (text and JSON), metrics, `explain` of a peer's address, or any file of
+/// its state dir.
+fn assert_no_key_material(sites: &Sites, key: &KeyPair) {
+    let state = sites.ga.opts.state_dir.to_str().unwrap();
+    let mut shown = vec![("log", sites.daemons[1].log_text())];
+    shown.push(("status", sites.ga.status_text().0));
+    let json = sites.ga.hostmesh(&["status", "--json", "--state-dir", state]);
+    shown.push(("status --json", String::from_utf8_lossy(&json.stdout).into_owned()));
+    let (_, metrics) = hm_testkit::http_get(&sites.ga.ns, METRICS.parse().unwrap(), "/metrics").expect("metrics");
+    shown.push(("metrics", metrics));
+    let mut explain = vec!["explain".to_string(), format!("{MB_WORKLOAD}:{ECHO_PORT}")];
+    explain.extend(sites.ga.opts.path_args());
+    let out = sites.ga.hostmesh(&explain.iter().map(String::as_str).collect::<Vec<_>>());
+    shown
+        .push(("explain", format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))));
+    let raw = base64::engine::general_purpose::STANDARD.decode(&key.private).unwrap();
+    for entry in walk(&sites.ga.opts.state_dir) {
+        let bytes = std::fs::read(&entry).unwrap_or_default();
+        assert!(!bytes.windows(raw.len()).any(|w| w == raw.as_slice()), "the raw key in {}", entry.display());
+        shown.push(("state file", String::from_utf8_lossy(&bytes).into_owned()));
+    }
+    for (what, text) in shown {
+        assert!(!text.contains(&key.private), "the private key shows in the {what}");
+    }
+}
+
+/// Every file under `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = e.path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+fn wan_summary(frames: &[Frame]) -> String {
+    let dir = |f: &Frame| if f.outgoing { "out" } else { "in" };
+    let mut ports: Vec<String> = frames.iter().map(|f| format!("{} {:?}/{:?}", dir(f), f.proto, f.ports)).collect();
+    ports.sort();
+    ports.dedup();
+    ports.join(" ")
+}
+
+/// A's gateway's `hm-wg0`, by index (a device made again has another).
+fn wg_index(sites: &Sites) -> Option<u64> {
+    sites.ga.ns.ip_json(&["link", "show"]).iter().find(|l| l["ifname"] == "hm-wg0").and_then(|l| l["ifindex"].as_u64())
+}
+
+#[test]
+fn encrypted_sites_talk_only_through_wireguard_and_without_it_nothing_reaches_the_peer() {
+    let keys = [key_pair(0x11), key_pair(0x22)];
+    let sites = encrypted_sites(&keys, &keys[0].public);
+    let capture = Capture::start(&sites.ga.ns, "wan", &SECRETS);
+    if !kernel_has_wireguard() {
+        // Fail closed: the peer is refused and says why; A's member is
+        // refused at once; nothing goes to B's CIDRs, in clear or not
+        // (the gateways' probes, VXLAN between their own addresses, carry
+        // no workload's).
+        let why = "encrypted (WireGuard) but the kernel lacks WireGuard devices (CONFIG_WIREGUARD): not applied";
+        let warnings = sites.ga.status().warnings;
+        assert!(warnings.iter().any(|w| w.starts_with(&format!("peer \"site-b\" is {why}"))), "{warnings:?}");
+        let (text, _) = sites.ga.status_text();
+        assert!(text.contains("missing wireguard"), "{text}");
+        assert!(text.contains(&format!("peer     site-b   refused      10.20.0.0/16, fd20::/16: {why}")), "{text}");
+        let refused = marked_exchange(&sites, scaled(Duration::from_secs(2)));
+        assert!(refused.is_err(), "a member reached an encrypted peer with no WireGuard");
+        assert!(udp_exchange(&sites.ma.ns, MA_WORKLOAD, &format!("{MB_WORKLOAD}:{ECHO_PORT}")).is_err());
+        let frames = capture.take();
+        let to_site = frames.iter().filter(|f| f.has_marker || f.ports.is_some_and(|(_, d)| d == ECHO_PORT));
+        assert_eq!(to_site.count(), 0, "on the WAN: {}", wan_summary(&frames));
+        assert_no_key_material(&sites, &keys[0]);
+        return;
+    }
+    // Through: TCP and UDP, IPv4 and IPv6 workloads.
+    let mut conn = marked_exchange(&sites, scaled(Duration::from_secs(2)))
+        .unwrap_or_else(|e| panic!("TCP through WireGuard: {e}\n{}", sites.logs()));
+    for (src, dst) in [(MA_WORKLOAD, MB_WORKLOAD), (MA_WORKLOAD6, MB_WORKLOAD6)] {
+        let dst = if dst.contains(':') { format!("[{dst}]:{ECHO_PORT}") } else { format!("{dst}:{ECHO_PORT}") };
+        let tcp = tcp_exchange(&sites.ma.ns, src, &dst, 4, 3000).unwrap_or_else(|e| panic!("TCP {src} -> {dst}: {e}"));
+        assert_eq!(tcp.echoed, 12000);
+        assert!(!udp_exchange(&sites.ma.ns, src, &dst)
+            .unwrap_or_else(|e| panic!("UDP {src} -> {dst}: {e}"))
+            .is_empty());
+    }
+    // The WAN carried WireGuard to and from its port and nothing else of
+    // the sites': no VXLAN, no probe, no marker.
+    let frames = capture.take();
+    let ip: Vec<&Frame> = frames.iter().filter(|f| f.proto.is_some()).collect();
+    assert!(ip.iter().any(|f| f.ports.is_some_and(|(_, d)| d == WG_PORT)), "{}", wan_summary(&frames));
+    for f in &ip {
+        assert!(
+            f.proto == Some(17) && f.ports.is_some_and(|(s, d)| s == WG_PORT && d == WG_PORT) && !f.has_marker,
+            "not WireGuard on the WAN: {f:?}; all: {}",
+            wan_summary(&frames)
+        );
+    }
+
+    // Status, live: the peer encrypted, its handshake and bytes.
+    let (text, _) = sites.ga.status_text();
+    assert!(text.contains("peer     site-b   up"), "{text}");
+    assert!(text.contains(", encrypted (WireGuard)"), "{text}");
+    let line = text.lines().find(|l| l.starts_with(&format!("  {GB_WAN}:{WG_PORT}  key {}", keys[1].public)));
+    let line = line.unwrap_or_else(|| panic!("no line for B's gateway in:\n{text}"));
+    assert!(line.contains("last handshake") && !line.contains("received 0 B"), "{line}");
+    let (_, metrics) = hm_testkit::http_get(&sites.ga.ns, METRICS.parse().unwrap(), "/metrics").expect("metrics");
+    let sent = format!("hostmesh_wireguard_sent_bytes_total{{endpoint=\"{GB_WAN}\"}} ");
+    let sent = metrics.lines().find_map(|l| l.strip_prefix(&sent)).unwrap_or_else(|| panic!("no {sent}in:\n{metrics}"));
+    assert!(sent.trim().parse::<u64>().unwrap() > 0, "{sent}");
+    assert_no_key_material(&sites, &keys[0]);
+
+    // A restart adopts the device: same device, the connection goes on.
+    let before = wg_index(&sites);
+    assert!(before.is_some(), "no hm-wg0 on A's gateway");
+    let mut sites = sites;
+    sites.daemons[1].stop(scaled(Duration::from_secs(5)));
+    sites.daemons[1] = sites.ga.start_ready();
+    assert_eq!(wg_index(&sites), before, "the device was made again");
+    echo_once(&mut conn).unwrap_or_else(|e| panic!("after the restart: {e}\n{}", sites.logs()));
+
+    // Rotation: A's new key in place and B told its public key; the kept
+    // connection resumes within 2 s of the writes.
+    let new = key_pair(0x33);
+    install_key(&sites.ga, &new);
+    let gb_text = std::fs::read_to_string(sites.gb.opts.config_dir.join("gateway.toml")).unwrap();
+    sites.gb.write("gateway.toml", &gb_text.replace(&keys[0].public, &new.public));
+    let written = Instant::now();
+    conn.get_ref().set_read_timeout(Some(scaled(Duration::from_secs(2)))).unwrap();
+    echo_once(&mut conn).unwrap_or_else(|e| panic!("after the rotation: {e}\n{}", sites.logs()));
+    let took = written.elapsed();
+    assert!(took <= scaled(Duration::from_secs(2)), "resumed {took:?} after the rotation");
+    assert!(capture.take().iter().all(|f| !f.has_marker), "the marker crossed in clear");
+}
+
+#[test]
+fn a_peer_told_the_wrong_public_key_gets_nothing_through() {
+    let keys = [key_pair(0x44), key_pair(0x55)];
+    let wrong = key_pair(0x66);
+    let sites = encrypted_sites(&keys, &wrong.public);
+    let capture = Capture::start(&sites.ga.ns, "wan", &SECRETS);
+    // Half a second (scaled): the encrypted sites' test connects well
+    // within it with the right keys.
+    let crossed = marked_exchange(&sites, scaled(Duration::from_millis(500)));
+    assert!(crossed.is_err(), "a connection crossed with a wrong key");
+    let frames = capture.take();
+    assert!(frames.iter().all(|f| !f.has_marker), "{}", wan_summary(&frames));
+    if kernel_has_wireguard() {
+        // Only WireGuard crossed, and no handshake ever completed.
+        let clear = frames.iter().filter(|f| f.proto.is_some() && f.ports != Some((WG_PORT, WG_PORT)));
+        assert_eq!(clear.count(), 0, "{}", wan_summary(&frames));
+        let (text, _) = sites.ga.status_text();
+        let line = text.lines().find(|l| l.starts_with(&format!("  {GB_WAN}:{WG_PORT}  key ")));
+        assert!(line.is_some_and(|l| l.contains("no handshake yet")), "{text}");
+
+        // A key file others may read is refused at the sync its change
+        // wakes (the file is watched), naming the file and the fix.
+        use std::os::unix::fs::PermissionsExt;
+        let key = sites.ga.opts.state_dir.parent().unwrap().join("keys/wg.key");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let fix = format!(
+            "private key {}: readable by group and others (mode 0644); fix: chmod 0600 {}",
+            key.display(),
+            key.display()
+        );
+        let said = || sites.ga.status().warnings.iter().any(|w| w.contains(&fix));
+        wait_soon("the key refused", said).unwrap_or_else(|e| panic!("{e}: {:?}", sites.ga.status().warnings));
+        let (text, _) = sites.ga.status_text();
+        assert!(text.contains("peer     site-b   refused"), "{text}");
+        assert_eq!(wg_index(&sites), None, "the device of a refused peer stays: {text}");
+    }
+}
