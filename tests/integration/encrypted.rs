@@ -29,12 +29,12 @@ const SECRETS: [&[u8]; 3] = [MARKER, &[10, 10, 1, 1], &[10, 20, 1, 1]];
 
 /// A WireGuard key pair: the private key as `wg genkey` writes it, and
 /// the public key as `wg pubkey` would print it.
-struct KeyPair {
-    private: String,
-    public: String,
+pub struct KeyPair {
+    pub private: String,
+    pub public: String,
 }
 
-fn key_pair(seed: u8) -> KeyPair {
+pub fn key_pair(seed: u8) -> KeyPair {
     let secret = [seed; 32];
     let public = x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from(secret));
     let b64 = base64::engine::general_purpose::STANDARD;
@@ -43,7 +43,7 @@ fn key_pair(seed: u8) -> KeyPair {
 
 /// Writes `key` as a host's private key, 0600 in a 0700 dir, as an
 /// operator would (written aside, then renamed into place).
-fn install_key(host: &Host, key: &KeyPair) -> String {
+pub fn install_key(host: &Host, key: &KeyPair) -> String {
     use std::os::unix::fs::PermissionsExt;
     let dir = host.opts.state_dir.parent().expect("the host's dir").join("keys");
     std::fs::create_dir_all(&dir).unwrap();

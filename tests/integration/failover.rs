@@ -15,8 +15,10 @@ use hm_testkit::gateway_pairs::{self as pairs, GA, GB, MA_WORKLOAD, MB_WORKLOAD}
 use hm_testkit::{scaled, wait_soon, Daemon, Netns, Servers};
 use nix::sys::signal::Signal;
 
+use crate::encrypted::{install_key, key_pair, KeyPair};
 use crate::fixtures::*;
 use crate::sites::{connect_from, tcp_exchange};
+use hm_testkit::capture::Capture;
 
 const ECHO_PORT: u16 = 8080;
 const PROBES: &str = "probe_interval = \"200ms\"\nprobe_loss = 3\nprobe_rise = 2";
@@ -37,6 +39,12 @@ const MB: usize = 5;
 
 impl Pairs {
     fn start(probes: &str) -> Pairs {
+        Self::start_edited(probes, |_, _, text| text)
+    }
+
+    /// As `start`, each host's config as `edit(INDEX, HOST, TEXT)` makes
+    /// it of the test kit's.
+    fn start_edited(probes: &str, edit: impl Fn(usize, &Host, String) -> String) -> Pairs {
         let switch = Netns::new();
         let hosts: Vec<Host> = (0..6).map(|_| Host::new()).collect();
         pairs::wire(&pairs::Hosts {
@@ -46,8 +54,8 @@ impl Pairs {
             gb: [&hosts[3].ns, &hosts[4].ns],
             mb: &hosts[MB].ns,
         });
-        for (h, c) in hosts.iter().zip(pairs::configs(probes)) {
-            h.write("gateway.toml", &c);
+        for (i, (h, c)) in hosts.iter().zip(pairs::configs(probes)).enumerate() {
+            h.write("gateway.toml", &edit(i, h, c));
         }
         let at = |ip: &str| SocketAddr::new(ip.parse().unwrap(), ECHO_PORT);
         let echo =
@@ -223,4 +231,58 @@ fn killing_and_restarting_the_daemon_of_the_gateway_in_use_moves_nothing_and_fai
     assert!(new_log.contains("probing gateways"), "{new_log}");
     assert_eq!(p.in_use(MA).as_deref(), Some(GA[0].0));
     assert_eq!(p.in_use(GB1).as_deref(), Some(GA[0].1));
+}
+
+/// Every gateway encrypted, each with its own key pair (`keys[i]` for the
+/// host at index i), its peer's two gateways each known by theirs.
+fn encrypted(i: usize, host: &Host, text: String, keys: &[KeyPair]) -> String {
+    if i == MA || i == MB {
+        return text;
+    }
+    let (remote, peer_keys) = if i < GB1 { (GB, &keys[3..5]) } else { (GA, &keys[1..3]) };
+    let endpoints = format!("endpoints = [\"{}\", \"{}\"]", remote[0].1, remote[1].1);
+    let keyed = format!(
+        "endpoints = [{{ address = \"{}\", public_key = \"{}\" }}, {{ address = \"{}\", public_key = \"{}\" }}]\n\
+         encryption = \"wireguard\"",
+        remote[0].1, peer_keys[0].public, remote[1].1, peer_keys[1].public
+    );
+    let key_file = install_key(host, &keys[i]);
+    text.replacen("[gateway]\n", &format!("[gateway]\nprivate_key_file = \"{key_file}\"\n"), 1)
+        .replacen(&endpoints, &keyed, 1)
+}
+
+#[test]
+fn encrypted_gateways_fail_over_inside_wireguard_without_a_reset() {
+    let keys: Vec<KeyPair> = (0..6u8).map(|i| key_pair(0x70 + i)).collect();
+    let p = Pairs::start_edited(PROBES, |i, host, text| encrypted(i, host, text, &keys));
+    if !kernel_has_wireguard() {
+        // Refused on every gateway: nothing crosses (encrypted.rs shows
+        // the rest of the refusal on two sites).
+        for g in [GA1, GA1 + 1, GB1, GB1 + 1] {
+            let status = p.hosts[g].status();
+            assert!(status.objects.iter().any(|o| o.kind.to_string() == "peer" && o.state.to_string() == "refused"));
+        }
+        assert!(!p.exchange_works(), "a member reached an encrypted peer without WireGuard");
+        return;
+    }
+    // A's gateways' WAN links: the workloads' addresses must never show.
+    let workloads: [&[u8]; 2] = [&[10, 10, 1, 1], &[10, 20, 1, 1]];
+    let captures = [GA1, GA1 + 1].map(|g| Capture::start(&p.hosts[g].ns, "wan", &workloads));
+    let mut conn = Conn::open(&p);
+    conn.echo(1).unwrap_or_else(|e| panic!("{e}\n{}", p.logs()));
+    p.wait_in_use(MA, GA[0].0);
+    p.wait_in_use(GB1, GA[0].1);
+    pairs::cut(&p.hosts[GA1].ns, &["lan", "wan"]);
+    p.wait_in_use(MA, GA[1].0);
+    p.wait_in_use(GB1, GA[1].1);
+    wait_soon("new connections work again", || p.exchange_works()).unwrap_or_else(|e| panic!("{e}\n{}", p.logs()));
+    conn.echo(2).unwrap_or_else(|e| panic!("the connection opened before: {e}\n{}", p.logs()));
+    // Between the sites only WireGuard, through either gateway.
+    for (capture, g) in captures.iter().zip([GA1, GA1 + 1]) {
+        let frames = capture.take();
+        assert!(frames.iter().any(|f| f.ports == Some((51820, 51820))), "no WireGuard on {}'s WAN", NAMES[g]);
+        for f in frames.iter().filter(|f| f.proto.is_some()) {
+            assert!(f.ports == Some((51820, 51820)) && !f.has_marker, "not WireGuard on {}'s WAN: {f:?}", NAMES[g]);
+        }
+    }
 }
