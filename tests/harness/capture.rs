@@ -23,6 +23,15 @@ pub struct Frame {
     pub outgoing: bool,
 }
 
+impl Frame {
+    /// The link's own IPv6 housekeeping (ICMPv6: neighbour discovery,
+    /// router solicitations, MLD), which any IPv6 link carries, that
+    /// holds none of the markers: no traffic of anyone's.
+    pub fn is_link_housekeeping(&self) -> bool {
+        self.proto == Some(58) && !self.has_marker
+    }
+}
+
 pub struct Capture {
     fd: OwnedFd,
     markers: Vec<Vec<u8>>,
