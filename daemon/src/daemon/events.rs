@@ -91,24 +91,30 @@ pub(super) fn spawn_signal_thread(tx: EventSender, stopping: Arc<AtomicBool>) ->
     Ok(())
 }
 
+/// Whether a file event says a file is there to read as it will stay: its
+/// writer closed it (IN_CLOSE_WRITE), or it was renamed into place,
+/// created (a link), removed or had its mode changed; never at each
+/// write, so a sync never sees a file half-written. (The config dirs'
+/// watch, and the private key's, `key_watch`.)
+pub(super) fn file_settled(kind: &notify::EventKind) -> bool {
+    use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};
+    matches!(
+        kind,
+        EventKind::Access(AccessKind::Close(AccessMode::Write))
+            | EventKind::Create(_)
+            | EventKind::Remove(_)
+            | EventKind::Modify(ModifyKind::Name(_) | ModifyKind::Metadata(_))
+    )
+}
+
 /// Watches the config dirs that exist (not recursively: drop-ins live at
 /// their tops); a runtime or vendor dir made later is read at the next
 /// resync or SIGHUP. The returned watcher must be kept alive.
 pub(super) fn watch_config_dirs(dirs: &ConfigDirs, tx: EventSender) -> notify::Result<notify::RecommendedWatcher> {
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};
         let event = match res {
-            // A file counts once its writer closed it (IN_CLOSE_WRITE) or
-            // it was renamed into place, created (a link), removed or had
-            // its mode changed, never at each write: a sync never sees a
-            // file half-written.
-            Ok(e) => match e.kind {
-                EventKind::Access(AccessKind::Close(AccessMode::Write))
-                | EventKind::Create(_)
-                | EventKind::Remove(_)
-                | EventKind::Modify(ModifyKind::Name(_) | ModifyKind::Metadata(_)) => Event::ConfigChanged,
-                _ => return,
-            },
+            Ok(e) if file_settled(&e.kind) => Event::ConfigChanged,
+            Ok(_) => return,
             Err(e) => Event::WatchError(e.to_string()),
         };
         let _ = tx.send(event);

@@ -48,16 +48,8 @@ fn watch(file: &std::path::Path, tx: EventSender) -> notify::Result<notify::Reco
     let dir = file.parent().unwrap_or(std::path::Path::new("/")).to_path_buf();
     let name = file.to_path_buf();
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};
         let Ok(e) = res else { return };
-        let counts = matches!(
-            e.kind,
-            EventKind::Access(AccessKind::Close(AccessMode::Write))
-                | EventKind::Create(_)
-                | EventKind::Remove(_)
-                | EventKind::Modify(ModifyKind::Name(_) | ModifyKind::Metadata(_))
-        );
-        if counts && e.paths.contains(&name) {
+        if super::events::file_settled(&e.kind) && e.paths.contains(&name) {
             let _ = tx.send(Event::ConfigChanged);
         }
     })?;
