@@ -154,3 +154,14 @@ fn member(local: &str, gateway_ip: &str, remote: &Site) -> String {
         remote.name, remote.cidrs
     )
 }
+
+/// A gateway's config (from [`configs`]) made encrypted: its private key
+/// file, and its peer's WireGuard public key (README.md, "Encrypted
+/// peers"); WireGuard's port is the default, 51820.
+pub fn encrypt(gateway: &str, key_file: &str, peer_public: &str) -> String {
+    gateway.replacen("[gateway]\n", &format!("[gateway]\nprivate_key_file = \"{key_file}\"\n"), 1).replacen(
+        "[[peer]]\n",
+        &format!("[[peer]]\nencryption = \"wireguard\"\npublic_key = \"{peer_public}\"\n"),
+        1,
+    )
+}

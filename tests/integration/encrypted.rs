@@ -1,10 +1,12 @@
 //! Encrypted sites (README.md, "Encrypted peers"): the two gateways of
 //! sites.rs joined through WireGuard. On a kernel with WireGuard (Debian's
 //! in the kernel matrix's VMs) members talk over TCP and UDP, IPv4 and
-//! IPv6, and the WAN carries nothing but WireGuard; a wrong key gets
-//! nothing through; a key rotation and a restart keep a connection. On a
-//! kernel without it (this development machine's) the peer is refused,
-//! status says why, and nothing at all goes to its CIDRs.
+//! IPv6 workloads, over an IPv6 underlay (failover.rs carries them
+//! encrypted over IPv4), and the WAN carries nothing but WireGuard; a
+//! wrong key gets nothing through; a restart, a peer removed by hand and a
+//! key rotation keep a connection. On a kernel without it (this
+//! development machine's) the peer is refused, status says why, and
+//! nothing at all goes to its CIDRs.
 
 use std::io::{BufRead, BufReader, Write};
 use std::time::{Duration, Instant};
@@ -17,8 +19,10 @@ use crate::fixtures::*;
 use crate::sites::*;
 
 const WG_PORT: u16 = 51820;
-/// B's gateway's WAN address: A's WireGuard peer.
-const GB_WAN: &str = UNDERLAY_V4.gb_wan;
+/// B's gateway's WireGuard endpoint over `u`, as status shows it.
+fn gb_endpoint(u: &Underlay) -> String {
+    std::net::SocketAddr::new(u.gb_wan.parse().unwrap(), WG_PORT).to_string()
+}
 /// A's gateway's metrics, in its own namespace.
 const METRICS: &str = "127.0.0.1:9853";
 /// Bytes a member sends that must never show on the WAN.
@@ -62,22 +66,14 @@ pub fn install_key(host: &Host, key: &KeyPair) -> String {
     path.display().to_string()
 }
 
-/// A gateway's config made encrypted: its key file, and the peer's
-/// public key.
-fn encrypt(text: &str, key_file: &str, peer_public: &str) -> String {
-    text.replacen("[gateway]\n", &format!("[gateway]\nprivate_key_file = \"{key_file}\"\n"), 1).replacen(
-        "[[peer]]\n",
-        &format!("[[peer]]\nencryption = \"wireguard\"\npublic_key = \"{peer_public}\"\n"),
-        1,
-    )
-}
-
-/// Both sites, their gateways encrypted with key pairs `keys[0]` (A) and
-/// `keys[1]` (B); B is told `b_knows_a` as A's public key.
-fn encrypted_sites(keys: &[KeyPair; 2], b_knows_a: &str) -> Sites {
-    Sites::start_edited(&UNDERLAY_V4, &format!("metrics_listen = \"{METRICS}\""), |name, host, text| match name {
-        "ga" => encrypt(&text, &install_key(host, &keys[0]), &keys[1].public),
-        "gb" => encrypt(&text, &install_key(host, &keys[1]), b_knows_a),
+/// Both sites over `u`, their gateways encrypted with key pairs `keys[0]`
+/// (A) and `keys[1]` (B); B is told `b_knows_a` as A's public key.
+fn encrypted_sites(u: &Underlay, keys: &[KeyPair; 2], b_knows_a: &str) -> Sites {
+    // A resync every 2 s: drift is repaired soon.
+    let daemon = format!("metrics_listen = \"{METRICS}\"\nresync_interval = \"2s\"");
+    Sites::start_edited(u, &daemon, |name, host, text| match name {
+        "ga" => hm_testkit::sites::encrypt(&text, &install_key(host, &keys[0]), &keys[1].public),
+        "gb" => hm_testkit::sites::encrypt(&text, &install_key(host, &keys[1]), b_knows_a),
         _ => text,
     })
 }
@@ -161,8 +157,9 @@ fn wg_index(sites: &Sites) -> Option<u64> {
 
 #[test]
 fn encrypted_sites_talk_only_through_wireguard_and_without_it_nothing_reaches_the_peer() {
+    let u = &UNDERLAY_V6;
     let keys = [key_pair(0x11), key_pair(0x22)];
-    let sites = encrypted_sites(&keys, &keys[0].public);
+    let sites = encrypted_sites(u, &keys, &keys[0].public);
     let capture = Capture::start(&sites.ga.ns, "wan", &SECRETS);
     if !kernel_has_wireguard() {
         // Fail closed: the peer is refused and says why; A's member is
@@ -212,11 +209,11 @@ fn encrypted_sites_talk_only_through_wireguard_and_without_it_nothing_reaches_th
     let (text, _) = sites.ga.status_text();
     assert!(text.contains("peer     site-b   up"), "{text}");
     assert!(text.contains(", encrypted (WireGuard)"), "{text}");
-    let line = text.lines().find(|l| l.starts_with(&format!("  {GB_WAN}:{WG_PORT}  key {}", keys[1].public)));
+    let line = text.lines().find(|l| l.starts_with(&format!("  {}  key {}", gb_endpoint(u), keys[1].public)));
     let line = line.unwrap_or_else(|| panic!("no line for B's gateway in:\n{text}"));
     assert!(line.contains("last handshake") && !line.contains("received 0 B"), "{line}");
     let (_, metrics) = hm_testkit::http_get(&sites.ga.ns, METRICS.parse().unwrap(), "/metrics").expect("metrics");
-    let sent = format!("hostmesh_wireguard_sent_bytes_total{{endpoint=\"{GB_WAN}\"}} ");
+    let sent = format!("hostmesh_wireguard_sent_bytes_total{{endpoint=\"{}\"}} ", u.gb_wan);
     let sent = metrics.lines().find_map(|l| l.strip_prefix(&sent)).unwrap_or_else(|| panic!("no {sent}in:\n{metrics}"));
     assert!(sent.trim().parse::<u64>().unwrap() > 0, "{sent}");
     assert_no_key_material(&sites, &keys[0]);
@@ -229,6 +226,14 @@ fn encrypted_sites_talk_only_through_wireguard_and_without_it_nothing_reaches_th
     sites.daemons[1] = sites.ga.start_ready();
     assert_eq!(wg_index(&sites), before, "the device was made again");
     echo_once(&mut conn).unwrap_or_else(|e| panic!("after the restart: {e}\n{}", sites.logs()));
+
+    // Drift: B's peer removed by hand (`wg`, Debian's wireguard-tools)
+    // is put back by the next resync, and the connection goes on.
+    let peers = || sites.ga.ns.exec("wg", &["show", "hm-wg0", "peers"]);
+    sites.ga.ns.exec("wg", &["set", "hm-wg0", "peer", &keys[1].public, "remove"]);
+    wait_soon("B's peer back on hm-wg0", || peers().contains(&keys[1].public))
+        .unwrap_or_else(|e| panic!("{e}: {}\n{}", peers(), sites.logs()));
+    echo_once(&mut conn).unwrap_or_else(|e| panic!("after the peer came back: {e}\n{}", sites.logs()));
 
     // Rotation: A's new key in place and B told its public key; the kept
     // connection resumes within 2 s of the writes.
@@ -248,7 +253,7 @@ fn encrypted_sites_talk_only_through_wireguard_and_without_it_nothing_reaches_th
 fn a_peer_told_the_wrong_public_key_gets_nothing_through() {
     let keys = [key_pair(0x44), key_pair(0x55)];
     let wrong = key_pair(0x66);
-    let sites = encrypted_sites(&keys, &wrong.public);
+    let sites = encrypted_sites(&UNDERLAY_V4, &keys, &wrong.public);
     let capture = Capture::start(&sites.ga.ns, "wan", &SECRETS);
     // Half a second (scaled): the encrypted sites' test connects well
     // within it with the right keys.
@@ -263,7 +268,7 @@ fn a_peer_told_the_wrong_public_key_gets_nothing_through() {
             .filter(|f| f.proto.is_some() && !f.is_link_housekeeping() && f.ports != Some((WG_PORT, WG_PORT)));
         assert_eq!(clear.count(), 0, "{}", wan_summary(&frames));
         let (text, _) = sites.ga.status_text();
-        let line = text.lines().find(|l| l.starts_with(&format!("  {GB_WAN}:{WG_PORT}  key ")));
+        let line = text.lines().find(|l| l.starts_with(&format!("  {}  key ", gb_endpoint(&UNDERLAY_V4))));
         assert!(line.is_some_and(|l| l.contains("no handshake yet")), "{text}");
 
         // A key file others may read is refused at the sync its change
