@@ -19,6 +19,16 @@ pub fn write_section(path: &Path, name: &str, body: &str) -> std::io::Result<()>
     std::fs::write(path, new)
 }
 
+/// The body of section `name` of the results file at `path`, as
+/// [`write_section`] wrote it.
+pub fn read_section(path: &Path, name: &str) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let begin = format!("<!-- bench:{name} -->\n");
+    let start = text.find(&begin)? + begin.len();
+    let end = start + text[start..].find(&format!("<!-- /bench:{name} -->"))?;
+    Some(text[start..end].to_string())
+}
+
 /// The median of a run's samples (the upper one of an even count).
 pub fn median(mut samples: Vec<f64>) -> f64 {
     assert!(!samples.is_empty(), "no samples");
