@@ -89,11 +89,10 @@ impl Sites {
         let status = std::fs::read_to_string(self.opts[member].state_dir.join("status.json"))
             .ok()
             .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
-        let detail = status.as_ref().and_then(|s| {
-            s["objects"].as_array()?.iter().find(|o| o["kind"] == "gateway")?["detail"].as_str().map(String::from)
+        let in_use = status.as_ref().and_then(|s| {
+            s["objects"].as_array()?.iter().find(|o| o["kind"] == "gateway")?["in_use"].as_str().map(String::from)
         });
-        let addr = detail.as_deref().and_then(|d| d[..d.find(" in use")?].rsplit([' ', ',']).next());
-        match addr.and_then(|a| site.iter().position(|g| *g == a)) {
+        match in_use.and_then(|a| site.iter().position(|g| *g == a)) {
             Some(k) => first + k,
             None => first,
         }

@@ -81,9 +81,7 @@ impl Pairs {
         let status = self.hosts[host].status();
         let kind = if host == MA || host == MB { "gateway" } else { "peer" };
         let o = status.objects.iter().find(|o| o.kind.to_string() == kind)?;
-        let at = o.detail.find(" in use")?;
-        let before = &o.detail[..at];
-        Some(before.rsplit([' ', ',']).next()?.to_string())
+        Some(o.in_use?.to_string())
     }
 
     fn wait_in_use(&self, host: usize, want: &str) {

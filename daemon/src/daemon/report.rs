@@ -128,6 +128,7 @@ pub(super) fn object(
         detail,
         errors,
         since: None,
+        in_use: None,
     }
 }
 
@@ -263,6 +264,7 @@ fn gateway_objects(
     }
     if let Some(c) = lists.get(&Via::Site) {
         tun.since = Some(c.active_since);
+        tun.in_use = c.active;
         if c.active.is_none() && tun.state == ObjectState::Applied {
             tun.state = ObjectState::Down;
         }
@@ -304,6 +306,7 @@ fn peer_object(p: &Peer, g: &Gateway, d: &Desired, health: Option<&Choice>, inde
     }
     if let Some(c) = health {
         o.since = Some(c.active_since);
+        o.in_use = c.active;
         if o.state == ObjectState::Applied {
             o.state = if c.active.is_some() { ObjectState::Up } else { ObjectState::Down };
         }

@@ -249,6 +249,7 @@ mod tests {
                     detail: String::new(),
                     errors: vec![],
                     since: None,
+                    in_use: None,
                 })
                 .collect(),
             warnings: vec![],

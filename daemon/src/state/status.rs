@@ -239,6 +239,11 @@ pub struct ObjectStatus {
     /// on their own (a peer going down or up).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since: Option<u64>,
+    /// The gateway that carries the object's traffic now, as its probes
+    /// judge (a member's tunnel: its site's gateway; a peer on a gateway:
+    /// the peer's), for tools that would otherwise read `detail`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_use: Option<std::net::IpAddr>,
 }
 
 impl Status {
@@ -419,6 +424,7 @@ mod tests {
             detail: "10.96.0.10:80/tcp -> 192.168.1.1:80 (\"connect-time\")\n".into(),
             errors: errors.iter().map(|e| e.to_string()).collect(),
             since,
+            in_use: None,
         }
     }
 
