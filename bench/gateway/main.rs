@@ -209,7 +209,7 @@ fn report(c: &Comparison, o: &Options, base: &Row, hm: &Row, same_run: Option<St
     let mut s = String::new();
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let (b, h) = (c.baseline.label(), c.hostmesh.label());
-    let _ = writeln!(s, "## bench/{}: {}\n", c.section, c.title);
+    let _ = writeln!(s, "## bench/gateway: {}\n", c.title);
     let _ = writeln!(s, "Command (as root): `./bench/run gateway`\n");
     let _ = writeln!(
         s,
