@@ -101,6 +101,55 @@ extern "C" fn on_interrupt(_: libc::c_int) {
     INTERRUPTED.store(true, Ordering::Relaxed);
 }
 
+/// A TCP server that reads and discards, a thread per connection: the
+/// end of `interleave`'s bulk streams.
+pub struct Sink {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Sink {
+    pub fn start(ns: &Netns, at: SocketAddr) -> Sink {
+        let listener = ns.run(move || TcpListener::bind(at).expect("bind the sink"));
+        listener.set_nonblocking(true).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((mut s, _)) => {
+                        let done = Arc::clone(&done);
+                        s.set_nonblocking(false).unwrap();
+                        s.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+                        std::thread::spawn(move || {
+                            let mut buf = vec![0u8; 256 * 1024];
+                            while !done.load(Ordering::Relaxed) {
+                                match s.read(&mut buf) {
+                                    Ok(0) => return,
+                                    Ok(_) => {}
+                                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                                    Err(_) => return,
+                                }
+                            }
+                        });
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        });
+        Sink { stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// Ctrl-C ends the current measurement; the caller then unwinds, so every
 /// namespace, daemon and cgroup guard still cleans up.
 pub fn catch_interrupts() {

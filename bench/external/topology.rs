@@ -2,15 +2,11 @@
 //! host: hostmesh, iptables rules, an nftables ruleset.
 
 use std::fmt::Write as _;
-use std::io::Read;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
-use hm_bench::load::EchoServers;
+use hm_bench::load::{EchoServers, Sink};
 use hm_testkit::{Cgroup, Daemon, DaemonOptions, Netns, TempDir};
 
 use super::vip;
@@ -74,54 +70,6 @@ impl Topology {
             Sink::start(&backend, any(SINK_PORT)),
         );
         Topology { _servers: servers, client, host, _router: router, _backend: backend, _local: local }
-    }
-}
-
-/// A TCP server that reads and discards: the bulk streams' end.
-struct Sink {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Sink {
-    fn start(ns: &Netns, at: SocketAddr) -> Sink {
-        let listener = ns.run(move || TcpListener::bind(at).expect("bind the sink"));
-        listener.set_nonblocking(true).unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let done = Arc::clone(&stop);
-        let thread = std::thread::spawn(move || {
-            while !done.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((mut s, _)) => {
-                        let done = Arc::clone(&done);
-                        s.set_nonblocking(false).unwrap();
-                        s.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
-                        std::thread::spawn(move || {
-                            let mut buf = vec![0u8; 256 * 1024];
-                            while !done.load(Ordering::Relaxed) {
-                                match s.read(&mut buf) {
-                                    Ok(0) => return,
-                                    Ok(_) => {}
-                                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                                    Err(_) => return,
-                                }
-                            }
-                        });
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
-                }
-            }
-        });
-        Sink { stop, thread: Some(thread) }
-    }
-}
-
-impl Drop for Sink {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 

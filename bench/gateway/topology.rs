@@ -13,12 +13,10 @@
 
 use std::time::Duration;
 
-use hm_bench::load::EchoServers;
+use hm_bench::load::{EchoServers, Sink};
 use hm_bench::options::Options;
 use hm_testkit::sites::{self, UNDERLAY_V4, VXLAN_PORT};
 use hm_testkit::{Daemon, DaemonOptions, Netns, TempDir};
-
-use crate::sink::Sink;
 
 pub use hm_testkit::sites::{MA_WORKLOAD, MB_WORKLOAD};
 pub const ECHO_PORT: u16 = 8080;
@@ -50,7 +48,6 @@ impl Way {
 
 /// Field order is drop order: servers and daemons before their namespaces.
 pub struct Sites {
-    pub way: Way,
     _servers: (EchoServers, Sink),
     _daemons: Vec<Daemon>,
     _dirs: Vec<TempDir>,
@@ -61,7 +58,9 @@ pub struct Sites {
 }
 
 impl Sites {
-    pub fn build(way: Way, o: &Options) -> Sites {
+    /// The hosts carried `way`, with echo servers of `threads` threads
+    /// and a sink on B's member.
+    pub fn build(way: Way, o: &Options, threads: usize) -> Sites {
         let (ma, ga, gb, mb) = (Netns::new(), Netns::new(), Netns::new(), Netns::new());
         sites::wire(&UNDERLAY_V4, [&ma, &ga, &gb, &mb]);
         let hosts = [&ma, &ga, &gb, &mb];
@@ -73,10 +72,10 @@ impl Sites {
         };
         let echo_addr = format!("{MB_WORKLOAD}:{ECHO_PORT}").parse().unwrap();
         let servers = (
-            EchoServers::start(&mb, echo_addr, echo_addr),
+            EchoServers::with_threads(&mb, echo_addr, echo_addr, threads),
             Sink::start(&mb, format!("{MB_WORKLOAD}:{SINK_PORT}").parse().unwrap()),
         );
-        Sites { way, _servers: servers, _daemons: daemons, _dirs: dirs, ma, _ga: ga, _gb: gb, _mb: mb }
+        Sites { _servers: servers, _daemons: daemons, _dirs: dirs, ma, _ga: ga, _gb: gb, _mb: mb }
     }
 }
 
