@@ -44,6 +44,36 @@ pub struct Plan {
     pub rounds: usize,
 }
 
+impl Plan {
+    /// The flags every interleaved bench takes (`Options::parse` must
+    /// know them): `--clients N` (4), `--rounds N` (`rounds`) and
+    /// `--slice-ms MS` (100).
+    pub const FLAGS: [&'static str; 3] = ["clients", "rounds", "slice-ms"];
+
+    /// The plan the command line asks for.
+    pub fn from_options(o: &crate::options::Options, rounds: usize) -> Plan {
+        let flag = |name: &str, default: usize| -> usize {
+            o.extra.get(name).map(|v| v.parse().unwrap_or_else(|_| panic!("--{name} N"))).unwrap_or(default)
+        };
+        Plan {
+            clients: flag("clients", 4),
+            rounds: flag("rounds", rounds),
+            slice: Duration::from_millis(flag("slice-ms", 100) as u64),
+        }
+    }
+
+    /// "4 client threads, 30 rounds of 100 ms slices per measurement", for
+    /// a bench's first line.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} client threads, {} rounds of {} ms slices per measurement",
+            self.clients,
+            self.rounds,
+            self.slice.as_millis()
+        )
+    }
+}
+
 /// p10 and p90 of the per-round ratios to the first path.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Spread {

@@ -20,7 +20,6 @@ mod topology;
 
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::time::Duration;
 
 use hm_bench::interleave::{self, Kind, Path, Plan, Spread};
 use hm_bench::load::{catch_interrupts, interrupted};
@@ -203,28 +202,15 @@ fn netfilter_rows(t: &Topology, plan: &Plan, sizes: &[usize]) -> Vec<Row> {
 fn main() {
     hm_testkit::require_root();
     catch_interrupts();
-    let o = Options::parse(5, &["clients", "rounds", "slice-ms", "sizes", "alone", "perf-dir"]);
-    let flag = |name: &str, default: usize| -> usize {
-        o.extra.get(name).map(|v| v.parse().unwrap_or_else(|_| panic!("--{name} N"))).unwrap_or(default)
-    };
-    let plan = Plan {
-        clients: flag("clients", 4),
-        rounds: flag("rounds", 30),
-        slice: Duration::from_millis(flag("slice-ms", 100) as u64),
-    };
+    let o = Options::parse(5, &[&Plan::FLAGS[..], &["sizes", "alone", "perf-dir"]].concat());
+    let plan = Plan::from_options(&o, 30);
     // --sizes 1,1000: a quick look (no results file).
     let sizes: Vec<usize> = o
         .extra
         .get("sizes")
         .map(|v| v.split(',').map(|n| n.parse().expect("--sizes N,N")).collect())
         .unwrap_or(ALL_SIZES.to_vec());
-    eprintln!(
-        "hostmesh ({}), {} client threads, {} rounds of {} ms slices per measurement",
-        o.hostmesh.display(),
-        plan.clients,
-        plan.rounds,
-        plan.slice.as_millis()
-    );
+    eprintln!("hostmesh ({}), {}", o.hostmesh.display(), plan.describe());
     let t = Topology::new(plan.clients);
     if let Some(paths) = o.extra.get("alone") {
         alone(&t, &o, &plan, paths);

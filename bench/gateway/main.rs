@@ -19,7 +19,6 @@ mod topology;
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
-use std::time::Duration;
 
 use hm_bench::interleave::{self, Kind, Measured, Path as Route, Plan};
 use hm_bench::load::catch_interrupts;
@@ -146,24 +145,11 @@ fn compare_in_vm(kernel: &str, o: &Options, plan: &Plan) -> String {
 fn main() {
     hm_testkit::require_root();
     catch_interrupts();
-    let o = Options::parse(1, &["ways", "vm-kernel", "clients", "rounds", "slice-ms"]);
-    let flag = |name: &str, default: usize| -> usize {
-        o.extra.get(name).map(|v| v.parse().unwrap_or_else(|_| panic!("--{name} N"))).unwrap_or(default)
-    };
-    let plan = Plan {
-        clients: flag("clients", 4),
-        rounds: flag("rounds", 30),
-        slice: Duration::from_millis(flag("slice-ms", 100) as u64),
-    };
+    let o = Options::parse(1, &[&["ways", "vm-kernel"][..], &Plan::FLAGS].concat());
+    let plan = Plan::from_options(&o, 30);
     let ways = o.extra.get("ways").map_or("all", String::as_str);
     assert!(["all", "vxlan", "wireguard"].contains(&ways), "--ways all|vxlan|wireguard, not {ways}");
-    eprintln!(
-        "hostmesh ({}), {} client threads, {} rounds of {} ms slices per measurement",
-        o.hostmesh.display(),
-        plan.clients,
-        plan.rounds,
-        plan.slice.as_millis()
-    );
+    eprintln!("hostmesh ({}), {}", o.hostmesh.display(), plan.describe());
     let mut sections = Vec::new();
     if ways != "wireguard" {
         sections.push((VXLAN.section, compare(&VXLAN, &o, &plan)));

@@ -11,7 +11,6 @@ mod systems;
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr, SocketAddrV4};
-use std::time::Duration;
 
 use hm_testkit::Netns;
 
@@ -198,15 +197,8 @@ fn main() {
     if let Some(flag) = std::env::args().find(|a| a == "--seconds" || a == "--reps") {
         panic!("bench-services takes --rounds N and --slice-ms MS, not {flag}");
     }
-    let o = Options::parse(5, &["only-hostmesh", "clients", "rounds", "slice-ms", "alone", "perf-dir"]);
-    let flag = |name: &str, default: usize| -> usize {
-        o.extra.get(name).map(|v| v.parse().unwrap_or_else(|_| panic!("--{name} N"))).unwrap_or(default)
-    };
-    let plan = Plan {
-        clients: flag("clients", 4),
-        rounds: flag("rounds", 40),
-        slice: Duration::from_millis(flag("slice-ms", 100) as u64),
-    };
+    let o = Options::parse(5, &[&Plan::FLAGS[..], &["only-hostmesh", "alone", "perf-dir"]].concat());
+    let plan = Plan::from_options(&o, 40);
     let server_threads = plan.clients;
     let cg = InCgroup::enter();
     if let Some(paths) = o.extra.get("alone") {
@@ -217,13 +209,7 @@ fn main() {
     let mut syncs = Vec::new();
     let mut profiles = Vec::new();
 
-    eprintln!(
-        "hostmesh ({}), {} client threads, {} rounds of {} ms slices per measurement",
-        o.hostmesh.display(),
-        plan.clients,
-        plan.rounds,
-        plan.slice.as_millis()
-    );
+    eprintln!("hostmesh ({}), {}", o.hostmesh.display(), plan.describe());
     // --only-hostmesh 1,1000: a quick look at hostmesh alone, no results file.
     let only_hostmesh: Option<Vec<usize>> =
         o.extra.get("only-hostmesh").map(|v| v.split(',').map(|n| n.parse().expect("--only-hostmesh N,N")).collect());
