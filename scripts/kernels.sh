@@ -75,6 +75,10 @@ kernel_image() {
 }
 
 
+# How every VM boots: 2 CPUs under emulation (KVM here runs only kernels
+# built for it), 4 GiB, the host's filesystem over 9p, root.
+vng_args=(--verbose --user root --memory 4G --cpus 2 --force-9p --disable-kvm)
+
 # The first lines of the script a VM runs: a bpffs where systemd would
 # mount one, and Debian's WireGuard module (the encrypted-peer tests and
 # bench/gateway's encrypted row expect it on every kernel booted here).

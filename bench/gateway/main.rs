@@ -24,7 +24,7 @@ use hm_bench::interleave::{self, Kind, Measured, Path as Route, Plan};
 use hm_bench::load::catch_interrupts;
 use hm_bench::options::Options;
 use hm_bench::results::{read_section, write_section};
-use hm_testkit::{Netns, TempDir};
+use hm_testkit::TempDir;
 
 use topology::{Sites, Way, ECHO_PORT, MA_WORKLOAD, MB_WORKLOAD, SINK_PORT};
 
@@ -103,13 +103,6 @@ fn compare(c: &Comparison, o: &Options, plan: &Plan) -> String {
     report(c, plan, &measured)
 }
 
-/// Whether this kernel makes WireGuard links (a link made, in a namespace
-/// of its own, and dropped with it).
-fn kernel_has_wireguard() -> bool {
-    let ns = Netns::new();
-    ns.exec_output("ip", &["link", "add", "wg-probe", "type", "wireguard"]).status.success()
-}
-
 /// The encrypted comparison run by this program in a VM booted with
 /// `kernel` (scripts/vm-run); its section.
 fn compare_in_vm(kernel: &str, o: &Options, plan: &Plan) -> String {
@@ -156,7 +149,7 @@ fn main() {
     }
     if ways != "vxlan" {
         let vm_kernel = o.extra.get("vm-kernel").map_or("6.1", String::as_str);
-        if kernel_has_wireguard() {
+        if hm_testkit::kernel_makes_wireguard_links() {
             sections.push((WIREGUARD.section, compare(&WIREGUARD, &o, &plan)));
         } else if ways == "wireguard" || vm_kernel != "none" {
             assert!(ways == "all", "--ways wireguard: this kernel has no WireGuard");

@@ -44,6 +44,14 @@ pub fn unique(prefix: &str) -> String {
 
 /// Panics with a clear message unless running as root: kernel tests need
 /// it and must fail, not skip, without it.
+/// Whether the running kernel makes WireGuard links: one made and dropped
+/// with a namespace of its own (this machine's kernel has no WireGuard;
+/// Debian's have it as a module).
+pub fn kernel_makes_wireguard_links() -> bool {
+    let ns = Netns::new();
+    ns.exec_output("ip", &["link", "add", "wg-probe", "type", "wireguard"]).status.success()
+}
+
 pub fn require_root() {
     assert!(nix::unistd::geteuid().is_root(), "hostmesh's kernel tests need root (CI runs them as root)");
 }
