@@ -288,8 +288,36 @@ int hm_tun_out(struct __sk_buff *skb)
 	return set_destination(skb, cfg, to) ? TC_ACT_SHOT : TC_ACT_OK;
 }
 
-/* TC ingress on hm-tun0: only our VNI; on a gateway, learn return paths
- * of flows members start, and hand replies from peers straight back. */
+/* TC ingress on hm-wg0: everything WireGuard decrypted (the VXLAN and
+ * probes of encrypted peers) gets HM_WG_RX_MARK, by which hm_tun_in tells
+ * it from clear VXLAN that claims the same source. */
+SEC("classifier")
+int hm_wg_in(struct __sk_buff *skb)
+{
+	HM_BUILD_MARK();
+	skb->mark = HM_WG_RX_MARK;
+	return TC_ACT_UNSPEC;
+}
+
+/* Whether a packet from the tunnel may be taken as `sender`'s: not when
+ * `sender` is an encrypted peer's gateway and the packet came in clear
+ * (without hm_wg_in's mark): forged, since that peer's VXLAN only travels
+ * inside WireGuard. The mark is taken away, so the inner packet goes on
+ * as any other. `peer` is set to whether `sender` is a peer gateway. */
+static __always_inline int sender_trusted(struct __sk_buff *skb, const struct hm_endpoint *sender, int *peer)
+{
+	__u32 *ep = bpf_map_lookup_elem(&HM_PEER_ENDPOINTS, sender);
+	int sealed = skb->mark == HM_WG_RX_MARK;
+
+	if (sealed)
+		skb->mark = 0;
+	*peer = ep != NULL;
+	return !ep || !(*ep & HM_PEER_EP_ENCRYPTED) || sealed;
+}
+
+/* TC ingress on hm-tun0: only our VNI, and from an encrypted peer only
+ * through WireGuard; on a gateway, learn return paths of flows members
+ * start, and hand replies from peers straight back. */
 SEC("classifier")
 int hm_tun_in(struct __sk_buff *skb)
 {
@@ -299,15 +327,18 @@ int hm_tun_in(struct __sk_buff *skb)
 	struct hm_gw_probe p;
 	struct flow f = {};
 	__u32 vni;
+	int peer = 0;
 
 	if (!cfg || tunnel_source(skb, sender.addr, &vni) || vni != cfg->vni)
+		return TC_ACT_SHOT;
+	if (cfg->role == HM_ROLE_GATEWAY && !sender_trusted(skb, &sender, &peer))
 		return TC_ACT_SHOT;
 	if (probe_frame(skb, &p))
 		return probe(skb, cfg, sender.addr, &p);
 	if (cfg->role != HM_ROLE_GATEWAY || parse(skb, &f) == NOT_IP)
 		return TC_ACT_OK;
 
-	if (!bpf_map_lookup_elem(&HM_PEER_ENDPOINTS, &sender)) {
+	if (!peer) {
 		/* From a member: remember where to send the replies. A known
 		 * flow is only refreshed, at most once per REFRESH_NS, so bulk
 		 * traffic does not rewrite the entry for every packet. */

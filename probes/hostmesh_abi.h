@@ -365,6 +365,20 @@ _Static_assert(sizeof(struct hm_endpoint) == 20, "hm_endpoint layout");
 
 #define HM_EP_UP (1u << 0) /* a peer answering its probes */
 
+/* HM_PEER_ENDPOINTS: a peer gateway's underlay address (hm_endpoint, flags
+ * 0) -> HM_PEER_EP_* bits. */
+#define HM_PEER_EP_KNOWN (1u << 0)
+/* An encrypted peer's (WireGuard): what claims to come from it is taken
+ * only when it came through hm-wg0 (HM_WG_RX_MARK), never in clear. */
+#define HM_PEER_EP_ENCRYPTED (1u << 1)
+/* The mark hm_wg_in gives every packet hm-wg0 receives ("hmwr"; WireGuard
+ * clears marks as it decrypts, so no packet arrives with it from
+ * anywhere else), which hm_tun_in checks on the VXLAN inside and takes
+ * away. Not WireGuard's own mark (model/encryption.rs WG_FWMARK), so the
+ * steering's rules still apply to the reverse-path check of what arrives
+ * (src_valid_mark). */
+#define HM_WG_RX_MARK 0x686d7772
+
 /* HM_GW_CT: return paths learned on a gateway. Key: the reply's 5-tuple
  * (hm_ct_key with dir 0); value: the member that sent the request. */
 struct hm_gw_ct_value {

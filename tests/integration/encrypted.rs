@@ -19,6 +19,9 @@ use crate::fixtures::*;
 use crate::sites::*;
 
 const WG_PORT: u16 = 51820;
+/// The mark of WireGuard's own packets, which the steering into hm-wg0
+/// lets pass (model/encryption.rs, WG_FWMARK).
+const WG_FWMARK: u32 = 0x686d_7767;
 /// B's gateway's WireGuard endpoint over `u`, as status shows it.
 fn gb_endpoint(u: &Underlay) -> String {
     std::net::SocketAddr::new(u.gb_wan.parse().unwrap(), WG_PORT).to_string()
@@ -247,6 +250,84 @@ fn encrypted_sites_talk_only_through_wireguard_and_without_it_nothing_reaches_th
     let took = written.elapsed();
     assert!(took <= scaled(Duration::from_secs(2)), "resumed {took:?} after the rotation");
     assert!(capture.take().iter().all(|f| !f.has_marker), "the marker crossed in clear");
+
+    // Clear VXLAN that claims to come from B's gateway is not B's: only
+    // what came through hm-wg0 is taken from an encrypted peer.
+    clear_vxlan_from_the_peer_is_dropped(&sites, u);
+}
+
+/// The port on A's member the VXLAN datagrams below are for.
+const VXLAN_TEST_PORT: u16 = 7460;
+
+/// A VXLAN datagram as a gateway of the sites sends one (test kit's VNI,
+/// the inner frame to hm-tun0's MAC from its peers'), carrying a UDP
+/// datagram from B's member to A's member's `VXLAN_TEST_PORT`.
+fn vxlan_datagram(payload: &[u8]) -> Vec<u8> {
+    let (src, dst): (std::net::Ipv4Addr, std::net::Ipv4Addr) =
+        (MB_WORKLOAD.parse().unwrap(), MA_WORKLOAD.parse().unwrap());
+    let mut d = vec![0x08, 0, 0, 0];
+    d.extend_from_slice(&(VNI << 8).to_be_bytes());
+    d.extend_from_slice(&[0x02, 0x68, 0x6d, 0, 1, 0, 0x02, 0x68, 0x6d, 0, 1, 1, 0x08, 0x00]);
+    let total = (20 + 8 + payload.len()) as u16;
+    let mut ip = vec![0x45, 0];
+    ip.extend_from_slice(&total.to_be_bytes());
+    ip.extend_from_slice(&[0, 0, 0x40, 0, 64, 17, 0, 0]);
+    ip.extend_from_slice(&src.octets());
+    ip.extend_from_slice(&dst.octets());
+    let sum = ip.chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum::<u32>();
+    let sum = (sum & 0xffff) + (sum >> 16);
+    ip[10..12].copy_from_slice(&(!((sum & 0xffff) + (sum >> 16)) as u16).to_be_bytes());
+    d.extend_from_slice(&ip);
+    d.extend_from_slice(&40000u16.to_be_bytes());
+    d.extend_from_slice(&VXLAN_TEST_PORT.to_be_bytes());
+    d.extend_from_slice(&(total - 20).to_be_bytes());
+    d.extend_from_slice(&[0, 0]);
+    d.extend_from_slice(payload);
+    d
+}
+
+/// From B's gateway, two VXLAN datagrams for A's member, from B's WAN
+/// address to A's `local_ip`: the first with WireGuard's mark, so the
+/// steering lets it leave in clear (as anyone on the WAN could forge it),
+/// the second through hm-wg0. A's member gets the second, never the first.
+fn clear_vxlan_from_the_peer_is_dropped(sites: &Sites, u: &Underlay) {
+    use nix::sys::socket::{setsockopt, sockopt, SockType};
+    const CLEAR: &[u8] = b"clear-vxlan-claiming-to-be-site-b";
+    const SEALED: &[u8] = b"vxlan-through-wireguard";
+    let rx = std::net::UdpSocket::from(
+        bound_in(
+            &sites.ma.ns,
+            SockType::Datagram,
+            std::net::SocketAddr::new(MA_WORKLOAD.parse().unwrap(), VXLAN_TEST_PORT),
+        )
+        .expect("a socket on A's member"),
+    );
+    let tx = |mark: Option<u32>| {
+        let from = std::net::SocketAddr::new(u.gb_wan.parse().unwrap(), 0);
+        let sock = std::net::UdpSocket::from(
+            bound_in(&sites.gb.ns, SockType::Datagram, from).expect("a socket on B's gateway"),
+        );
+        if let Some(mark) = mark {
+            setsockopt(&sock, sockopt::Mark, &mark).expect("SO_MARK");
+        }
+        sock
+    };
+    let to = std::net::SocketAddr::new(u.wan_local.parse().unwrap(), VXLAN_PORT);
+    tx(Some(WG_FWMARK)).send_to(&vxlan_datagram(CLEAR), to).expect("send in clear");
+    tx(None).send_to(&vxlan_datagram(SEALED), to).expect("send through hm-wg0");
+    rx.set_read_timeout(Some(scaled(Duration::from_secs(2)))).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    while !got.iter().any(|g: &Vec<u8>| g == SEALED) {
+        let n =
+            rx.recv(&mut buf).unwrap_or_else(|e| panic!("nothing through hm-wg0 ({e}); got {got:?}\n{}", sites.logs()));
+        got.push(buf[..n].to_vec());
+    }
+    rx.set_nonblocking(true).unwrap();
+    while let Ok(n) = rx.recv(&mut buf) {
+        got.push(buf[..n].to_vec());
+    }
+    assert!(!got.iter().any(|g| g == CLEAR), "A's member got clear VXLAN claiming to be B's gateway");
 }
 
 #[test]

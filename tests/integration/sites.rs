@@ -84,7 +84,7 @@ impl Sites {
 }
 
 /// A socket of `kind` bound to `src` (port 0), created in `ns`.
-fn bound_in(ns: &Netns, kind: SockType, src: SocketAddr) -> std::io::Result<OwnedFd> {
+pub fn bound_in(ns: &Netns, kind: SockType, src: SocketAddr) -> std::io::Result<OwnedFd> {
     ns.run(move || {
         let family = if src.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
         let fd = socket::socket(family, kind, SockFlag::SOCK_CLOEXEC, None)?;

@@ -39,6 +39,13 @@ pub struct Endpoint {
 
 pub const EP_UP: u32 = 1 << 0;
 
+/// `HM_PEER_ENDPOINTS` values: a peer gateway's address, and whether it is
+/// an encrypted peer's, whose VXLAN is taken only through `hm-wg0`.
+pub const PEER_EP_KNOWN: u32 = 1 << 0;
+pub const PEER_EP_ENCRYPTED: u32 = 1 << 1;
+/// The mark `hm_wg_in` gives what `hm-wg0` receives, for `hm_tun_in`.
+pub const WG_RX_MARK: u32 = 0x686d_7772;
+
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
 pub struct GwCtValue {

@@ -147,6 +147,11 @@ impl Device {
             peers: self.peers,
             up: true,
         };
+        // What the device receives is marked as having come through it
+        // (probes/gateway.c, hm_wg_in): hm_tun_in takes an encrypted
+        // peer's VXLAN only so marked (HM_PEER_EP_ENCRYPTED).
+        let attachment = Attachment { program: Program::WgIn, hook: Hook::TcIngress(WG.into()) };
+        out.attachments.insert(attachment, Owned { spec: (), owners: self.owners.clone() });
         out.links.insert(WG.to_string(), Owned { spec: LinkSpec::Wireguard(spec), owners: self.owners });
     }
 }

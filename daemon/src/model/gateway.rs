@@ -207,12 +207,15 @@ fn peer(p: &Peer, g: &Gateway, facts: &HostFacts, device: &mut encryption::Devic
         let mtus: Vec<u32> = p.endpoints.iter().map(|ep| underlay_mtu(facts, *ep, &mut out.warnings)).collect();
         device.add(p, g, key, &mtus, &owner, out);
     }
+    // An encrypted peer's VXLAN is taken only through hm-wg0 (hm_wg_in's
+    // mark): clear VXLAN that claims its address is forged.
+    let known = if key.is_some() { abi::PEER_EP_KNOWN | abi::PEER_EP_ENCRYPTED } else { abi::PEER_EP_KNOWN };
     for ep in &p.endpoints {
         let ep = Endpoint { addr: addr16(*ep), flags: 0 };
         want(
             &mut out.map_entries,
             MapEntryKey { map: BpfMap::PeerEndpoints, key: ep.to_bytes().into() },
-            1u32.to_bytes(),
+            known.to_bytes(),
             &owner,
         );
     }

@@ -166,6 +166,10 @@ pub(crate) fn programs_likely(config: &Config, features: &KernelFeatures) -> BTr
     }
     if config.gateway.is_some() {
         out.extend([Program::TunIn, Program::TunOut]);
+        let encrypted = config.peers.iter().any(|p| p.encryption != crate::config::Encryption::None);
+        if encrypted && features.has(Feature::Wireguard) {
+            out.insert(Program::WgIn);
+        }
     }
     out
 }

@@ -158,10 +158,13 @@ pub enum Program {
     TunIn,
     /// TC egress on hm-tun0: the tunnel destination.
     TunOut,
+    /// TC ingress on hm-wg0: marks what WireGuard decrypted, so hm_tun_in
+    /// takes an encrypted peer's VXLAN only from there.
+    WgIn,
 }
 
 impl Program {
-    pub const ALL: [Program; 16] = [
+    pub const ALL: [Program; 17] = [
         Program::NatIn,
         Program::NatOut,
         Program::Reply,
@@ -178,6 +181,7 @@ impl Program {
         Program::Mesh,
         Program::TunIn,
         Program::TunOut,
+        Program::WgIn,
     ];
 
     /// The connect-time programs, attached together to one cgroup
@@ -212,6 +216,7 @@ impl Program {
             Program::Mesh => "hm_mesh",
             Program::TunIn => "hm_tun_in",
             Program::TunOut => "hm_tun_out",
+            Program::WgIn => "hm_wg_in",
         }
     }
 
@@ -235,7 +240,7 @@ impl Program {
             | Program::Getpeername6
             | Program::SockRelease => ProbeObject::ServiceCtlb,
             Program::Mesh => ProbeObject::Mesh,
-            Program::TunIn | Program::TunOut => ProbeObject::Gateway,
+            Program::TunIn | Program::TunOut | Program::WgIn => ProbeObject::Gateway,
         }
     }
 }

@@ -2,7 +2,8 @@
 //! observed to what is desired, without misrouting traffic on the way.
 //!
 //! Adds go bottom-up: links, sysctls, neighbours, the WireGuard steering
-//! (its routes, then its rules), map entries, programs, and routes last,
+//! (its routes, then its rules, then hm-wg0's program), map entries,
+//! programs, and routes last,
 //! most specific first — a route only starts steering traffic once
 //! everything behind it is ready. Removals go top-down: routes first (most
 //! general first), then programs, map entries, the WireGuard steering
@@ -342,13 +343,20 @@ fn plan_additions<'a>(
     for (r, w) in want.rules.iter().filter(|(r, _)| !have.rules.contains(*r)) {
         steps.push(Step::AddRule(r.clone()), &w.owners);
     }
-    plan_map_puts(steps, have, want, give_up)?;
-    for (a, w) in &want.attachments {
-        let current = if a.device().is_some_and(on_gone_link) { None } else { have.attachments.get(a) };
-        if current != Some(&AttachStatus::Current) {
-            steps.push(Step::Attach(a.clone()), &w.owners);
+    // Programs after the entries they read, but hm-wg0's first: hm_wg_in
+    // reads none, and marks what the device receives, which is all an
+    // encrypted peer's entry lets hm_tun_in take from that peer.
+    let attach = |steps: &mut Steps<'a>, on_wg: bool| {
+        for (a, w) in want.attachments.iter().filter(|(a, _)| (a.device() == Some(encryption::WG)) == on_wg) {
+            let current = if a.device().is_some_and(on_gone_link) { None } else { have.attachments.get(a) };
+            if current != Some(&AttachStatus::Current) {
+                steps.push(Step::Attach(a.clone()), &w.owners);
+            }
         }
-    }
+    };
+    attach(steps, true);
+    plan_map_puts(steps, have, want, give_up)?;
+    attach(steps, false);
     // The mesh fallback's rules, before the local routes that bring them
     // traffic.
     let want_nft: BTreeSet<NftRule> = want.nft_rules.keys().cloned().collect();

@@ -83,6 +83,16 @@ fn an_encrypted_peer_is_steered_into_its_device_before_anything_sends_to_it() {
     assert!(steered < at("put_map_entry HM_PEER_ENDPOINTS"), "{:?}", s.log);
     assert!(steered < at("put_map_entry HM_PEERS"), "{:?}", s.log);
     assert!(steered < at("replace_route 10.20.0.0/16"), "{:?}", s.log);
+    // The peer's VXLAN is taken only through the device: its endpoint is
+    // known as encrypted, and hm_wg_in, which marks what the device
+    // receives, is attached before that entry is written.
+    let endpoint = crate::abi::Endpoint { addr: crate::abi::addr16(ep), flags: 0 };
+    let entry = MapEntryKey { map: BpfMap::PeerEndpoints, key: crate::abi::Pod::to_bytes(&endpoint).into() };
+    let known = s.maps.get(&entry).expect("B's endpoint in HM_PEER_ENDPOINTS");
+    assert_eq!(known[..], (crate::abi::PEER_EP_KNOWN | crate::abi::PEER_EP_ENCRYPTED).to_ne_bytes());
+    let wg_in = Attachment { program: Program::WgIn, hook: Hook::TcIngress(WG.into()) };
+    assert!(s.attachments.contains_key(&wg_in), "{:?}", s.attachments);
+    assert!(at(&format!("attach {}", wg_in.pin_name())) < at("put_map_entry HM_PEER_ENDPOINTS"), "{:?}", s.log);
     drop(s);
     let again = r.sync(&gateway(&key, B1, "wireguard"), true).unwrap();
     assert!(again.steps.is_empty(), "a converged device reads back as wanted: {:?}", again.steps);
