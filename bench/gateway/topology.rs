@@ -179,16 +179,9 @@ impl KeyPair {
         KeyPair { private, public }
     }
 
-    /// Writes the private key under `dir` as hostmesh trusts it (0600 in a
-    /// 0700 dir of root's); its path.
+    /// Writes the private key under `dir` as hostmesh trusts it; its path.
     fn write_in(&self, dir: &TempDir) -> String {
-        use std::os::unix::fs::PermissionsExt;
-        let keys = dir.join("keys");
-        std::fs::create_dir_all(&keys).expect("key dir");
-        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o700)).expect("chmod key dir");
-        let path = keys.join(format!("{}.key", &self.public[..8].replace(['/', '+'], "_")));
-        std::fs::write(&path, format!("{}\n", self.private)).expect("write key");
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod key");
-        path.display().to_string()
+        let name = format!("{}.key", &self.public[..8].replace(['/', '+'], "_"));
+        hm_testkit::sites::install_private_key(dir.path(), &name, &self.private)
     }
 }

@@ -15,6 +15,8 @@ pub struct Frame {
     /// IPPROTO_* of an IPv4 or IPv6 packet; `None` for anything else
     /// (ARP).
     pub proto: Option<u8>,
+    /// Source and destination addresses of an IPv4 or IPv6 packet.
+    pub addrs: Option<(std::net::IpAddr, std::net::IpAddr)>,
     /// The UDP or TCP ports.
     pub ports: Option<(u16, u16)>,
     /// One of the markers the capture looks for is somewhere in the frame.
@@ -129,11 +131,22 @@ fn summarise(f: &[u8], markers: &[Vec<u8>]) -> Frame {
         Some(0x86dd) if f.len() >= 54 => (Some(f[20]), 54),
         _ => (None, 0),
     };
+    let addrs = match (ethertype, proto) {
+        (Some(0x0800), Some(_)) => {
+            let a = |at: usize| std::net::IpAddr::from(<[u8; 4]>::try_from(&f[at..at + 4]).expect("4 bytes"));
+            Some((a(26), a(30)))
+        }
+        (Some(0x86dd), Some(_)) => {
+            let a = |at: usize| std::net::IpAddr::from(<[u8; 16]>::try_from(&f[at..at + 16]).expect("16 bytes"));
+            Some((a(22), a(38)))
+        }
+        _ => None,
+    };
     let ports = match proto {
         Some(6) | Some(17) if f.len() >= l4 + 4 => {
             Some((u16::from_be_bytes([f[l4], f[l4 + 1]]), u16::from_be_bytes([f[l4 + 2], f[l4 + 3]])))
         }
         _ => None,
     };
-    Frame { proto, ports, has_marker, outgoing: false }
+    Frame { proto, addrs, ports, has_marker, outgoing: false }
 }

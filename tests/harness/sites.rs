@@ -165,3 +165,19 @@ pub fn encrypt(gateway: &str, key_file: &str, peer_public: &str) -> String {
         1,
     )
 }
+
+/// Writes a WireGuard private key (base64, as `wg genkey` prints it) as
+/// `DIR/keys/NAME` the way hostmesh trusts a key and an operator installs
+/// one: written aside, 0600, renamed into place, in a 0700 dir. Its path.
+pub fn install_private_key(dir: &std::path::Path, name: &str, private: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let keys = dir.join("keys");
+    std::fs::create_dir_all(&keys).expect("key dir");
+    std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o700)).expect("chmod key dir");
+    let path = keys.join(name);
+    let aside = keys.join(format!("{name}.new"));
+    std::fs::write(&aside, format!("{private}\n")).expect("write key");
+    std::fs::set_permissions(&aside, std::fs::Permissions::from_mode(0o600)).expect("chmod key");
+    std::fs::rename(&aside, &path).expect("rename key into place");
+    path.display().to_string()
+}

@@ -54,19 +54,10 @@ pub fn key_pair(seed: u8) -> KeyPair {
     KeyPair { private: b64.encode(secret), public: b64.encode(public.as_bytes()) }
 }
 
-/// Writes `key` as a host's private key, 0600 in a 0700 dir, as an
-/// operator would (written aside, then renamed into place).
+/// Writes `key` as a host's private key, as an operator would.
 pub fn install_key(host: &Host, key: &KeyPair) -> String {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = host.opts.state_dir.parent().expect("the host's dir").join("keys");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
-    let path = dir.join("wg.key");
-    let aside = dir.join("wg.key.new");
-    std::fs::write(&aside, format!("{}\n", key.private)).unwrap();
-    std::fs::set_permissions(&aside, std::fs::Permissions::from_mode(0o600)).unwrap();
-    std::fs::rename(&aside, &path).unwrap();
-    path.display().to_string()
+    let dir = host.opts.state_dir.parent().expect("the host's dir");
+    hm_testkit::sites::install_private_key(dir, "wg.key", &key.private)
 }
 
 /// Both sites over `u`, their gateways encrypted with key pairs `keys[0]`
