@@ -15,6 +15,8 @@ pub struct Frame {
     /// IPPROTO_* of an IPv4 or IPv6 packet; `None` for anything else
     /// (ARP).
     pub proto: Option<u8>,
+    /// The Ethernet source: which host sent it onto the link.
+    pub src_mac: Option<[u8; 6]>,
     /// Source and destination addresses of an IPv4 or IPv6 packet.
     pub addrs: Option<(std::net::IpAddr, std::net::IpAddr)>,
     /// The UDP or TCP ports.
@@ -47,11 +49,13 @@ impl Capture {
             let all = (libc::ETH_P_ALL as u16).to_be();
             // SAFETY: plain syscalls on a socket this closure owns.
             unsafe {
-                let fd = libc::socket(
-                    libc::AF_PACKET,
-                    libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-                    i32::from(all),
-                );
+                // Protocol 0: a packet socket made with ETH_P_ALL hears
+                // every link of the namespace until bind() narrows it to
+                // one, and frames of other links (a member's VXLAN on the
+                // LAN, a probe decapsulated on hm-tun0) queued in between
+                // were read as this link's (seen in the 6.12 VM under
+                // load). Bound with the protocol, it hears `link` alone.
+                let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0);
                 if fd < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -148,5 +152,6 @@ fn summarise(f: &[u8], markers: &[Vec<u8>]) -> Frame {
         }
         _ => None,
     };
-    Frame { proto, addrs, ports, has_marker, outgoing: false }
+    let src_mac = f.get(6..12).map(|m| <[u8; 6]>::try_from(m).expect("6 bytes"));
+    Frame { proto, src_mac, addrs, ports, has_marker, outgoing: false }
 }

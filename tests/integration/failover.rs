@@ -231,6 +231,12 @@ fn killing_and_restarting_the_daemon_of_the_gateway_in_use_moves_nothing_and_fai
     assert_eq!(p.in_use(GB1).as_deref(), Some(GA[0].1));
 }
 
+/// Each gateway's name and the MAC of its WAN link, to tell who sent a frame.
+fn wan_macs(p: &Pairs) -> String {
+    let mac = |g: usize| p.hosts[g].ns.ip_json(&["link", "show", "wan"]).first().map(|l| l["address"].to_string());
+    [GA1, GA1 + 1, GB1, GB1 + 1].map(|g| format!("{} {}", NAMES[g], mac(g).unwrap_or_default())).join(", ")
+}
+
 /// Every gateway encrypted, each with its own key pair (`keys[i]` for the
 /// host at index i), its peer's two gateways each known by theirs.
 fn encrypted(i: usize, host: &Host, text: String, keys: &[KeyPair]) -> String {
@@ -280,7 +286,13 @@ fn encrypted_gateways_fail_over_inside_wireguard_without_a_reset() {
         let frames = capture.take();
         assert!(frames.iter().any(|f| f.ports == Some((51820, 51820))), "no WireGuard on {}'s WAN", NAMES[g]);
         for f in frames.iter().filter(|f| f.proto.is_some() && !f.is_link_housekeeping()) {
-            assert!(f.ports == Some((51820, 51820)) && !f.has_marker, "not WireGuard on {}'s WAN: {f:?}", NAMES[g]);
+            assert!(
+                f.ports == Some((51820, 51820)) && !f.has_marker,
+                "not WireGuard on {}'s WAN: {f:?}; the gateways' WAN MACs: {}\n{}",
+                NAMES[g],
+                wan_macs(&p),
+                p.logs()
+            );
         }
     }
 }

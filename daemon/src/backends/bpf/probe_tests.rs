@@ -663,6 +663,7 @@ fn pseudo6_of(s: std::net::Ipv6Addr, d: std::net::Ipv6Addr, next: u8, len: usize
 
 mod batch_tests;
 mod external_tests;
+mod gateway_tests;
 mod natin_tests;
 
 #[test]
