@@ -52,6 +52,16 @@ pub(crate) fn compile(config: &Config, facts: &HostFacts, out: &mut Desired) {
         vec![("net/ipv4/conf/all/rp_filter".to_string(), "0"), (format!("net/ipv4/conf/{TUN}/rp_filter"), "0")];
     if g.role == GatewayRole::Gateway {
         sysctls.push((format!("net/ipv4/conf/{TUN}/forwarding"), "1"));
+        // A gateway forwards from hm-tun0 back into hm-tun0. Where a device
+        // may send ICMP redirects (`send_redirects`, all OR the device's
+        // own), the kernel checks every such packet's source with a second
+        // FIB lookup (fib_validate_source); a tunnel has no use for
+        // redirects. Off for hm-tun0 alone: other devices keep their own
+        // setting (1 unless changed), which the OR now reads by itself.
+        // Measured (bench/gateway): TCP requests 0.86 -> 0.89, UDP 0.88 ->
+        // 0.92 x kernel VXLAN, in one run.
+        sysctls.push(("net/ipv4/conf/all/send_redirects".to_string(), "0"));
+        sysctls.push((format!("net/ipv4/conf/{TUN}/send_redirects"), "0"));
     }
     if any_v6 {
         sysctls.push((format!("net/ipv6/conf/{TUN}/disable_ipv6"), "0"));

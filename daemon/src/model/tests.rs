@@ -386,6 +386,10 @@ fn a_gateway_fills_the_peer_and_member_tries_and_withdraws_a_down_peer() {
     assert!(matches!(route(&d, "10.20.0.0/16"), RouteSpec::Via { mtu: Some(1450), .. }));
     assert!(matches!(route(&d, "10.10.1.0/24"), RouteSpec::Via { .. }));
     assert_eq!(d.sysctls["net/ipv4/conf/hm-tun0/forwarding"].spec, "1");
+    // hm-tun0 sends no ICMP redirects (so the kernel does not check the
+    // source of every packet it forwards back into the tunnel).
+    assert_eq!(d.sysctls["net/ipv4/conf/hm-tun0/send_redirects"].spec, "0");
+    assert_eq!(d.sysctls["net/ipv4/conf/all/send_redirects"].spec, "0");
 
     let mut down = facts_with_mtu("198.51.100.2", 1500);
     down.gateways.insert(crate::model::Via::Peer("site-b".into()), None);

@@ -40,6 +40,7 @@ fn kernel() -> FakeKernel {
         s.facts.interfaces = ["lo", "eth0"].map(String::from).into();
         s.facts.underlay_mtu.insert("198.51.100.2".parse().unwrap(), 1500);
         s.host_sysctls.insert("net/ipv4/conf/all/rp_filter".into(), "2".into());
+        s.host_sysctls.insert("net/ipv4/conf/all/send_redirects".into(), "1".into());
     }
     k
 }
@@ -96,6 +97,12 @@ fn an_encrypted_peer_is_steered_into_its_device_before_anything_sends_to_it() {
     drop(s);
     let again = r.sync(&gateway(&key, B1, "wireguard"), true).unwrap();
     assert!(again.steps.is_empty(), "a converged device reads back as wanted: {:?}", again.steps);
+    // hm-tun0 sends no ICMP redirects while hostmesh runs (model/gateway.rs);
+    // the host's own setting is put back when the gateway goes.
+    assert_eq!(k.state().host_sysctls["net/ipv4/conf/all/send_redirects"], "0");
+    let gone = r.sync(&Arc::default(), false).unwrap();
+    assert!(gone.errors.is_empty(), "{:?}", gone.errors);
+    assert_eq!(k.state().host_sysctls["net/ipv4/conf/all/send_redirects"], "1");
 }
 
 #[test]
