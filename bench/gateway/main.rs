@@ -63,7 +63,9 @@ const VXLAN: Comparison = Comparison {
                 development): hostmesh's two TC programs are about 1.5% of CPU samples; the rest is the price of \
                 a flow-based (`external`) VXLAN device, which every hop pays: a metadata dst allocated and freed \
                 per received packet, and an outer route lookup per sent packet (a tunnel key set by BPF is never \
-                cached).",
+                cached). A gateway forwards from `hm-tun0` back into it; with ICMP redirects allowed there the \
+                kernel would also validate every such packet's source with a second FIB lookup, which hostmesh \
+                turns off (`send_redirects`; in one run, Dec 2026: TCP requests 0.86 → 0.89, UDP 0.88 → 0.92).",
     reference: None,
 };
 
@@ -78,7 +80,11 @@ const WIREGUARD: Comparison = Comparison {
            wireguard`, `wg set` of Debian's wireguard-tools, MTU 1420) instead of VXLAN.",
     explained: "Both ways pay the same encryption; hostmesh adds VXLAN inside the tunnel (50 bytes more per \
                 packet, and one more encapsulation and decapsulation, each a softirq pass of its own) and its TC \
-                programs. Under emulation (TCG) absolute numbers are far below real hardware's, and the per-packet \
+                programs; and its steering's policy rules (`not fwmark … lookup 26733`) make the kernel validate \
+                the source of every packet a gateway receives with a full FIB lookup through the rules \
+                (fib_validate_source), which the hand-built link, without rules, skips (natively, one such rule \
+                on the unencrypted gateways took TCP requests 0.87 → 0.82, UDP 0.88 → 0.83, bulk 0.97 → 0.89 × \
+                kernel VXLAN in one run, Dec 2026). Under emulation (TCG) absolute numbers are far below real hardware's, and the per-packet \
                 work of every hop weighs more than natively: the unencrypted comparison, measured in the same \
                 rounds, shows what the emulation alone does to hostmesh's ratio (compare the `gateway` section, \
                 measured natively).",
