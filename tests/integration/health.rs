@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use hm_testkit::scaled;
+use hm_testkit::{scaled, wait_soon};
 use hostmesh::state::BackendState;
 
 use crate::health_net::*;
@@ -39,7 +39,10 @@ fn killed_backend_leaves_and_comes_back(mode: &str) {
     assert_eq!((dns.state, dns.reason.as_deref()), (BackendState::Down, Some("udp: connection refused")), "{dns:?}");
     let (text, _) = net.host.status_text();
     assert!(text.contains("192.168.10.12:8080  down") && text.contains("connect: connection refused"), "{text}");
-    assert!(d.log_text().contains("backend down"), "one log line per transition");
+    // The log line may follow the status (the daemon's log is written on
+    // its own): waited for, as the deletion's in metrics.rs.
+    wait_soon("the transition logged", || d.log_text().contains("backend down"))
+        .unwrap_or_else(|e| panic!("{e}: one log line per transition\n{}", d.log_text()));
 
     net.start_main(1);
     for (service, port) in [("web", 8080), ("dns", 5353)] {
@@ -47,7 +50,8 @@ fn killed_backend_leaves_and_comes_back(mode: &str) {
     }
     wait_both(&net, "tcp", &format!("mode {mode}, b2 back"));
     wait_both(&net, "udp", &format!("mode {mode}, b2 back"));
-    assert!(d.log_text().contains("backend up"), "{}", d.log_text());
+    wait_soon("the transition logged", || d.log_text().contains("backend up"))
+        .unwrap_or_else(|e| panic!("{e}\n{}", d.log_text()));
 }
 
 #[test]
