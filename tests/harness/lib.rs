@@ -42,8 +42,6 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
 }
 
-/// Panics with a clear message unless running as root: kernel tests need
-/// it and must fail, not skip, without it.
 /// Whether the running kernel makes WireGuard links: one made and dropped
 /// with a namespace of its own (this machine's kernel has no WireGuard;
 /// Debian's have it as a module).
@@ -52,6 +50,8 @@ pub fn kernel_makes_wireguard_links() -> bool {
     ns.exec_output("ip", &["link", "add", "wg-probe", "type", "wireguard"]).status.success()
 }
 
+/// Panics with a clear message unless running as root: kernel tests need
+/// it and must fail, not skip, without it.
 pub fn require_root() {
     assert!(nix::unistd::geteuid().is_root(), "hostmesh's kernel tests need root (CI runs them as root)");
 }

@@ -342,6 +342,13 @@ pub(crate) struct Peer {
     pub origin: Origin,
 }
 
+impl Peer {
+    /// Whether the peer's traffic goes through WireGuard.
+    pub(crate) fn encrypted(&self) -> bool {
+        self.encryption != Encryption::None
+    }
+}
+
 /// How a peer's traffic crosses between this site's gateways and its own.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase", tag = "kind")]

@@ -23,13 +23,12 @@ pub(super) struct KeyWatch {
 impl KeyWatch {
     /// Follows the key file `config` names (when a peer is encrypted).
     pub(super) fn track(&mut self, config: &Config, events: &EventSender, log: &Logger) {
-        let file = config
-            .gateway
-            .as_ref()
-            .filter(|_| config.peers.iter().any(|p| p.encryption != crate::config::Encryption::None))
-            .and_then(|g| match &g.private_key {
-                Some(KeySource::File(path)) => Some(path.clone()),
-                _ => None,
+        let file =
+            config.gateway.as_ref().filter(|_| config.peers.iter().any(|p| p.encrypted())).and_then(|g| {
+                match &g.private_key {
+                    Some(KeySource::File(path)) => Some(path.clone()),
+                    _ => None,
+                }
             });
         if self.watching.as_ref().map(|(p, _)| p) == file.as_ref() {
             return;

@@ -63,7 +63,7 @@ pub(crate) fn overhead(underlay: IpAddr) -> u32 {
 /// Why an encrypted peer cannot be carried through WireGuard here, if it
 /// cannot; `Ok(None)` for a peer in clear, `Ok(Some(key))` for one that can.
 pub(crate) fn device_key<'a>(p: &Peer, g: &Gateway, facts: &'a HostFacts) -> Result<Option<&'a DeviceKey>, String> {
-    if p.encryption == Encryption::None {
+    if !p.encrypted() {
         return Ok(None);
     }
     if !facts.features.has(Feature::Wireguard) {

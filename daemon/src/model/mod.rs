@@ -166,7 +166,7 @@ pub(crate) fn programs_likely(config: &Config, features: &KernelFeatures) -> BTr
     }
     if config.gateway.is_some() {
         out.extend([Program::TunIn, Program::TunOut]);
-        let encrypted = config.peers.iter().any(|p| p.encryption != crate::config::Encryption::None);
+        let encrypted = config.peers.iter().any(|p| p.encrypted());
         if encrypted && features.has(Feature::Wireguard) {
             out.insert(Program::WgIn);
         }

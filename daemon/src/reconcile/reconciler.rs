@@ -466,7 +466,7 @@ impl Reconciler {
 /// owner) or a new key counts at the next one.
 fn wireguard_key(config: &Config) -> Option<Result<crate::keys::DeviceKey, String>> {
     let g = config.gateway.as_ref()?;
-    if config.peers.iter().all(|p| p.encryption == crate::config::Encryption::None) {
+    if !config.peers.iter().any(|p| p.encrypted()) {
         return None;
     }
     let source = g.private_key.as_ref()?;

@@ -410,7 +410,7 @@ fn gateway(e: &mut Explanation, addr: IpAddr, endpoint: IpAddr, up: bool, src: &
         peer.map_or("(not in the config)".to_string(), |p| format!("\"{}\"", p.name)),
         if up { "answers its probes" } else { "does not answer its probes now: traffic to it fails fast" }
     ));
-    let encrypted = member.is_none() && peer.is_some_and(|p| p.encryption != crate::config::Encryption::None);
+    let encrypted = member.is_none() && peer.is_some_and(|p| p.encrypted());
     if encrypted {
         e.sentences.push(format!(
             "The tunnel's packets to {endpoint} cross the WAN inside WireGuard (hm-wg0), encrypted, never in clear."
