@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0 OR GPL-2.0
 /*
  * Gateway peers (README.md, "Gateway peers"): TC programs on the flow-based
- * VXLAN device hm-tun0 choose each packet's tunnel destination and check
- * what arrives.
+ * VXLAN device hm-tun0 choose the tunnel destination where the route did
+ * not, and check what arrives.
  *
  * A member sends everything for remote sites to its gateway. A gateway
  * sends a packet to the member whose [[member]] CIDR holds the destination,
@@ -186,21 +186,12 @@ static __always_inline void tuple_key(struct hm_ct_key *k, const struct flow *f,
 	k->proto = f->proto;
 }
 
-/* Where a gateway sends a packet for f->dst: back to the member that
- * started the flow, a [[member]], or a live peer. */
+/* Where a gateway sends a packet for f->dst that its route gave no key and
+ * whose way back it did not learn: a [[member]], or a live peer. */
 static __always_inline int gateway_destination(const struct flow *f, __u8 to[16])
 {
-	struct hm_ct_key ck = {};
-	struct hm_gw_ct_value *learned;
 	struct hm_endpoint *ep;
 
-	tuple_key(&ck, f, 0);
-	learned = bpf_map_lookup_elem(&HM_GW_CT, &ck);
-	if (learned) {
-		refresh(learned);
-		__builtin_memcpy(to, learned->member, 16);
-		return 0;
-	}
 	ep = lpm(&HM_MEMBERS, f->dst);
 	if (ep) {
 		__builtin_memcpy(to, ep->addr, 16);
@@ -225,11 +216,19 @@ struct probe_headers {
 
 /* Whether the frame is a gateway probe (or its answer); fills *p. The
  * frame is ours alone: IPv4 without options, to HM_PROBE_ADDR and
- * HM_PROBE_PORT, with the magic in front of its payload. */
-static __always_inline int probe_frame(struct __sk_buff *skb, struct hm_gw_probe *p)
+ * HM_PROBE_PORT, with the magic in front of its payload. `f` is the
+ * frame as parse() read it (`parsed` its answer): any other packet is
+ * told from a probe by it, without copying its headers. */
+static __always_inline int probe_frame(struct __sk_buff *skb, int parsed, const struct flow *f,
+				       struct hm_gw_probe *p)
 {
 	struct probe_headers h;
+	__u32 to;
 
+	__builtin_memcpy(&to, f->dst + 12, 4);
+	if (parsed != PARSED || f->v6 || f->proto != IPPROTO_UDP || f->dport != bpf_htons(HM_PROBE_PORT) ||
+	    to != bpf_htonl(HM_PROBE_ADDR))
+		return 0;
 	if (skb->protocol != bpf_htons(ETH_P_IP) || skb->len < PROBE_PAYLOAD + sizeof(*p))
 		return 0;
 	if (bpf_skb_load_bytes(skb, 0, &h, sizeof(h)))
@@ -265,25 +264,61 @@ static __always_inline int probe(struct __sk_buff *skb, const struct hm_gw_confi
 	return TC_ACT_SHOT;
 }
 
-/* TC egress on hm-tun0: pick the tunnel destination. */
+/* Whether the packet's route gave it its tunnel key: hostmesh's routes
+ * into hm-tun0 carry it (`encap ip`, model/gateway.rs), so the device
+ * sends it on with the outer route it keeps cached for that route, where
+ * a key set here is looked up again for every packet. Routes without one
+ * (a kernel without keys on routes, or an older daemon's until the sync
+ * replaces them) leave it to this program. */
+static __always_inline int routed_key(struct __sk_buff *skb, const struct hm_gw_config *cfg)
+{
+	struct bpf_tunnel_key key;
+
+	return bpf_skb_get_tunnel_key(skb, &key, TUNNEL_KEY_NO_SOURCE,
+				      hm_is_v4(cfg->local) ? 0 : BPF_F_TUNINFO_IPV6) == 0;
+}
+
+/* TC egress on hm-tun0: pick the tunnel destination, where the route did
+ * not, or where this gateway learned a reply's way back. */
 SEC("classifier")
 int hm_tun_out(struct __sk_buff *skb)
 {
 	HM_BUILD_MARK();
 	struct hm_gw_config *cfg = gw_config();
+	struct hm_gw_ct_value *learned;
+	struct hm_ct_key ck = {};
 	struct flow f = {};
 	__u8 to[16];
 
 	struct hm_gw_probe p;
+	int parsed;
 
-	if (!cfg || set_inner_source(skb))
+	if (!cfg)
+		return TC_ACT_SHOT;
+	parsed = parse(skb, &f);
+	if (set_inner_source(skb))
 		return TC_ACT_SHOT;
 	/* An answer hm_tun_in sent back: its tunnel key is set. */
-	if (probe_frame(skb, &p) && p.kind == bpf_htonl(HM_PROBE_ACK))
+	if (probe_frame(skb, parsed, &f, &p) && p.kind == bpf_htonl(HM_PROBE_ACK))
 		return TC_ACT_OK;
-	if (cfg->role == HM_ROLE_MEMBER)
+	if (cfg->role == HM_ROLE_MEMBER) {
+		if (routed_key(skb, cfg))
+			return TC_ACT_OK;
 		return set_destination(skb, cfg, cfg->gateway) ? TC_ACT_SHOT : TC_ACT_OK;
-	if (parse(skb, &f) == NOT_IP || gateway_destination(&f, to))
+	}
+	if (parsed == NOT_IP)
+		return TC_ACT_SHOT;
+	/* A reply to a member's flow goes back to that member, whatever the
+	 * route to its address says. */
+	tuple_key(&ck, &f, 0);
+	learned = bpf_map_lookup_elem(&HM_GW_CT, &ck);
+	if (learned) {
+		refresh(learned);
+		return set_destination(skb, cfg, learned->member) ? TC_ACT_SHOT : TC_ACT_OK;
+	}
+	if (routed_key(skb, cfg))
+		return TC_ACT_OK;
+	if (gateway_destination(&f, to))
 		return TC_ACT_SHOT;
 	return set_destination(skb, cfg, to) ? TC_ACT_SHOT : TC_ACT_OK;
 }
@@ -327,24 +362,34 @@ int hm_tun_in(struct __sk_buff *skb)
 	struct hm_gw_probe p;
 	struct flow f = {};
 	__u32 vni;
+	int parsed;
 	int peer = 0;
 
 	if (!cfg || tunnel_source(skb, sender.addr, &vni) || vni != cfg->vni)
 		return TC_ACT_SHOT;
 	if (cfg->role == HM_ROLE_GATEWAY && !sender_trusted(skb, &sender, &peer))
 		return TC_ACT_SHOT;
-	if (probe_frame(skb, &p))
+	parsed = parse(skb, &f);
+	if (probe_frame(skb, parsed, &f, &p))
 		return probe(skb, cfg, sender.addr, &p);
-	if (cfg->role != HM_ROLE_GATEWAY || parse(skb, &f) == NOT_IP)
+	if (cfg->role != HM_ROLE_GATEWAY || parsed == NOT_IP)
 		return TC_ACT_OK;
 
 	if (!peer) {
-		/* From a member: remember where to send the replies. A known
-		 * flow is only refreshed, at most once per REFRESH_NS, so bulk
-		 * traffic does not rewrite the entry for every packet. */
+		/* From a member: remember where to send the replies, unless
+		 * the route of its address leads back to it anyway (a
+		 * [[member]] CIDR of this member's holds it): those replies
+		 * take the route, and its cached tunnel key, with no entry
+		 * made per flow. A known flow is only refreshed, at most once
+		 * per REFRESH_NS, so bulk traffic does not rewrite the entry
+		 * for every packet. */
+		struct hm_endpoint *home = lpm(&HM_MEMBERS, f.src);
 		struct hm_ct_key rk = {};
 		struct hm_gw_ct_value *known;
 		struct hm_gw_ct_value v = {};
+
+		if (home && hm_same_addr(home->addr, sender.addr))
+			return TC_ACT_OK;
 		tuple_key(&rk, &f, 1);
 		known = bpf_map_lookup_elem(&HM_GW_CT, &rk);
 		if (known && hm_same_addr(known->member, sender.addr)) {

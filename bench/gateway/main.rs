@@ -23,6 +23,7 @@ use std::path::Path;
 use hm_bench::interleave::{self, Kind, Measured, Path as Route, Plan};
 use hm_bench::load::catch_interrupts;
 use hm_bench::options::Options;
+use hm_bench::progstats;
 use hm_bench::results::{read_section, write_section};
 use hm_testkit::TempDir;
 
@@ -56,20 +57,24 @@ const VXLAN: Comparison = Comparison {
     title: "gateway peers",
     baseline: Way::KernelVxlan,
     hostmesh: Way::Hostmesh,
-    ways: "**hostmesh**: four daemons, `hm-tun0` on every host, the tunnel destination chosen by TC programs. \
-           **kernel VXLAN**: the same hosts joined by point-to-point VXLAN devices (one per hop, MTU 1450) and \
-           plain routes, forwarding on the gateways.",
-    explained: "Where the difference comes from (one `perf record -a` profile of the hostmesh throughput run, in \
-                development): hostmesh's two TC programs are about 1.5% of CPU samples; the rest is the price of \
-                a flow-based (`external`) VXLAN device, which every hop pays: a metadata dst allocated and freed \
-                per received packet, and an outer route lookup per sent packet (a tunnel key set by BPF is never \
-                cached). A gateway forwards from `hm-tun0` back into it; with ICMP redirects allowed there the \
-                kernel would also validate every such packet's source with a second FIB lookup, which hostmesh \
-                turns off (`send_redirects`; in one run, Dec 2026: TCP requests 0.86 → 0.89, UDP 0.88 → 0.92). \
-                The same hosts joined by one flow-based device each and routes with `encap ip` (a route carries the \
-                tunnel key and caches its outer route; no programs) measured 0.957 / 0.936 / 0.956 × kernel VXLAN \
-                in the same rounds as hostmesh's 0.864 / 0.896 / 0.939 (by hand, Dec 2026): what is left beyond the \
-                received packets' metadata is the key set by a program per packet and the programs.",
+    ways: "**hostmesh**: four daemons, `hm-tun0` on every host, each route into it carrying its tunnel key \
+           (`encap ip`), TC programs on it checking what arrives and sending learned replies back. **kernel \
+           VXLAN**: the same hosts joined by point-to-point VXLAN devices (one per hop, MTU 1450) and plain \
+           routes, forwarding on the gateways.",
+    explained: "Where the difference comes from (in development, Dec 2026): every hop of hostmesh's pays what a \
+                flow-based (`external`) VXLAN device costs, a metadata dst allocated and freed per received \
+                packet (`dst_release`, `dst_destroy`, `call_rcu` in a `perf record -a`), and its TC programs \
+                (above). The routes carry the tunnel key, so the device keeps each far end's outer route cached \
+                as a static device does; with the key set by a program for every packet, as until Dec 2026, each \
+                sent packet looked its outer route up again (in runs of the same day: TCP requests 0.856 → \
+                0.86–0.90, bulk 0.932 → 0.93–0.96). A gateway learns a reply's way back only for a member \
+                address that no `[[member]]` CIDR of that member covers: the others' replies take the route. A \
+                gateway forwards from `hm-tun0` back into it without ICMP redirects (`send_redirects`; in one \
+                run: TCP requests 0.86 → 0.89, UDP 0.88 → 0.92). The same hosts joined by flow-based devices \
+                and `encap ip` routes with no programs measured 0.957 / 0.936 / 0.956 × kernel VXLAN (by hand): \
+                the rest of the gap is the programs. On a gateway each packet's tunnel key is read, its sender \
+                looked up among the peers' gateways, and its 5-tuple among the learned paths (HM_GW_CT: a table \
+                of 131,072 buckets, where a lookup that misses costs a cache miss).",
     reference: None,
 };
 
@@ -110,7 +115,26 @@ fn compare(c: &Comparison, o: &Options, plan: &Plan) -> String {
         let paths: Vec<Route> = sites.iter().map(|s| Route { ns: &s.ma, src, dst }).collect();
         interleave::measure(kind, &paths, plan)
     });
-    report(c, plan, &measured)
+    let programs = profile(&sites, plan);
+    report(c, plan, &measured, &programs)
+}
+
+/// Where hostmesh's BPF time goes: a pass of a fifth of the rounds of
+/// every kind of traffic, all ways, with the kernel's run-time statistics
+/// on (BPF_ENABLE_STATS), whose rates are not reported. The measured
+/// passes run without them, as a host in service does: they cost every
+/// program run two clock reads, which only hostmesh's ways would pay.
+fn profile(sites: &[Sites], plan: &Plan) -> Vec<(String, u64, f64)> {
+    let _stats = progstats::enable().expect("BPF_ENABLE_STATS");
+    let before = progstats::snapshot("hm_");
+    let short = Plan { rounds: (plan.rounds / 5).max(2), ..*plan };
+    let src: IpAddr = MA_WORKLOAD.parse().unwrap();
+    for (_, kind, port, _) in KINDS {
+        let dst = SocketAddr::new(MB_WORKLOAD.parse().unwrap(), port);
+        let paths: Vec<Route> = sites.iter().map(|s| Route { ns: &s.ma, src, dst }).collect();
+        interleave::measure(kind, &paths, &short);
+    }
+    progstats::since(&before, &progstats::snapshot("hm_"))
 }
 
 /// The encrypted comparison run by this program in a VM booted with
@@ -175,7 +199,7 @@ fn main() {
     }
 }
 
-fn report(c: &Comparison, plan: &Plan, measured: &[Measured; 3]) -> String {
+fn report(c: &Comparison, plan: &Plan, measured: &[Measured; 3], programs: &[(String, u64, f64)]) -> String {
     let mut s = String::new();
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let (b, h) = (c.baseline.label(), c.hostmesh.label());
@@ -226,6 +250,18 @@ fn report(c: &Comparison, plan: &Plan, measured: &[Measured; 3]) -> String {
             r.baseline.label(),
             ratios.join(", ")
         );
+    }
+    let _ = writeln!(
+        s,
+        "\nhostmesh's BPF programs (every host's, summed), from a pass of a fifth of the rounds after the \
+         measurement with the kernel's run-time statistics on (BPF_ENABLE_STATS; the measured passes run \
+         without them, as a host in service does, since they cost every program run two clock reads), every \
+         kind of traffic together:\n"
+    );
+    let _ = writeln!(s, "| program | runs | ns per run |");
+    let _ = writeln!(s, "|---|---:|---:|");
+    for (name, runs, ns) in programs {
+        let _ = writeln!(s, "| {name} | {runs} | {ns:.0} |");
     }
     let _ = writeln!(s, "\n{}", c.explained);
     let worst = measured.iter().map(|m| m.ratio(1)).fold(f64::INFINITY, f64::min);

@@ -124,6 +124,17 @@ fn members_of_two_sites_talk_through_their_gateways() {
     // IPv4; TCP's MSS follows it, and full-size segments cross.
     let route = sites.ma.ns.ip(&["route", "show", "10.20.0.0/16"]);
     assert!(route.contains("dev hm-tun0") && route.contains("mtu 1450"), "{route}");
+    // Each route carries its tunnel key (the far end, from local_ip), so
+    // the device keeps its outer route cached: the member's to its
+    // gateway, the gateway's to the peer's gateway and to its member.
+    let key = |at: &Host, dst: &str, far: &str, local: &str| {
+        let route = at.ns.ip(&["-d", "route", "show", dst]);
+        let want = format!("encap ip id {VNI} src {local} dst {far} ttl 64");
+        assert!(route.contains(&want), "{dst}: {route}; want {want}");
+    };
+    key(&sites.ma, "10.20.0.0/16", UNDERLAY_V4.ga_lan, UNDERLAY_V4.ma);
+    key(&sites.ga, "10.20.0.0/16", UNDERLAY_V4.gb_wan, UNDERLAY_V4.wan_local);
+    key(&sites.ga, "10.10.1.0/24", UNDERLAY_V4.ma, UNDERLAY_V4.wan_local);
     // A gateway-only host has no bpfnat veth, and status does not claim one.
     assert!(
         sites.ga.status().objects.iter().all(|o| o.kind != hostmesh::state::ObjectKind::Bpfnat),
@@ -247,6 +258,17 @@ fn a_gateway_learns_which_member_started_a_flow_and_forgets_it_when_idle() {
     };
     assert!(reply_to_unlisted(6), "TCP path learned: {:?}", sites.learned_paths());
     assert!(reply_to_unlisted(17), "UDP path learned: {:?}", sites.learned_paths());
+    // A member address its own [[member]] CIDR covers needs no learned
+    // path: the replies take the route back to that member (and its
+    // cached tunnel key), and no entry is made per flow.
+    tcp_exchange(&sites.ma.ns, MA_WORKLOAD, &echo_at(MB_WORKLOAD), 1, 10).unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    udp_exchange(&sites.ma.ns, MA_WORKLOAD, &echo_at(MB_WORKLOAD)).unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    let covered = addr16(MA_WORKLOAD.parse().unwrap());
+    assert!(
+        sites.learned_paths().iter().all(|(k, _)| k.dst != covered && k.src != covered),
+        "a path learned for {MA_WORKLOAD}: {:?}",
+        sites.learned_paths()
+    );
     // conntrack_udp_timeout is 2 s here; the TCP timeout (24 h) keeps the
     // TCP path.
     wait_soon("the idle UDP path is forgotten", || !reply_to_unlisted(17))

@@ -159,7 +159,8 @@ mod tests {
         let veth = LinkSpec::Veth { peer: "hm-natout".into(), mac: [0; 6], peer_mac: [0; 6], up: true };
         d.links.insert("hm-natin".into(), Owned { spec: veth, owners: Default::default() });
         let dst: ipnet::IpNet = "10.96.0.10/32".parse().unwrap();
-        let route = RouteSpec::Via { gateway: "169.254.1.1".parse().unwrap(), dev: "hm-natin".into(), mtu: None };
+        let route =
+            RouteSpec::Via { gateway: "169.254.1.1".parse().unwrap(), dev: "hm-natin".into(), mtu: None, encap: None };
         d.routes.insert(RouteKey { table: 254, dst }, Owned { spec: route, owners: Default::default() });
         let a = Attachment { program: Program::Reply, hook: Hook::TcIngress("eth0".into()) };
         d.attachments.insert(a, Owned { spec: (), owners: Default::default() });

@@ -144,7 +144,7 @@ pub(super) fn service_route(meshes: &[Mesh], svc: &Service) -> Option<(RouteKey,
     let gateway = if svc.vip.is_ipv4() { IpAddr::V4(GATEWAY_V4) } else { IpAddr::V6(GATEWAY_V6) };
     Some((
         RouteKey { table: RT_TABLE_MAIN, dst: IpNet::from(svc.vip) },
-        RouteSpec::Via { gateway, dev: NATIN.to_string(), mtu: None },
+        RouteSpec::Via { gateway, dev: NATIN.to_string(), mtu: None, encap: None },
     ))
 }
 

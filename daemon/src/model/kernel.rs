@@ -42,10 +42,12 @@ pub enum Feature {
     MapBatch,
     /// WireGuard devices (`CONFIG_WIREGUARD`, built in or a module).
     Wireguard,
+    /// Tunnel keys on routes (`ip route ... encap ip`, `CONFIG_LWTUNNEL`).
+    RouteEncap,
 }
 
 impl Feature {
-    pub const ALL: [Feature; 12] = [
+    pub const ALL: [Feature; 13] = [
         Feature::Tcx,
         Feature::NetnsCookieSockopt,
         Feature::SetRetval,
@@ -58,6 +60,7 @@ impl Feature {
         Feature::CoarseClock,
         Feature::MapBatch,
         Feature::Wireguard,
+        Feature::RouteEncap,
     ];
 
     pub fn name(self) -> &'static str {
@@ -74,6 +77,7 @@ impl Feature {
             Feature::CoarseClock => "coarse_clock",
             Feature::MapBatch => "map_batch",
             Feature::Wireguard => "wireguard",
+            Feature::RouteEncap => "route_encap",
         }
     }
 
@@ -96,6 +100,7 @@ impl Feature {
             Feature::CoarseClock => "bpf_ktime_get_coarse_ns() in BPF programs",
             Feature::MapBatch => "batched map updates and deletes (BPF_MAP_UPDATE_BATCH, BPF_MAP_DELETE_BATCH)",
             Feature::Wireguard => "WireGuard devices (CONFIG_WIREGUARD)",
+            Feature::RouteEncap => "tunnel keys on routes (encap ip, CONFIG_LWTUNNEL)",
         }
     }
 
@@ -114,6 +119,7 @@ impl Feature {
             Feature::CoarseClock => "5.11",
             Feature::MapBatch => "5.6",
             Feature::Wireguard => "5.6",
+            Feature::RouteEncap => "4.3",
         }
     }
 
@@ -160,6 +166,10 @@ impl Feature {
             Feature::Wireguard => {
                 "peers with encryption = \"wireguard\" are not applied: their CIDRs are unreachable from this \
                  gateway, so nothing goes to them in clear"
+            }
+            Feature::RouteEncap => {
+                "hm-tun0's TC program sets every packet's tunnel destination, and the kernel looks up its outer route \
+                 for each packet (the gateway path is slower; nothing else changes)"
             }
         }
     }

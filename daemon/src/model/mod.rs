@@ -16,6 +16,7 @@ mod map_key;
 mod map_value;
 mod mesh;
 mod owners;
+mod program;
 mod reach;
 mod services;
 mod state;

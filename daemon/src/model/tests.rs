@@ -217,7 +217,7 @@ fn services_compile_to_the_bpfnat_veth() {
     assert_eq!(d.routes.len(), 1);
     let (key, route) = d.routes.iter().next().unwrap();
     assert_eq!(key, &RouteKey { table: RT_TABLE_MAIN, dst: "10.96.0.10/32".parse().unwrap() });
-    assert_eq!(route.spec, RouteSpec::Via { gateway: GATEWAY_V4.into(), dev: NATIN.into(), mtu: None });
+    assert_eq!(route.spec, RouteSpec::Via { gateway: GATEWAY_V4.into(), dev: NATIN.into(), mtu: None, encap: None });
     assert_eq!(route.owners, ["service/dns", "service/web"].into());
 
     assert_eq!(
@@ -248,7 +248,7 @@ fn ipv6_vips_route_via_the_v6_gateway() {
         "[[service]]\nname = \"w6\"\nvip = \"fd00::10\"\nport = 80\nbackends = [\"[fd00::1:1]:80\"]\n",
     ));
     let route = &d.routes[&RouteKey { table: RT_TABLE_MAIN, dst: "fd00::10/128".parse().unwrap() }];
-    assert_eq!(route.spec, RouteSpec::Via { gateway: GATEWAY_V6.into(), dev: NATIN.into(), mtu: None });
+    assert_eq!(route.spec, RouteSpec::Via { gateway: GATEWAY_V6.into(), dev: NATIN.into(), mtu: None, encap: None });
     assert!(d.neighbours.contains_key(&NeighKey { dev: NATIN.into(), ip: GATEWAY_V6.into() }));
     assert_eq!(d.sysctls["net/ipv6/conf/hm-natin/disable_ipv6"].spec, "0");
     assert_eq!(d.sysctls["net/ipv6/conf/hm-natout/forwarding"].spec, "1");
@@ -349,8 +349,13 @@ fn a_member_routes_peer_cidrs_into_the_tunnel_with_the_mtu_less_the_encapsulatio
     assert_eq!(d.links[gateway::TUN].spec, LinkSpec::Vxlan { port: 4789, mac: gateway::TUN_MAC, up: true });
     // The underlay to the gateway is IPv4: 50 bytes of overhead, for
     // inner IPv4 and IPv6 alike.
-    let v4 = RouteSpec::Via { gateway: gateway::TUN_NEXT_HOP_V4.into(), dev: gateway::TUN.into(), mtu: Some(8950) };
-    let v6 = RouteSpec::Via { gateway: gateway::TUN_NEXT_HOP_V6.into(), dev: gateway::TUN.into(), mtu: Some(8950) };
+    // The route carries the tunnel key: VNI, the gateway, from local_ip.
+    let encap =
+        Some(TunnelEncap { id: 7001, dst: "192.0.2.1".parse().unwrap(), src: Some("192.0.2.20".parse().unwrap()) });
+    let v4 =
+        RouteSpec::Via { gateway: gateway::TUN_NEXT_HOP_V4.into(), dev: gateway::TUN.into(), mtu: Some(8950), encap };
+    let v6 =
+        RouteSpec::Via { gateway: gateway::TUN_NEXT_HOP_V6.into(), dev: gateway::TUN.into(), mtu: Some(8950), encap };
     assert_eq!(route(&d, "10.20.0.0/16"), v4);
     assert_eq!(route(&d, "fd20::/48"), v6);
     let cfg: abi::GwConfig = Pod::from_bytes(&entries(&d, BpfMap::GwConfig)[&0u32.to_bytes()]).unwrap();
@@ -427,6 +432,30 @@ fn an_encrypted_peer_that_cannot_be_carried_is_not_applied_and_its_cidrs_are_unr
     }
 }
 
+/// The far end of the tunnel key `dst`'s route carries, if any.
+fn tunnel_dst(d: &Desired, dst: &str) -> Option<std::net::IpAddr> {
+    match route(d, dst) {
+        RouteSpec::Via { encap, .. } => encap.map(|e| e.dst),
+        other => panic!("{dst}: {other:?}"),
+    }
+}
+
+#[test]
+fn a_gateway_s_routes_carry_each_far_end_as_their_tunnel_key_where_the_kernel_takes_keys_on_routes() {
+    let c = config(GATEWAY);
+    let d = compile(&c, &facts_with_mtu("198.51.100.2", 1500), &Prior::default());
+    assert_eq!(tunnel_dst(&d, "10.20.0.0/16"), Some("198.51.100.2".parse().unwrap()), "the peer's endpoint");
+    assert_eq!(tunnel_dst(&d, "10.10.1.0/24"), Some("192.0.2.20".parse().unwrap()), "the member's endpoint");
+    // Without keys on routes, the same routes without one: hm_tun_out
+    // sets every packet's.
+    let without =
+        HostFacts { features: KernelFeatures::lacking([Feature::RouteEncap]), ..facts_with_mtu("198.51.100.2", 1500) };
+    let d = compile(&c, &without, &Prior::default());
+    assert_eq!(tunnel_dst(&d, "10.20.0.0/16"), None);
+    assert_eq!(tunnel_dst(&d, "10.10.1.0/24"), None);
+    assert!(matches!(route(&d, "10.20.0.0/16"), RouteSpec::Via { mtu: Some(1450), .. }));
+}
+
 #[test]
 fn a_gateway_routes_a_peer_through_the_endpoint_its_probes_chose_and_knows_every_endpoint() {
     use crate::model::Via;
@@ -440,12 +469,15 @@ fn a_gateway_routes_a_peer_through_the_endpoint_its_probes_chose_and_knows_every
     let d = compile(&c, &f, &Prior::default());
     assert_eq!(entries(&d, BpfMap::Peers)[&abi::LpmKey::of(&cidr).to_bytes()], ep("198.51.100.2", abi::EP_UP));
     assert!(matches!(route(&d, "10.20.0.0/16"), RouteSpec::Via { mtu: Some(1450), .. }));
-    // The probes moved it to the second: the trie and the route MTU follow;
+    assert_eq!(tunnel_dst(&d, "10.20.0.0/16"), Some("198.51.100.2".parse().unwrap()));
+    // The probes moved it to the second: the trie, the route's tunnel key
+    // and its MTU follow;
     // both endpoints stay known as the peer's (replies may come from either).
     f.gateways.insert(Via::Peer("site-b".into()), Some("198.51.100.3".parse().unwrap()));
     let d = compile(&c, &f, &Prior::default());
     assert_eq!(entries(&d, BpfMap::Peers)[&abi::LpmKey::of(&cidr).to_bytes()], ep("198.51.100.3", abi::EP_UP));
     assert!(matches!(route(&d, "10.20.0.0/16"), RouteSpec::Via { mtu: Some(1350), .. }));
+    assert_eq!(tunnel_dst(&d, "10.20.0.0/16"), Some("198.51.100.3".parse().unwrap()));
     let known = entries(&d, BpfMap::PeerEndpoints);
     assert!(known.contains_key(&ep("198.51.100.2", 0)) && known.contains_key(&ep("198.51.100.3", 0)));
     // A choice that is no longer in the list (an edit raced the prober)

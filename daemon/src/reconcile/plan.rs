@@ -142,8 +142,9 @@ impl fmt::Display for Step {
             }
             Step::PutMapEntry(k, _) => write!(f, "update {} entry", k.map.name()),
             Step::Attach(a) => write!(f, "attach {a}"),
-            Step::ReplaceRoute(k, RouteSpec::Via { gateway, dev, .. }) => {
-                write!(f, "set route {} via {gateway} dev {dev} table {}", k.dst, k.table)
+            Step::ReplaceRoute(k, RouteSpec::Via { gateway, dev, encap, .. }) => {
+                let encap = encap.map(|e| format!(" encap id {} dst {}", e.id, e.dst)).unwrap_or_default();
+                write!(f, "set route {} via {gateway} dev {dev}{encap} table {}", k.dst, k.table)
             }
             Step::ReplaceRoute(k, RouteSpec::Local { dev, src }) => {
                 write!(f, "set route local {} dev {dev} src {src} table {}", k.dst, k.table)

@@ -338,7 +338,7 @@ fn a_defunct_or_outdated_program_is_reattached() {
 #[test]
 fn routes_are_added_most_specific_first_and_removed_most_general_first() {
     let owned = |spec: RouteSpec| Owned { spec, owners: Owners::new() };
-    let via = RouteSpec::Via { gateway: GATEWAY_V4.into(), dev: NATIN.into(), mtu: None };
+    let via = RouteSpec::Via { gateway: GATEWAY_V4.into(), dev: NATIN.into(), mtu: None, encap: None };
     let key = |dst: &str| RouteKey { table: RT_TABLE_MAIN, dst: dst.parse().unwrap() };
     let mut want = Desired::default();
     for dst in ["10.0.0.0/8", "10.1.0.0/16", "10.1.1.0/24"] {

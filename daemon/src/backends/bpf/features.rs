@@ -123,6 +123,7 @@ fn has(feature: Feature) -> bool {
         }
         Feature::MapBatch => super::batch::supported(),
         Feature::Wireguard => crate::backends::netlink::link::wireguard_supported(),
+        Feature::RouteEncap => crate::backends::netlink::route::encap_supported(),
         // return bpf_redirect_neigh(1, NULL, 0, 0);
         Feature::RedirectNeigh => loads(
             BPF_PROG_TYPE_SCHED_CLS,

@@ -5,7 +5,7 @@
 pub(crate) mod link;
 pub(crate) mod monitor;
 mod neigh;
-mod route;
+pub(crate) mod route;
 mod rule;
 pub(crate) mod sock_destroy;
 mod socket;
@@ -342,7 +342,9 @@ impl NetBackend for Rtnetlink {
                         RouteSpec::Local { dev: names.get(&r.oif?)?.clone(), src: r.prefsrc? }
                     }
                     (_, None) => RouteSpec::Dev { dev: names.get(&r.oif?)?.clone(), src: r.prefsrc? },
-                    (_, Some(gateway)) => RouteSpec::Via { gateway, dev: names.get(&r.oif?)?.clone(), mtu: r.mtu },
+                    (_, Some(gateway)) => {
+                        RouteSpec::Via { gateway, dev: names.get(&r.oif?)?.clone(), mtu: r.mtu, encap: r.encap }
+                    }
                 };
                 Some((RouteKey { table: r.table, dst: r.dst }, spec))
             })
@@ -351,9 +353,10 @@ impl NetBackend for Rtnetlink {
 
     fn replace_route(&mut self, key: &RouteKey, spec: &RouteSpec) -> Result<()> {
         match spec {
-            RouteSpec::Via { gateway, dev, mtu } => {
+            RouteSpec::Via { gateway, dev, mtu, encap } => {
                 let oif = self.index_of(dev)?;
-                route::replace_via(&mut self.sock, key.table, &key.dst, *gateway, oif, *mtu, RTPROT_HOSTMESH)
+                let hop = route::ViaHop { gateway: *gateway, oif, mtu: *mtu, encap: encap.as_ref() };
+                route::replace_via(&mut self.sock, key.table, &key.dst, hop, RTPROT_HOSTMESH)
                     .map_err(err(format!("add route {} via {gateway} dev {dev} table {}", key.dst, key.table)))
             }
             RouteSpec::Local { dev, src } => {

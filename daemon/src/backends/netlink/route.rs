@@ -6,12 +6,15 @@ use std::io;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use netlink_packet_core::{NLM_F_CREATE, NLM_F_REPLACE};
+use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE};
 pub(super) use netlink_packet_route::route::RouteType;
 use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteMetric, RouteProtocol, RouteScope,
+    RouteAddress, RouteAttribute, RouteFlags, RouteIp6Tunnel, RouteIp6TunnelFlags, RouteIpTunnel, RouteIpTunnelFlags,
+    RouteLwEnCapType, RouteLwTunnelEncap, RouteMessage, RouteMetric, RouteProtocol, RouteScope,
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+
+use crate::model::TunnelEncap;
 
 use super::socket::errno;
 use super::socket::RouteSocket as NetlinkSocket;
@@ -29,6 +32,8 @@ pub(super) struct Route {
     pub oifs: Vec<u32>,
     pub mtu: Option<u32>,
     pub prefsrc: Option<IpAddr>,
+    /// The tunnel key of an `encap ip` / `encap ip6` route.
+    pub encap: Option<TunnelEncap>,
 }
 
 pub(super) fn dump(sock: &mut NetlinkSocket) -> io::Result<Vec<Route>> {
@@ -66,6 +71,7 @@ pub(super) fn parse(m: &RouteMessage) -> Option<Route> {
     let mut oifs = Vec::new();
     let mut mtu = None;
     let mut prefsrc = None;
+    let mut encap = None;
     for attr in &m.attributes {
         match attr {
             RouteAttribute::Table(t) => table = *t,
@@ -77,6 +83,7 @@ pub(super) fn parse(m: &RouteMessage) -> Option<Route> {
                 oifs.push(*i);
             }
             RouteAttribute::MultiPath(hops) => oifs.extend(hops.iter().map(|h| h.interface_index)),
+            RouteAttribute::Encap(attrs) => encap = tunnel_encap(attrs),
             RouteAttribute::Metrics(metrics) => {
                 for metric in metrics {
                     if let RouteMetric::Mtu(v) = metric {
@@ -93,7 +100,89 @@ pub(super) fn parse(m: &RouteMessage) -> Option<Route> {
         (AddressFamily::Inet6, None) => IpNet::new(IpAddr::from([0u16; 8]), 0).ok()?,
         _ => return None,
     };
-    Some(Route { table, dst, protocol: h.protocol.into(), kind: h.kind, gateway, oif, oifs, mtu, prefsrc })
+    Some(Route { table, dst, protocol: h.protocol.into(), kind: h.kind, gateway, oif, oifs, mtu, prefsrc, encap })
+}
+
+/// The tunnel key of an `encap ip` or `encap ip6` route's attributes
+/// (`None` for another kind, or one without an id and a destination).
+fn tunnel_encap(attrs: &[RouteLwTunnelEncap]) -> Option<TunnelEncap> {
+    let (mut id, mut dst, mut src) = (None, None, None);
+    for attr in attrs {
+        match attr {
+            RouteLwTunnelEncap::Ip(RouteIpTunnel::Id(v)) | RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Id(v)) => {
+                id = u32::try_from(*v).ok()
+            }
+            RouteLwTunnelEncap::Ip(RouteIpTunnel::Destination(a)) => dst = Some(IpAddr::V4(*a)),
+            RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Destination(a)) => dst = Some(IpAddr::V6(*a)),
+            RouteLwTunnelEncap::Ip(RouteIpTunnel::Source(a)) if !a.is_unspecified() => src = Some(IpAddr::V4(*a)),
+            RouteLwTunnelEncap::Ip6(RouteIp6Tunnel::Source(a)) if !a.is_unspecified() => src = Some(IpAddr::V6(*a)),
+            _ => {}
+        }
+    }
+    Some(TunnelEncap { id: id?, dst: dst?, src })
+}
+
+/// `encap ip id ID dst DST [src SRC] ttl 64 key`, or `encap ip6 ... hoplimit
+/// 64 key csum` over IPv6: the key hm_tun_out would set (probes/gateway.c
+/// set_destination), with the same outer UDP checksum choice (none over
+/// IPv4, as the kernel's VXLAN devices default to).
+fn encap_attributes(e: &TunnelEncap) -> [RouteAttribute; 2] {
+    let id = u64::from(e.id);
+    match e.dst {
+        IpAddr::V4(dst) => {
+            let mut key = vec![
+                RouteIpTunnel::Id(id),
+                RouteIpTunnel::Destination(dst),
+                RouteIpTunnel::Ttl(64),
+                RouteIpTunnel::Flags(RouteIpTunnelFlags::Key),
+            ];
+            if let Some(IpAddr::V4(src)) = e.src {
+                key.push(RouteIpTunnel::Source(src));
+            }
+            [
+                RouteAttribute::EncapType(RouteLwEnCapType::Ip),
+                RouteAttribute::Encap(key.into_iter().map(RouteLwTunnelEncap::Ip).collect()),
+            ]
+        }
+        IpAddr::V6(dst) => {
+            let mut key = vec![
+                RouteIp6Tunnel::Id(id),
+                RouteIp6Tunnel::Destination(dst),
+                RouteIp6Tunnel::Hoplimit(64),
+                RouteIp6Tunnel::Flags(RouteIp6TunnelFlags::Key | RouteIp6TunnelFlags::Checksum),
+            ];
+            if let Some(IpAddr::V6(src)) = e.src {
+                key.push(RouteIp6Tunnel::Source(src));
+            }
+            [
+                RouteAttribute::EncapType(RouteLwEnCapType::Ip6),
+                RouteAttribute::Encap(key.into_iter().map(RouteLwTunnelEncap::Ip6).collect()),
+            ]
+        }
+    }
+}
+
+/// The probe of `Feature::RouteEncap`: whether the kernel takes a route
+/// with a tunnel key. The route is made in a table no rule looks up (so no
+/// packet ever uses it), on `lo`, and deleted at once.
+pub(crate) fn encap_supported() -> bool {
+    const PROBE_TABLE: u32 = 0x686d_7072;
+    const RTPROT_PROBE: u8 = 0x68;
+    let Ok(mut sock) = NetlinkSocket::open() else { return false };
+    let dst = IpNet::from(IpAddr::from([192, 0, 2, 255]));
+    // One left by a daemon killed between the two requests.
+    let _ = delete(&mut sock, PROBE_TABLE, &dst, RTPROT_PROBE);
+    let mut m = message(PROBE_TABLE, &dst, RTPROT_PROBE);
+    m.header.scope = RouteScope::Link;
+    m.header.kind = RouteType::Unicast;
+    m.attributes.push(RouteAttribute::Oif(1));
+    let key = TunnelEncap { id: 0, dst: std::net::Ipv4Addr::LOCALHOST.into(), src: None };
+    m.attributes.extend(encap_attributes(&key));
+    let made = sock.request(RouteNetlinkMessage::NewRoute(m), NLM_F_CREATE | NLM_F_EXCL).is_ok();
+    if made {
+        let _ = delete(&mut sock, PROBE_TABLE, &dst, RTPROT_PROBE);
+    }
+    made
 }
 
 fn message(table: u32, dst: &IpNet, protocol: u8) -> RouteMessage {
@@ -111,16 +200,25 @@ fn message(table: u32, dst: &IpNet, protocol: u8) -> RouteMessage {
     m
 }
 
-/// `ip route replace dst via gateway dev oif onlink [mtu N] proto P table T`
+/// A route's next hop on a link: `via gateway dev oif onlink [mtu N]
+/// [encap ...]`.
+pub(super) struct ViaHop<'a> {
+    pub gateway: IpAddr,
+    pub oif: u32,
+    pub mtu: Option<u32>,
+    pub encap: Option<&'a TunnelEncap>,
+}
+
+/// `ip route replace dst via gateway dev oif onlink [mtu N] [encap ...]
+/// proto P table T`
 pub(super) fn replace_via(
     sock: &mut NetlinkSocket,
     table: u32,
     dst: &IpNet,
-    gateway: IpAddr,
-    oif: u32,
-    mtu: Option<u32>,
+    hop: ViaHop<'_>,
     protocol: u8,
 ) -> io::Result<()> {
+    let ViaHop { gateway, oif, mtu, encap } = hop;
     let mut m = message(table, dst, protocol);
     m.header.scope = RouteScope::Universe;
     m.header.kind = RouteType::Unicast;
@@ -131,6 +229,9 @@ pub(super) fn replace_via(
     m.attributes.push(RouteAttribute::Oif(oif));
     if let Some(mtu) = mtu {
         m.attributes.push(RouteAttribute::Metrics(vec![RouteMetric::Mtu(mtu)]));
+    }
+    if let Some(encap) = encap {
+        m.attributes.extend(encap_attributes(encap));
     }
     sock.request(RouteNetlinkMessage::NewRoute(m), NLM_F_CREATE | NLM_F_REPLACE)
 }
