@@ -296,7 +296,7 @@ fn peer_object(p: &Peer, g: &Gateway, d: &Desired, health: Option<&Choice>, inde
             format!("via peer gateway {}", eps.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))
         }
     };
-    let encrypted = if !p.encrypted() { "" } else { ", encrypted (WireGuard)" };
+    let encrypted = if p.encrypted() { ", encrypted (WireGuard)" } else { "" };
     let detail = format!("{} {via}{}{encrypted}", cidr_list(&p.cidrs), route_mtus(d, &p.cidrs));
     let mut o = object(ObjectKind::Peer, &p.name, Some(p.origin.to_string()), detail, errors);
     if let Some(why) = d.refused_peers.get(&p.name) {
