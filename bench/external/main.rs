@@ -202,12 +202,15 @@ fn netfilter_rows(t: &Topology, plan: &Plan, sizes: &[usize]) -> Vec<Row> {
 fn main() {
     hm_testkit::require_root();
     catch_interrupts();
-    let o = Options::parse(5, &[&Plan::FLAGS[..], &["sizes", "alone", "perf-dir"]].concat());
+    let o = Options::parse(5, &[&Plan::FLAGS[..], &["sizes", "only-hostmesh", "alone", "perf-dir"]].concat());
     let plan = Plan::from_options(&o, 30);
     // --sizes 1,1000: a quick look (no results file).
+    // --only-hostmesh 1,1000: a quick look at hostmesh alone, no results file.
+    let only_hostmesh = o.extra.get("only-hostmesh");
     let sizes: Vec<usize> = o
         .extra
         .get("sizes")
+        .or(only_hostmesh)
         .map(|v| v.split(',').map(|n| n.parse().expect("--sizes N,N")).collect())
         .unwrap_or(ALL_SIZES.to_vec());
     eprintln!("hostmesh ({}), {}", o.hostmesh.display(), plan.describe());
@@ -218,11 +221,13 @@ fn main() {
     }
     let mut profiles = Vec::new();
     let mut rows = hostmesh_rows(&t, &o, &plan, &sizes, &mut profiles);
-    rows.extend(netfilter_rows(&t, &plan, &sizes));
+    if only_hostmesh.is_none() {
+        rows.extend(netfilter_rows(&t, &plan, &sizes));
+    }
     drop(t);
     let report = report(&plan, &rows, &sizes, &profiles);
     println!("{report}");
-    if sizes == ALL_SIZES {
+    if sizes == ALL_SIZES && only_hostmesh.is_none() {
         hm_bench::results::write_section(&o.out, "external", &report).expect("write results");
         eprintln!("wrote the external section of {}", o.out.display());
     }
