@@ -14,7 +14,7 @@ use netlink_packet_route::route::{
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
-use crate::model::TunnelEncap;
+use crate::model::{TunnelEncap, RTPROT_HOSTMESH};
 
 use super::socket::errno;
 use super::socket::RouteSocket as NetlinkSocket;
@@ -164,15 +164,14 @@ fn encap_attributes(e: &TunnelEncap) -> [RouteAttribute; 2] {
 
 /// The probe of `Feature::RouteEncap`: whether the kernel takes a route
 /// with a tunnel key. The route is made in a table no rule looks up (so no
-/// packet ever uses it), on `lo`, and deleted at once.
+/// packet ever uses it), on `lo`, marked as hostmesh's, and deleted at once.
 pub(crate) fn encap_supported() -> bool {
     const PROBE_TABLE: u32 = 0x686d_7072;
-    const RTPROT_PROBE: u8 = 0x68;
     let Ok(mut sock) = NetlinkSocket::open() else { return false };
     let dst = IpNet::from(IpAddr::from([192, 0, 2, 255]));
     // One left by a daemon killed between the two requests.
-    let _ = delete(&mut sock, PROBE_TABLE, &dst, RTPROT_PROBE);
-    let mut m = message(PROBE_TABLE, &dst, RTPROT_PROBE);
+    let _ = delete(&mut sock, PROBE_TABLE, &dst, RTPROT_HOSTMESH);
+    let mut m = message(PROBE_TABLE, &dst, RTPROT_HOSTMESH);
     m.header.scope = RouteScope::Link;
     m.header.kind = RouteType::Unicast;
     m.attributes.push(RouteAttribute::Oif(1));
@@ -180,7 +179,7 @@ pub(crate) fn encap_supported() -> bool {
     m.attributes.extend(encap_attributes(&key));
     let made = sock.request(RouteNetlinkMessage::NewRoute(m), NLM_F_CREATE | NLM_F_EXCL).is_ok();
     if made {
-        let _ = delete(&mut sock, PROBE_TABLE, &dst, RTPROT_PROBE);
+        let _ = delete(&mut sock, PROBE_TABLE, &dst, RTPROT_HOSTMESH);
     }
     made
 }
