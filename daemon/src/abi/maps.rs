@@ -63,6 +63,10 @@ pub enum HmMap {
     GwProbes,
     /// probes/netns_cookie.c's own map: loaded alone, never pinned.
     NetnsCookie,
+    /// service_nat.c's scratch, one entry per CPU: the new flow whose
+    /// source port `snat_port_take` tries. Each load has its own; the
+    /// daemon never reads it.
+    SnatProbe,
 }
 
 /// Maps earlier builds pinned that this one no longer has: their pins are
@@ -313,6 +317,12 @@ pub const MAPS: [MapDef; HmMap::COUNT] = [
     ),
     row(M::GwProbes, "HM_GW_PROBES", BPF_MAP_TYPE_ARRAY, 4, size_of::<GwProbe>(), MAX_GW_PROBES, 0, None),
     MapDef { pinned: false, ..row(M::NetnsCookie, "HM_NETNS_COOKIE", BPF_MAP_TYPE_LRU_HASH, 8, 8, 64, 0, None) },
+    // struct snat_probe: a backend's HM_NAT entry, two addresses, a port,
+    // the protocol and the family, padded to the entry's 8-byte alignment.
+    MapDef {
+        pinned: false,
+        ..row(M::SnatProbe, "HM_SNAT_PROBE", BPF_MAP_TYPE_PERCPU_ARRAY, 4, size_of::<NatValue>() + 40, 1, 0, None)
+    },
 ];
 
 // The table is in `HmMap`'s order: `HmMap::def` indexes it.
@@ -325,7 +335,7 @@ const _: () = {
 };
 
 impl HmMap {
-    pub const COUNT: usize = 22;
+    pub const COUNT: usize = 23;
 
     /// Every map, in the table's order.
     pub const ALL: [HmMap; HmMap::COUNT] = {

@@ -343,6 +343,19 @@ fn a_source_port_is_never_one_a_flow_or_a_socket_of_the_host_holds() {
     let out = p.run_on(Program::Reply, ifindex(CLIENT_SIDE), &packet(at(client, 40032), dns, None));
     assert_eq!(out.retval as i32, abi::TC_ACT_SHOT, "the host's socket keeps its port");
     assert!(p.nat().is_empty());
+
+    // Two ports: the port a flow gets first, when a socket holds it, it
+    // tries on from (snat_port_take, once a try) to the other.
+    let flow = packet(at(client, 40040), dns, None);
+    let mut p = Probes::with_host(&config("61000-61001"), two_interfaces);
+    let first = addresses(&p.run_on(Program::Reply, a, &flow).data).0;
+    let other = at(HOST_B, if first.port() == 61000 { 61001 } else { 61000 });
+    let mut p = Probes::with_host(&config("61000-61001"), two_interfaces);
+    let _socket = std::net::UdpSocket::bind(first).unwrap();
+    assert_eq!(addresses(&p.run_on(Program::Reply, a, &flow).data).0, other);
+    let out = p.run_on(Program::Reply, a, &packet(at(client, 40041), dns, None));
+    assert_eq!(out.retval as i32, abi::TC_ACT_SHOT, "both ports held");
+    assert_eq!(p.nat().len(), 2, "one flow");
 }
 
 /// A link's MAC address (`ip -o link`: sysfs shows another namespace's).
