@@ -115,10 +115,8 @@ pub trait BpfBackend {
     /// when first used): the caller will need them and has other work to
     /// do first.
     fn preload(&mut self, _likely: &std::collections::BTreeSet<crate::model::Program>) {}
-    /// Starts, before the configuration is read, the part of a load that
-    /// no configuration changes; `cool_down` lets it go when nothing will
-    /// be loaded.
-    fn warm_up(&mut self) {}
+    /// Lets the part of a load that no configuration changes, started
+    /// with the backend (`PinnedBpf::warmed`), go: nothing will be loaded.
     fn cool_down(&mut self) {}
     /// Repairs and replacements made on the way (a lost pin pinned again,
     /// a map of another layout replaced), as sentences for the log.

@@ -148,17 +148,18 @@ pub(crate) fn run(paths: Paths, log: Logger) -> Result<(), RunError> {
     crate::backends::bpf::pins::PinDir::new(&paths.bpffs).prepare()?;
     lock.add_pin_dir(&paths.bpffs)?;
     crate::backends::bpf::raise_memlock_limit();
+    // The objects' loader is made while the kernel is probed and the
+    // configuration read (seconds of a CPU under emulation).
+    let warm = crate::backends::bpf::Warm::start();
     let features = features::probe()?;
     info!(log, "kernel features probed"; "release" => report::kernel_release(), "result" => features.summary());
-    let mut backends = Backends {
+    let backends = Backends {
         host: Box::new(LiveHost::new(&paths.state_dir, features.clone()).map_err(RunError::Netlink)?),
         net: Box::new(Rtnetlink::open().map_err(RunError::Netlink)?),
         sysctl: Box::new(ProcSys::new()),
-        bpf: Box::new(PinnedBpf::new(&paths.bpffs, features.clone())),
+        bpf: Box::new(PinnedBpf::new(&paths.bpffs, features.clone()).warmed(warm)),
         nft: Box::new(NftCli::new()),
     };
-    // While the configuration is read: the loader's BTF.
-    backends.bpf.warm_up();
 
     let (tx, rx) = channel();
     let tx = events::EventSender::new(tx);

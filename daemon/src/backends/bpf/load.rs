@@ -20,6 +20,7 @@ use aya::{Ebpf, EbpfLoader};
 
 use super::pins::{unpin, PinDir};
 use super::sys::{self, ProgInfo};
+use super::verify::{self, load_program};
 use super::{bpf_err, chain, create, objects, resize};
 use crate::abi::{HmMap, MapDef, ProbeObject};
 use crate::backends::{BackendError, MapSizes, Result};
@@ -36,8 +37,8 @@ pub(super) struct Loader {
     pending: Option<(Preloading, bool)>,
     /// Why the preload failed, for the first use to report.
     preload_failed: Option<BackendError>,
-    /// The objects' loader, made ahead (`warm_up`).
-    warm: Option<WarmLoader>,
+    /// The objects' loader, made ahead (`Warm::start`).
+    warm: Option<Warm>,
     /// Whether sk_lookup programs load here (probed once, without pins).
     sk_lookup: Option<Option<String>>,
     /// Pinned maps that did not match this build's layout and were
@@ -48,13 +49,28 @@ pub(super) struct Loader {
 /// A preload's thread: what it loaded (or why not), and its notes.
 type Preloading = JoinHandle<(Result<Loaded>, Vec<String>)>;
 
-/// A thread making the objects' loader: making one parses the kernel's
-/// BTF (/sys/kernel/btf/vmlinux, 5 MiB), 20 ms.
-type WarmLoader = JoinHandle<EbpfLoader<'static>>;
+/// A thread making the objects' loader and the programs' marks, work no
+/// configuration changes: making a loader parses the kernel's BTF
+/// (/sys/kernel/btf/vmlinux, 5 MiB), 40 ms here and 2 to 3 s of a CPU
+/// in the emulated VMs. The daemon starts it first, so that it is done
+/// while the kernel is probed and the configuration read.
+pub(crate) struct Warm(JoinHandle<EbpfLoader<'static>>);
+
+impl Warm {
+    /// Starts the thread (`None` if none could be made: the load makes
+    /// its loader then).
+    pub(crate) fn start() -> Option<Warm> {
+        let spawned = std::thread::Builder::new().name("hm-bpf-warm".into()).spawn(|| {
+            objects::mark_of(crate::abi::ProbeObject::Mesh);
+            EbpfLoader::new()
+        });
+        spawned.ok().map(Warm)
+    }
+}
 
 /// The loader `warm` made, or a new one.
-fn loader_from(warm: Option<WarmLoader>) -> EbpfLoader<'static> {
-    warm.and_then(|t| t.join().ok()).unwrap_or_default()
+fn loader_from(warm: Option<Warm>) -> EbpfLoader<'static> {
+    warm.and_then(|t| t.0.join().ok()).unwrap_or_default()
 }
 
 pub(super) struct Loaded {
@@ -87,29 +103,20 @@ impl Loader {
         }
     }
 
-    /// Starts making the objects' loader (and the programs' marks) on a
-    /// thread of its own, before the configuration is read: work no
-    /// configuration changes, done while the daemon parses its files. A
+    /// Takes the loader `warm` is making, for the first load. A
     /// configuration without services lets it go (`cool_down`).
-    pub(super) fn warm_up(&mut self) {
-        if self.loaded.is_some() || self.pending.is_some() || self.warm.is_some() {
-            return;
-        }
-        let spawned = std::thread::Builder::new().name("hm-bpf-warm".into()).spawn(|| {
-            objects::mark_of(crate::abi::ProbeObject::Mesh);
-            EbpfLoader::new()
-        });
-        self.warm = spawned.ok();
+    pub(super) fn warmed(&mut self, warm: Option<Warm>) {
+        self.warm = warm;
     }
 
-    /// Lets what `warm_up` made go: nothing will be loaded.
+    /// Lets what `warmed` gave go: nothing will be loaded.
     pub(super) fn cool_down(&mut self) {
         if let Some(t) = self.warm.take() {
-            let _ = t.join();
+            let _ = t.0.join();
         }
     }
 
-    /// Whether nothing `warm_up` made waits to be used (tests).
+    /// Whether nothing `warmed` gave waits to be used (tests).
     #[cfg(test)]
     pub(super) fn warm_taken(&self) -> bool {
         self.warm.is_none()
@@ -130,7 +137,7 @@ impl Loader {
         let spawned = std::thread::Builder::new().name("hm-bpf-load".into()).spawn(move || {
             let mut notes = Vec::new();
             let loaded = load(&pins, &features, &sizes, &mut notes, warm).and_then(|mut loaded| {
-                likely.iter().try_for_each(|p| loaded.verify(*p))?;
+                loaded.verify_all(&likely)?;
                 Ok(loaded)
             });
             (loaded, notes)
@@ -325,7 +332,7 @@ fn load(
     features: &KernelFeatures,
     sizes: &MapSizes,
     notes: &mut Vec<String>,
-    warm: Option<WarmLoader>,
+    warm: Option<Warm>,
 ) -> Result<Loaded> {
     let _held = super::held_signals::HeldSignals::new();
     pins.ensure().map_err(|e| bpf_err(format!("prepare {}", pins.root.display()), e))?;
@@ -395,17 +402,28 @@ fn load(
 impl Loaded {
     /// Verifies `program` (loads it into the kernel) unless it is.
     fn verify(&mut self, program: Program) -> Result<()> {
-        if self.programs.contains_key(&program) {
-            return Ok(());
+        self.verify_all(&BTreeSet::from([program]))
+    }
+
+    /// Verifies each of `wanted` not verified yet, side by side
+    /// (`verify::side_by_side`).
+    fn verify_all(&mut self, wanted: &BTreeSet<Program>) -> Result<()> {
+        let todo: Vec<Program> = wanted.iter().filter(|p| !self.programs.contains_key(p)).copied().collect();
+        if let Some(p) = todo.iter().find(|p| !self.objects.contains_key(&p.object())) {
+            return Err(bpf_err(p.name(), "its object is not loaded"));
         }
-        let ebpf = self
-            .objects
-            .get_mut(&program.object())
-            .ok_or_else(|| bpf_err(program.name(), "its object is not loaded"))?;
-        // A signal would stop the verifier (EAGAIN): held off meanwhile.
-        let _held = super::held_signals::HeldSignals::new();
-        let info = load_program(ebpf, program)?;
-        self.programs.insert(program, info);
+        let mut jobs = Vec::with_capacity(todo.len());
+        for (role, ebpf) in self.objects.iter_mut() {
+            jobs.extend(ebpf.programs_mut().filter_map(|(name, prog)| {
+                todo.iter().find(|p| p.object() == *role && p.name() == name).map(|p| (*p, prog))
+            }));
+        }
+        if let Some(p) = todo.iter().find(|p| !jobs.iter().any(|(j, _)| j == *p)) {
+            return Err(bpf_err(format!("load program {}", p.name()), "not in the object"));
+        }
+        for (p, info) in verify::side_by_side(jobs) {
+            self.programs.insert(p, info?);
+        }
         Ok(())
     }
 }
@@ -423,32 +441,6 @@ fn probe_sk_lookup() -> Option<String> {
         Ok(mut ebpf) => load_program(&mut ebpf, Program::Mesh).err().map(|e| e.to_string()),
         Err(e) => Some(chain(&e)),
     }
-}
-
-/// Loads (verifies) one program of an object and returns its info.
-pub(super) fn load_program(ebpf: &mut Ebpf, program: Program) -> Result<ProgInfo> {
-    let name = program.name();
-    let fd = match ebpf.program_mut(name) {
-        Some(aya::programs::Program::SchedClassifier(p)) => {
-            p.load().map_err(|e| bpf_err(format!("verify program {name}"), chain(&e)))?;
-            p.fd().map_err(|e| bpf_err(name, chain(&e)))?.try_clone().map_err(|e| bpf_err(name, e))?
-        }
-        Some(aya::programs::Program::CgroupSockAddr(p)) => {
-            p.load().map_err(|e| bpf_err(format!("verify program {name}"), chain(&e)))?;
-            p.fd().map_err(|e| bpf_err(name, chain(&e)))?.try_clone().map_err(|e| bpf_err(name, e))?
-        }
-        Some(aya::programs::Program::SkLookup(p)) => {
-            p.load().map_err(|e| bpf_err(format!("verify program {name}"), chain(&e)))?;
-            p.fd().map_err(|e| bpf_err(name, chain(&e)))?.try_clone().map_err(|e| bpf_err(name, e))?
-        }
-        Some(aya::programs::Program::CgroupSock(p)) => {
-            p.load().map_err(|e| bpf_err(format!("verify program {name}"), chain(&e)))?;
-            p.fd().map_err(|e| bpf_err(name, chain(&e)))?.try_clone().map_err(|e| bpf_err(name, e))?
-        }
-        Some(_) => return Err(bpf_err(format!("load program {name}"), "unexpected program type")),
-        None => return Err(bpf_err(format!("load program {name}"), "not in the object")),
-    };
-    sys::prog_info(fd.as_fd()).map_err(|e| bpf_err(format!("info of {name}"), e))
 }
 
 /// A descriptor of this build's copy of `program`.

@@ -30,6 +30,7 @@ pub(crate) mod inspect;
 mod load;
 pub(crate) mod netns_cookie;
 pub mod objects;
+pub(crate) use load::Warm;
 pub(crate) mod pins;
 #[cfg(test)]
 mod probe_tests;
@@ -38,6 +39,7 @@ mod stats_prune;
 pub mod sys;
 mod tc;
 pub(crate) mod traffic;
+mod verify;
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -98,6 +100,13 @@ impl PinnedBpf {
         PinnedBpf { hooks: Hooks::new(pins, &maps), maps, batching, batch_refused: Default::default() }
     }
 
+    /// With the objects' loader `warm` is making (`Warm::start`, at the
+    /// daemon's start, before the kernel is probed).
+    pub(crate) fn warmed(mut self, warm: Option<Warm>) -> Self {
+        self.maps.warmed(warm);
+        self
+    }
+
     /// Writes or deletes the entries of `keys`, a run of one map each
     /// (split where the map changes), with `write`; failures by index in
     /// `keys`.
@@ -152,10 +161,6 @@ pub(super) fn is_array(def: &crate::abi::MapDef) -> bool {
 impl BpfBackend for PinnedBpf {
     fn prepare(&mut self) -> Result<()> {
         self.maps.map_fd(HmMap::Config).map(|_| ())
-    }
-
-    fn warm_up(&mut self) {
-        self.maps.warm_up();
     }
 
     fn cool_down(&mut self) {

@@ -678,8 +678,7 @@ fn a_preload_is_waited_for_by_the_first_use_which_reports_its_failure() {
     PinDir::new(&pins).prepare().unwrap();
     // Warmed up before the configuration is read: the preload takes the
     // loader made meanwhile.
-    let mut bpf = PinnedBpf::new(&pins, features.clone());
-    bpf.warm_up();
+    let mut bpf = PinnedBpf::new(&pins, features.clone()).warmed(super::Warm::start());
     bpf.preload(&Program::ALL.into());
     assert!(bpf.maps.warm_taken(), "the preload took the warm loader");
     // Nothing was pinned: the maps it is making are new and empty, so
@@ -695,8 +694,7 @@ fn a_preload_is_waited_for_by_the_first_use_which_reports_its_failure() {
 
     // Warmed up, then nothing to load (no services): the loader goes, and
     // a later load makes its own.
-    let mut cooled = PinnedBpf::new(&pins, features.clone());
-    cooled.warm_up();
+    let mut cooled = PinnedBpf::new(&pins, features.clone()).warmed(super::Warm::start());
     cooled.cool_down();
     assert!(cooled.maps.warm_taken());
     cooled.prepare().unwrap();
