@@ -1,7 +1,7 @@
 //! hostmesh's test harness. Everything a test creates is owned by a guard
 //! that removes it on drop, panics included:
 //!
-//! - `Netns`: a network namespace (`ip netns add`), with helpers to run
+//! - `Netns`: a network namespace (as `ip netns add` makes one), with helpers to run
 //!   commands and closures inside it and to wire veth pairs between them;
 //! - `TempDir`: a scratch dir; a bpffs mounted under it is unmounted;
 //! - `Cgroup`: a cgroup v2 dir of the test's own;

@@ -1,9 +1,10 @@
 use std::fs::File;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Output};
 
-use nix::sched::{setns, CloneFlags};
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sched::{setns, unshare, CloneFlags};
 
 /// A network namespace, deleted on drop (with every link in it).
 pub struct Netns {
@@ -11,13 +12,17 @@ pub struct Netns {
 }
 
 impl Netns {
+    /// What `ip netns add` and `ip -n NAME link set lo up` do, done in
+    /// this process: each spawned `ip` costs a test a fifth of a second in
+    /// an emulated VM, and every test makes several namespaces.
     pub fn new() -> Netns {
         crate::require_root();
         let name = crate::unique("hmt");
-        run_ok(Command::new("ip").args(["netns", "add", &name]));
-        let ns = Netns { name };
-        ns.ip(&["link", "set", "lo", "up"]);
-        ns
+        let path = format!("{NETNS_DIR}/{name}");
+        std::thread::spawn(move || create_netns(&path).unwrap_or_else(|e| panic!("create the netns {path}: {e}")))
+            .join()
+            .expect("the thread creating a netns panicked");
+        Netns { name }
     }
 
     pub fn name(&self) -> &str {
@@ -25,7 +30,7 @@ impl Netns {
     }
 
     pub fn path(&self) -> String {
-        format!("/run/netns/{}", self.name)
+        format!("{NETNS_DIR}/{}", self.name)
     }
 
     /// The namespace file, for setns(2) from threads the caller owns.
@@ -196,21 +201,11 @@ impl Netns {
     /// Connects this namespace to `other` with a veth pair and addresses
     /// (`10.0.0.1/24` style).
     pub fn veth_to(&self, other: &Netns, here: (&str, &str), there: (&str, &str)) {
-        run_ok(Command::new("ip").args([
-            "-n",
-            &self.name,
-            "link",
-            "add",
-            here.0,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            there.0,
-            "netns",
-            &other.name,
-        ]));
-        self.ip_batch(&[&["addr", "add", here.1, "dev", here.0], &["link", "set", here.0, "up"]]);
+        self.ip_batch(&[
+            &["link", "add", here.0, "type", "veth", "peer", "name", there.0, "netns", other.name.as_str()],
+            &["addr", "add", here.1, "dev", here.0],
+            &["link", "set", here.0, "up"],
+        ]);
         other.ip_batch(&[&["addr", "add", there.1, "dev", there.0], &["link", "set", there.0, "up"]]);
     }
 }
@@ -222,9 +217,58 @@ impl Default for Netns {
 }
 
 impl Drop for Netns {
+    /// `ip netns del`: the namespace goes (with its links) when nothing
+    /// else holds it.
     fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+        let path = self.path();
+        let _ = umount2(path.as_str(), MntFlags::MNT_DETACH);
+        let _ = std::fs::remove_file(&path);
     }
+}
+
+/// Where `ip` finds named namespaces (`ip -n NAME`).
+const NETNS_DIR: &str = "/run/netns";
+
+/// On a thread of its own (it moves to the new namespace): a new network
+/// namespace, bound to `path` as `ip netns add` binds it, with its
+/// loopback up.
+fn create_netns(path: &str) -> std::io::Result<()> {
+    std::fs::create_dir_all(NETNS_DIR)?;
+    File::options().write(true).create_new(true).open(path)?;
+    let made = unshare(CloneFlags::CLONE_NEWNET).and_then(|()| {
+        // thread-self: /proc/self is the process's first thread's.
+        mount(Some("/proc/thread-self/ns/net"), path, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+    });
+    if let Err(e) = made {
+        let _ = std::fs::remove_file(path);
+        return Err(e.into());
+    }
+    loopback_up()
+}
+
+/// `ip link set lo up` in the calling thread's namespace.
+fn loopback_up() -> std::io::Result<()> {
+    // SAFETY: a socket whose descriptor OwnedFd then owns; ioctl with an
+    // ifreq that outlives both calls.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let sock = std::os::fd::OwnedFd::from_raw_fd(fd);
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+            *dst = *src as libc::c_char;
+        }
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 fn run_ok(cmd: &mut Command) -> Output {
