@@ -48,23 +48,18 @@ fn load_one(
     _held: &super::held_signals::HeldSignals,
 ) -> Result<ProgInfo> {
     let name = program.name();
+    // Each program type has its own load() and fd(), the same for all.
+    macro_rules! verified {
+        ($p:expr) => {{
+            $p.load().map_err(|e| bpf_err(format!("verify program {name}"), chain(&e)))?;
+            $p.fd().map_err(|e| bpf_err(name, chain(&e)))?.try_clone().map_err(|e| bpf_err(name, e))?
+        }};
+    }
     let fd = match prog {
-        aya::programs::Program::SchedClassifier(p) => {
-            p.load().map_err(|e| bpf_err(format!("verify program {name}"), chain(&e)))?;
-            p.fd().map_err(|e| bpf_err(name, chain(&e)))?.try_clone().map_err(|e| bpf_err(name, e))?
-        }
-        aya::programs::Program::CgroupSockAddr(p) => {
-            p.load().map_err(|e| bpf_err(format!("verify program {name}"), chain(&e)))?;
-            p.fd().map_err(|e| bpf_err(name, chain(&e)))?.try_clone().map_err(|e| bpf_err(name, e))?
-        }
-        aya::programs::Program::SkLookup(p) => {
-            p.load().map_err(|e| bpf_err(format!("verify program {name}"), chain(&e)))?;
-            p.fd().map_err(|e| bpf_err(name, chain(&e)))?.try_clone().map_err(|e| bpf_err(name, e))?
-        }
-        aya::programs::Program::CgroupSock(p) => {
-            p.load().map_err(|e| bpf_err(format!("verify program {name}"), chain(&e)))?;
-            p.fd().map_err(|e| bpf_err(name, chain(&e)))?.try_clone().map_err(|e| bpf_err(name, e))?
-        }
+        aya::programs::Program::SchedClassifier(p) => verified!(p),
+        aya::programs::Program::CgroupSockAddr(p) => verified!(p),
+        aya::programs::Program::SkLookup(p) => verified!(p),
+        aya::programs::Program::CgroupSock(p) => verified!(p),
         _ => return Err(bpf_err(format!("load program {name}"), "unexpected program type")),
     };
     sys::prog_info(fd.as_fd()).map_err(|e| bpf_err(format!("info of {name}"), e))
