@@ -421,10 +421,18 @@ impl Loaded {
         if let Some(p) = todo.iter().find(|p| !jobs.iter().any(|(j, _)| j == *p)) {
             return Err(bpf_err(format!("load program {}", p.name()), "not in the object"));
         }
+        // Every program that passed is kept (aya refuses to load one
+        // twice), then the first failure is reported.
+        let mut failed = Ok(());
         for (p, info) in verify::side_by_side(jobs) {
-            self.programs.insert(p, info?);
+            match info {
+                Ok(info) => {
+                    self.programs.insert(p, info);
+                }
+                Err(e) => failed = failed.and(Err(e)),
+            }
         }
-        Ok(())
+        failed
     }
 }
 
