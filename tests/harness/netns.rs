@@ -239,11 +239,13 @@ fn create_netns(path: &str) -> std::io::Result<()> {
         // thread-self: /proc/self is the process's first thread's.
         mount(Some("/proc/thread-self/ns/net"), path, None::<&str>, MsFlags::MS_BIND, None::<&str>)
     });
-    if let Err(e) = made {
+    let made = made.map_err(std::io::Error::from).and_then(|()| loopback_up());
+    if made.is_err() {
+        // Nothing left behind for a Netns never made (its Drop never runs).
+        let _ = umount2(path, MntFlags::MNT_DETACH);
         let _ = std::fs::remove_file(path);
-        return Err(e.into());
     }
-    loopback_up()
+    made
 }
 
 /// `ip link set lo up` in the calling thread's namespace.
