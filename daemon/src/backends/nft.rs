@@ -25,19 +25,26 @@ pub(crate) const TABLE: &str = "hostmesh";
 
 pub(crate) struct NftCli {
     program: String,
+    /// Whether the table exists, asked of the kernel: without one there is
+    /// nothing for the tool to list, and it is not started.
+    exists: fn(&str) -> std::io::Result<bool>,
     /// A listing of the table `prefetch_mesh_table` started.
     listing: Option<std::result::Result<Option<Child>, String>>,
 }
 
 impl NftCli {
     pub(crate) fn new() -> Self {
-        NftCli { program: "nft".into(), listing: None }
+        NftCli { program: "nft".into(), exists: super::netlink::nft_table::inet_table_exists, listing: None }
     }
 
-    /// `nft -j list table inet hostmesh`, started; `None` when the nft tool
-    /// is not installed (without it no table can have been made through it
-    /// either).
+    /// `nft -j list table inet hostmesh`, started; `None` when the kernel
+    /// has no such table, or the nft tool is not installed (without it no
+    /// table can have been made through it either). When the kernel cannot
+    /// be asked, the tool is.
     fn start_listing(&self) -> std::result::Result<Option<Child>, String> {
+        if let Ok(false) = (self.exists)(TABLE) {
+            return Ok(None);
+        }
         let started = Command::new(&self.program)
             .args(["-j", "list", "table", "inet", TABLE])
             .stdin(Stdio::null())
@@ -192,12 +199,13 @@ mod tests {
     /// that fails says how, and a prefetched listing is read once.
     #[test]
     fn the_table_is_read_through_the_tool_prefetched_or_not() {
-        let mut missing = NftCli { program: "/nonexistent/nft".into(), listing: None };
+        let there = |_: &str| Ok(true);
+        let mut missing = NftCli { program: "/nonexistent/nft".into(), exists: there, listing: None };
         assert_eq!(missing.mesh_table().unwrap(), None);
         missing.prefetch_mesh_table();
         assert_eq!(missing.mesh_table().unwrap(), None);
 
-        let mut failing = NftCli { program: "false".into(), listing: None };
+        let mut failing = NftCli { program: "false".into(), exists: there, listing: None };
         failing.prefetch_mesh_table();
         failing.prefetch_mesh_table();
         assert!(failing.listing.is_some());
@@ -205,9 +213,19 @@ mod tests {
         assert!(failing.listing.is_none(), "read once");
 
         // A tool that prints the table (`echo` stands in for nft): parsed.
-        let mut echo = NftCli { program: "echo".into(), listing: None };
+        let mut echo = NftCli { program: "echo".into(), exists: there, listing: None };
         echo.prefetch_mesh_table();
         assert!(echo.mesh_table().unwrap().is_some());
+
+        // A table the kernel says is absent is not listed: the tool (here
+        // one that would fail) is not started.
+        let mut absent = NftCli { program: "false".into(), exists: |_| Ok(false), listing: None };
+        absent.prefetch_mesh_table();
+        assert_eq!(absent.mesh_table().unwrap(), None);
+        // A kernel that cannot be asked: the tool is.
+        let mut unknown =
+            NftCli { program: "false".into(), exists: |_| Err(std::io::Error::other("x")), listing: None };
+        assert!(unknown.mesh_table().is_err());
     }
 
     fn rule(vip: &str, port: u16, proto: u8, redirect: u16) -> NftRule {

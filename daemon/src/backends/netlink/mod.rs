@@ -5,6 +5,7 @@
 pub(crate) mod link;
 pub(crate) mod monitor;
 mod neigh;
+pub(crate) mod nft_table;
 pub(crate) mod route;
 mod rule;
 pub(crate) mod sock_destroy;
