@@ -228,6 +228,28 @@ mod tests {
         assert!(unknown.mesh_table().is_err());
     }
 
+    /// The kernel's answer, in a network namespace of its own (a
+    /// thread's): no table, then the one this backend made (and no other),
+    /// then none again.
+    #[test]
+    fn the_kernel_says_whether_a_table_exists() {
+        use crate::backends::netlink::nft_table::inet_table_exists;
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET)");
+            let mut nft = NftCli::new();
+            assert!(!inet_table_exists(TABLE).unwrap());
+            nft.replace_mesh_table(&BTreeSet::new()).unwrap();
+            assert!(inet_table_exists(TABLE).unwrap());
+            assert!(!inet_table_exists("hostmesh2").unwrap());
+            nft.run(&["-f", "-"], Some("table ip hm-other\n")).unwrap();
+            assert!(!inet_table_exists("hm-other").unwrap(), "an ip table is not an inet one");
+            nft.delete_mesh_table().unwrap();
+            assert!(!inet_table_exists(TABLE).unwrap());
+        })
+        .join()
+        .unwrap();
+    }
+
     fn rule(vip: &str, port: u16, proto: u8, redirect: u16) -> NftRule {
         NftRule { vip: vip.parse().unwrap(), port, proto, redirect_port: redirect }
     }

@@ -35,38 +35,3 @@ pub(crate) fn inet_table_exists(name: &str) -> io::Result<bool> {
 fn no_nftables(e: &io::Error) -> bool {
     matches!(errno(e), Some(libc::EPROTONOSUPPORT | libc::EOPNOTSUPP | libc::EAFNOSUPPORT))
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn nft(script: &str) {
-        use std::io::Write;
-        let mut child = std::process::Command::new("nft")
-            .args(["-f", "-"])
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .expect("run nft");
-        child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
-        assert!(child.wait().unwrap().success(), "nft -f - <<< {script}");
-    }
-
-    /// In a network namespace of its own (a thread's): no table, then the
-    /// one nft made (and no other), then none again.
-    #[test]
-    fn the_kernel_says_whether_a_table_exists() {
-        std::thread::spawn(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET)");
-            assert!(!inet_table_exists("hostmesh").unwrap());
-            nft("table inet hostmesh\n");
-            assert!(inet_table_exists("hostmesh").unwrap());
-            assert!(!inet_table_exists("hostmesh2").unwrap());
-            nft("table ip hm-other\n");
-            assert!(!inet_table_exists("hm-other").unwrap(), "an ip table is not an inet one");
-            nft("delete table inet hostmesh\n");
-            assert!(!inet_table_exists("hostmesh").unwrap());
-        })
-        .join()
-        .unwrap();
-    }
-}
